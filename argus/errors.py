@@ -1,0 +1,66 @@
+"""The one error hierarchy of Argus.
+
+Third-party errors (grpc, chDB, clickhouse-connect, ijson) are translated into
+these at the edge, ``raise ArgusError(...) from exc``; the collector maps them to
+gRPC status codes in one place and the REST API to HTTP statuses in another.
+
+    ArgusError
+    ├── ConfigError          bad option, URL or environment value
+    ├── InvalidBatch         a batch that cannot be stored      → INVALID_ARGUMENT
+    ├── StoreError           the store failed or is unreachable → UNAVAILABLE / 503
+    │   └── StoreLocked      another process owns the chDB data dir
+    ├── NotFound             unknown job or object              → NOT_FOUND / 404
+    ├── Unauthenticated      missing or wrong bearer token      → UNAUTHENTICATED / 401
+    ├── TraceError           a trace file that cannot be imported → 422
+    └── NotBuiltYet          a CLI command that does not exist yet
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgusError",
+    "ConfigError",
+    "InvalidBatch",
+    "NotBuiltYet",
+    "NotFound",
+    "StoreError",
+    "StoreLocked",
+    "TraceError",
+    "Unauthenticated",
+]
+
+
+class ArgusError(Exception):
+    """Root of every error Argus raises on purpose."""
+
+
+class ConfigError(ArgusError):
+    """An option, URL or environment variable has a value Argus cannot use."""
+
+
+class InvalidBatch(ArgusError):
+    """A batch is malformed: bad Arrow bytes, missing or mistyped column, bad values."""
+
+
+class StoreError(ArgusError):
+    """The ClickHouse store failed a query or cannot be reached."""
+
+
+class StoreLocked(StoreError):
+    """The chDB data dir is held by another process (chDB allows one per dir)."""
+
+
+class NotFound(ArgusError):
+    """The job (or other object) asked for does not exist."""
+
+
+class Unauthenticated(ArgusError):
+    """A request lacks the bearer token the server requires, or has a wrong one."""
+
+
+class TraceError(ArgusError):
+    """A trace file cannot be imported; the message names the file and position."""
+
+
+class NotBuiltYet(ArgusError):
+    """The requested command is part of the design but not implemented yet."""

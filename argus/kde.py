@@ -1,0 +1,375 @@
+"""KDE compression of kernel durations, and the mixture rebuilt from it (DESIGN §4).
+
+A group of durations (one rank, kernel name and stream in one window) is reduced
+to a few *clusters*, each ``(count, p50_ns, p99_ns, log_lo, log_hi, sum_ns)``:
+
+1. Durations recorded at a coarse resolution (integer µs in Kineto traces) are
+   spread evenly over their resolution bin, so the density has no valleys
+   between integers (:func:`spread`).
+2. The density of the log durations is estimated with a binned Gaussian KDE,
+   Scott's bandwidth ``h = std · n^(-1/5)`` (Scott, *Multivariate Density
+   Estimation*, 1992), on a grid fine enough that ``dx <= h/3``.
+3. The sample is split at density valleys that are deep enough
+   (``f_valley <= VALLEY_RATIO · min(adjacent peaks)``), leave at least
+   ``min_count`` samples on each side and separate modes by at least
+   ``min_log_gap`` (natural-log units).
+4. Each cluster keeps exact statistics of its raw durations. Groups with fewer
+   than ``min_kde`` samples skip the KDE and are one cluster of exact quantiles.
+
+The rebuilt distribution (:func:`mixture_cdf`, :func:`mixture_quantile`) is a
+count-weighted mixture of log-normals, one per cluster: median ``p50``, log-space
+scale ``(ln p99 - ln p50) / z(0.99)``, censored to ``[log_lo, log_hi]`` (mass
+beyond a bound sits on it). Its median, p99, minimum and maximum are therefore
+those of the raw cluster. A cluster this model fits badly (a skewed or
+flat-topped mode) is split at its median during compression until the group's
+fidelity reaches the tolerance, so shape is carried by more clusters, not by
+more columns.
+
+Fidelity (:func:`fidelity`) is the Wasserstein-1 distance between the raw
+durations and the rebuilt mixture, quantised to the recording resolution,
+relative to ``max(IQR, resolution)`` of the raw durations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import ndtr, ndtri
+
+__all__ = [
+    "CLUSTER_DTYPE",
+    "component_cdf",
+    "component_params",
+    "compress",
+    "fidelity",
+    "mixture_cdf",
+    "mixture_quantile",
+    "spread",
+    "wasserstein1",
+]
+
+#: One row per cluster; the columns of ``kernel_summaries`` minus the group keys.
+CLUSTER_DTYPE = np.dtype(
+    [
+        ("count", np.int64),
+        ("p50_ns", np.float64),
+        ("p99_ns", np.float64),
+        ("log_lo", np.float64),
+        ("log_hi", np.float64),
+        ("sum_ns", np.float64),
+    ]
+)
+
+#: Groups smaller than this are kept as one cluster of exact quantiles.
+MIN_KDE = 32
+#: A valley splits only where the density is at most this fraction of both neighbouring peaks.
+VALLEY_RATIO = 0.75
+#: Modes closer than this in ln(ns) are one cluster (0.1 ≈ 10.5 % apart).
+MIN_LOG_GAP = 0.1
+#: At most this many clusters per group.
+MAX_CLUSTERS = 8
+#: Target fidelity of a compressed group; worse-fitting clusters are split at their median.
+TOLERANCE = 0.02
+#: A cluster is split by refinement only if both halves keep at least this many samples.
+MIN_REFINE = 4
+_Z99 = float(ndtri(0.99))
+#: Durations are floored at 1 ns before taking logs (0 µs occurs in Kineto traces).
+_FLOOR_NS = 1.0
+
+
+def spread(dur_ns: ArrayLike, resolution_ns: float) -> NDArray[np.float64]:
+    """Spread durations recorded at ``resolution_ns`` evenly over their bin.
+
+    The ``m`` copies of a recorded value ``v`` become
+    ``v + resolution_ns · ((i + 0.5)/m - 0.5)`` for ``i < m`` (deterministic,
+    centred on ``v``), floored at ``resolution_ns / 4`` so that 0 stays positive.
+
+    Args:
+        dur_ns: Durations, ns, shape ``(n,)``.
+        resolution_ns: Timer resolution, ns (1000 for integer-µs traces).
+
+    Returns:
+        Spread durations, ns, float64, same order as ``dur_ns``.
+    """
+    d = np.asarray(dur_ns, dtype=np.float64)
+    if resolution_ns <= 1 or d.size == 0:
+        return d.copy()
+    order = np.argsort(d, kind="stable")
+    s = d[order]
+    run_start = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    run_len = np.diff(np.r_[run_start, s.size])
+    first = np.repeat(run_start, run_len)
+    m = np.repeat(run_len, run_len)
+    idx = np.arange(s.size) - first
+    out = np.empty_like(d)
+    out[order] = s + resolution_ns * ((idx + 0.5) / m - 0.5)
+    return np.maximum(out, resolution_ns / 4)
+
+
+def _kde_on_grid(x: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Binned Gaussian KDE of sorted ``x`` with Scott's bandwidth; returns (grid, density)."""
+    n = x.size
+    h = float(np.std(x)) * n ** (-0.2)
+    lo, hi = x[0] - 3 * h, x[-1] + 3 * h
+    size = int(min(8192, max(64, np.ceil((hi - lo) / (h / 3)))))
+    grid = np.linspace(lo, hi, size)
+    dx = grid[1] - grid[0]
+    # Linear binning: each sample shares its weight between the two nearest grid points.
+    pos = (x - lo) / dx
+    left = np.clip(np.floor(pos).astype(np.int64), 0, size - 2)
+    frac = pos - left
+    counts = np.bincount(left, 1 - frac, size) + np.bincount(left + 1, frac, size)
+    half = int(np.ceil(4 * h / dx))
+    k = np.exp(-0.5 * (np.arange(-half, half + 1) * dx / h) ** 2)
+    density = np.convolve(counts, k / k.sum(), mode="same")
+    return grid, density
+
+
+def _split_points(x: NDArray[np.float64], min_count: int, min_log_gap: float) -> list[float]:
+    """Valleys of the KDE of sorted log durations ``x`` that pass every split rule."""
+    grid, f = _kde_on_grid(x)
+    interior = np.arange(1, f.size - 1)
+    valleys = interior[(f[interior] < f[interior - 1]) & (f[interior] <= f[interior + 1])]
+    if valleys.size == 0:
+        return []
+    cuts = list(valleys)
+    # Merge the weakest boundary until every boundary passes all three rules.
+    while cuts:
+        edges = [0, *cuts, f.size]
+        peaks = [int(edges[i] + np.argmax(f[edges[i] : edges[i + 1]])) for i in range(len(edges) - 1)]
+        counts = np.diff(np.searchsorted(x, [-np.inf, *grid[cuts], np.inf]))
+        worst, worst_badness = -1, 0.0
+        for j, cut in enumerate(cuts):
+            left, right = peaks[j], peaks[j + 1]
+            ratio = f[cut] / max(min(f[left], f[right]), 1e-300)
+            fails = (
+                ratio > VALLEY_RATIO
+                or counts[j] < min_count
+                or counts[j + 1] < min_count
+                or grid[right] - grid[left] < min_log_gap
+            )
+            badness = ratio + (1.0 if fails else 0.0)
+            if fails and badness >= worst_badness:
+                worst, worst_badness = j, badness
+        if worst < 0:
+            break
+        del cuts[worst]
+    if len(cuts) >= MAX_CLUSTERS:
+        depth = sorted(cuts, key=lambda c: f[c])[: MAX_CLUSTERS - 1]
+        cuts = sorted(depth)
+    return [float(grid[c]) for c in cuts]
+
+
+def _cluster_stats(raw: NDArray[np.float64]) -> tuple[int, float, float, float, float, float]:
+    p50, p99 = np.quantile(raw, [0.5, 0.99])
+    return (
+        int(raw.size),
+        float(p50),
+        float(p99),
+        float(np.log(max(raw[0], _FLOOR_NS))),
+        float(np.log(max(raw[-1], _FLOOR_NS))),
+        float(raw.sum()),
+    )
+
+
+def _component_quantile(
+    u: NDArray[np.float64],
+    stats: tuple[int, float, float, float, float, float],
+    resolution_ns: float,
+) -> NDArray[np.float64]:
+    """Quantile function, ns, of one cluster's component (closed form), quantised."""
+    _, p50, p99, log_lo, log_hi, _ = stats
+    mu, sigma = component_params(p50, p99)
+    x = np.clip(mu + sigma * ndtri(u), log_lo, log_hi)
+    q = np.exp(x)
+    return np.round(q / resolution_ns) * resolution_ns if resolution_ns > 1 else q
+
+
+def _part_w1(raw: NDArray[np.float64], resolution_ns: float) -> float:
+    """W1 between a sorted part and its own one-cluster rebuild, ns."""
+    u = (np.arange(raw.size) + 0.5) / raw.size
+    return float(np.mean(np.abs(raw - _component_quantile(u, _cluster_stats(raw), resolution_ns))))
+
+
+def _median_cut(raw: NDArray[np.float64]) -> int:
+    """Index splitting a sorted part near its median without splitting equal values; 0 if none."""
+    mid = raw.size // 2
+    left = int(np.searchsorted(raw, raw[mid], side="left"))
+    right = int(np.searchsorted(raw, raw[mid], side="right"))
+    return min((c for c in (left, right) if 0 < c < raw.size), key=lambda c: abs(c - mid), default=0)
+
+
+def _refine(
+    parts: list[NDArray[np.float64]], resolution_ns: float, scale: float, tolerance: float
+) -> list[NDArray[np.float64]]:
+    """Split the worst-fitting part at its median until the group's rebuild error is within tolerance.
+
+    The parts do not overlap and each rebuilt component stays inside its part's
+    range, so the group's W1 is the count-weighted sum of the parts' W1.
+    """
+    total = sum(p.size for p in parts)
+    errors = [p.size / total * _part_w1(p, resolution_ns) for p in parts]
+    while len(parts) < MAX_CLUSTERS and sum(errors) > tolerance * scale:
+        order = np.argsort(errors)[::-1]
+        for i in order:
+            cut = _median_cut(parts[i]) if parts[i].size >= 2 * MIN_REFINE else 0
+            if cut:
+                break
+        else:
+            break
+        halves = [parts[i][:cut], parts[i][cut:]]
+        parts[i : i + 1] = halves
+        errors[i : i + 1] = [h.size / total * _part_w1(h, resolution_ns) for h in halves]
+    return parts
+
+
+def compress(
+    dur_ns: ArrayLike,
+    resolution_ns: float = 1,
+    *,
+    min_kde: int = MIN_KDE,
+    min_count: int | None = None,
+    min_log_gap: float = MIN_LOG_GAP,
+    tolerance: float = TOLERANCE,
+) -> NDArray[np.void]:
+    """Compress one group of durations into clusters: KDE valleys, then refinement.
+
+    After splitting at density valleys, a cluster whose one-component rebuild
+    fits badly (a skewed or flat-topped mode) is split at its median until the
+    whole group's fidelity is within ``tolerance`` or :data:`MAX_CLUSTERS` is
+    reached. Small groups (< ``min_kde``) skip the KDE and are refined the same way,
+    so a handful of distinct values is kept exactly.
+
+    Args:
+        dur_ns: Durations of one (rank, kernel, stream, window) group, ns, shape ``(n,)``.
+        resolution_ns: Timer resolution of ``dur_ns``, ns (1 for CUPTI, 1000 for
+            integer-µs profiler traces).
+        min_kde: Groups with fewer samples skip the KDE.
+        min_count: Fewest samples on each side of a valley split; default ``max(8, n/1000)``.
+        min_log_gap: Fewest ln(ns) units between the modes on two sides of a valley split.
+        tolerance: Target fidelity (W1 / max(IQR, resolution)) of the whole group;
+            raised to ``1.5/sqrt(n)`` for small groups, where sampling noise dominates.
+
+    Returns:
+        Array of :data:`CLUSTER_DTYPE`, sorted by duration; empty for empty input.
+
+    Raises:
+        ValueError: a duration is negative or not finite.
+    """
+    raw = np.asarray(dur_ns, dtype=np.float64).ravel()
+    if raw.size == 0:
+        return np.empty(0, CLUSTER_DTYPE)
+    if not np.all(np.isfinite(raw)) or raw.min() < 0:
+        raise ValueError("durations must be finite and >= 0 ns")
+    raw = np.sort(raw)
+    cuts: list[float] = []
+    if raw.size >= min_kde and raw[-1] > raw[0]:
+        # spread() keeps sorted input sorted, so x is sorted too.
+        x = np.log(np.maximum(spread(raw, resolution_ns), _FLOOR_NS))
+        need = min_count if min_count is not None else max(8, raw.size // 1000)
+        cuts = _split_points(x, need, min_log_gap)
+        parts = [p for p in np.split(raw, np.searchsorted(x, cuts)) if p.size]
+    else:
+        parts = [raw]
+    q25, q75 = np.quantile(raw, [0.25, 0.75])
+    scale = max(float(q75 - q25), float(resolution_ns), 1.0)
+    # A sample of n differs from its own distribution by about 1.5/sqrt(n) in this
+    # measure: refining below that would fit the noise, not the kernel.
+    parts = _refine(parts, resolution_ns, scale, max(tolerance, 1.5 / np.sqrt(raw.size)))
+    return np.array([_cluster_stats(p) for p in parts], dtype=CLUSTER_DTYPE)
+
+
+def component_params(p50_ns: ArrayLike, p99_ns: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Log-space ``(mu, sigma)`` of each cluster's log-normal; broadcasts over arrays of clusters."""
+    mu = np.log(np.maximum(np.asarray(p50_ns, dtype=np.float64), _FLOOR_NS))
+    top = np.log(np.maximum(np.asarray(p99_ns, dtype=np.float64), _FLOOR_NS))
+    return mu, np.maximum(top - mu, 0.0) / _Z99
+
+
+def component_cdf(
+    x: ArrayLike, p50_ns: ArrayLike, p99_ns: ArrayLike, log_lo: ArrayLike, log_hi: ArrayLike
+) -> NDArray[np.float64]:
+    """CDF at log durations ``x`` (ln ns) of censored cluster log-normals; all arguments broadcast.
+
+    Vectorised for the analyzer: pass ``x`` as ``(..., 1)`` against cluster arrays ``(k,)``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    mu, sigma = component_params(p50_ns, p99_ns)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (x - mu) / sigma
+    z = np.where(sigma > 0, z, np.where(x >= mu, np.inf, -np.inf))
+    cdf = ndtr(z)
+    return np.where(x < log_lo, 0.0, np.where(x >= log_hi, 1.0, cdf))
+
+
+def mixture_cdf(x_log: ArrayLike, clusters: NDArray[np.void]) -> NDArray[np.float64]:
+    """CDF of the rebuilt mixture at log durations ``x_log`` (ln ns), shape of ``x_log``.
+
+    Args:
+        x_log: Points, ln(ns), any shape.
+        clusters: One group's clusters, :data:`CLUSTER_DTYPE`, shape ``(k,)``.
+
+    Raises:
+        ValueError: ``clusters`` is empty.
+    """
+    if clusters.size == 0:
+        raise ValueError("cannot rebuild a distribution from no clusters")
+    x = np.asarray(x_log, dtype=np.float64)
+    w = clusters["count"] / clusters["count"].sum()
+    c = clusters
+    comp = component_cdf(x[..., None], c["p50_ns"], c["p99_ns"], c["log_lo"], c["log_hi"])
+    return np.asarray(comp @ w)
+
+
+def mixture_quantile(
+    u: ArrayLike, clusters: NDArray[np.void], resolution_ns: float = 1, grid_size: int = 4096
+) -> NDArray[np.float64]:
+    """Quantile function of the rebuilt mixture, ns, quantised to ``resolution_ns``.
+
+    Inverts :func:`mixture_cdf` on a grid of ``grid_size`` log points spanning
+    the clusters' ``[log_lo, log_hi]``.
+
+    Args:
+        u: Probabilities in [0, 1], any shape.
+        clusters: One group's clusters, :data:`CLUSTER_DTYPE`.
+        resolution_ns: Values are rounded to multiples of this (1 = none).
+    """
+    lo, hi = float(clusters["log_lo"].min()), float(clusters["log_hi"].max())
+    if hi <= lo:
+        q = np.full(np.shape(u), np.exp(lo))
+    else:
+        grid = np.linspace(lo, hi, grid_size)
+        cdf = np.maximum.accumulate(mixture_cdf(grid, clusters))
+        cdf[-1] = 1.0
+        # Where the CDF jumps (censoring mass at log_lo, point masses), interp picks the jump point.
+        q = np.exp(np.interp(np.asarray(u, dtype=np.float64), cdf, grid))
+        q = np.where(np.asarray(u) <= cdf[0], np.exp(lo), q)
+    if resolution_ns > 1:
+        q = np.round(q / resolution_ns) * resolution_ns
+    return np.asarray(q, dtype=np.float64)
+
+
+def wasserstein1(a_sorted: NDArray[np.float64], b_sorted: NDArray[np.float64]) -> float:
+    """Wasserstein-1 distance between two equal-size sorted samples: ``mean |a_i - b_i|``."""
+    if a_sorted.shape != b_sorted.shape:
+        raise ValueError("samples must have the same shape")
+    return float(np.mean(np.abs(a_sorted - b_sorted)))
+
+
+def fidelity(dur_ns: ArrayLike, clusters: NDArray[np.void], resolution_ns: float = 1) -> float:
+    """W1(raw, rebuilt mixture) / max(IQR(raw), resolution_ns) — DESIGN §4's fidelity.
+
+    The mixture's quantile function is evaluated at the ``n`` mid-probabilities
+    ``(i + 0.5)/n`` and matched with the sorted raw durations, which is the
+    W1 distance between the empirical distribution and the mixture (midpoint rule).
+
+    Returns:
+        Unitless relative error; 0 is a perfect rebuild.
+    """
+    raw = np.sort(np.asarray(dur_ns, dtype=np.float64).ravel())
+    if raw.size == 0:
+        raise ValueError("no durations")
+    u = (np.arange(raw.size) + 0.5) / raw.size
+    rebuilt = mixture_quantile(u, clusters, resolution_ns)
+    q25, q75 = np.quantile(raw, [0.25, 0.75])
+    return wasserstein1(raw, rebuilt) / max(float(q75 - q25), float(resolution_ns), 1.0)

@@ -1,0 +1,1 @@
+"""The gRPC wire protocol (`collector.proto`) and its generated code; regenerate with scripts/gen_proto.sh."""

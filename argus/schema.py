@@ -1,0 +1,332 @@
+"""Table definitions: the one source of the ClickHouse DDL and the Arrow wire schemas.
+
+Every table has a ``job_id`` key column and a ``stored_at`` column (set by
+ClickHouse on insert; retention is a TTL on it, not on event time, because
+imported traces are old). Between those sit the *wire columns*: what a batch's
+Arrow payload carries, in this order and with these Arrow types. The collector
+adds ``job_id`` from the batch header.
+
+Time columns are integer nanoseconds since the Unix epoch (``*_ns``); durations
+are ``dur_ns`` (non-negative). Ranks are global ranks in the job's world.
+
+Tables (DESIGN §3): jobs, ranks, steps, phases, collectives, kernel_summaries,
+kernel_events, host_samples, diagnoses; plus ingest_batches, the collector's
+record of stored (agent_id, seq) pairs used to acknowledge duplicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from argus.config import DATABASE, DEFAULT_RETENTION_DAYS
+
+__all__ = [
+    "PHASES",
+    "TABLES",
+    "WIRE_TABLES",
+    "Column",
+    "TableDef",
+    "create_statements",
+    "wire_schema",
+]
+
+#: Phase names of a training step, in order (DESIGN §2).
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its ClickHouse type and the Arrow type it travels as."""
+
+    name: str
+    ch_type: str
+    arrow_type: pa.DataType
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class TableDef:
+    """One table: wire columns, sort key, engine; see the module docstring."""
+
+    name: str
+    columns: tuple[Column, ...]
+    order_by: tuple[str, ...]
+    doc: str
+    engine: str = "MergeTree"
+    #: True when node agents fill it through gRPC batches.
+    wire: bool = True
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+def _c(name: str, ch_type: str, arrow_type: pa.DataType, doc: str = "") -> Column:
+    return Column(name, ch_type, arrow_type, doc)
+
+
+_RANK = _c("rank", "UInt32", pa.uint32(), "global rank")
+_STEP = _c("step", "UInt64", pa.uint64(), "training step number, per rank from 0")
+_START = _c("start_ns", "Int64", pa.int64(), "start, ns since the epoch")
+_DUR = _c("dur_ns", "Int64", pa.int64(), "duration, ns (>= 0)")
+
+JOBS = TableDef(
+    "jobs",
+    (
+        _c("world_size", "UInt32", pa.uint32()),
+        _c("start_ns", "Int64", pa.int64(), "when the first rank attached (or trace start)"),
+        _c("command", "String", pa.string(), "the command line of the job, if known"),
+        _c("source", "LowCardinality(String)", pa.string(), "'live' or 'import'"),
+    ),
+    ("job_id",),
+    "One row per job per reporting node; queries aggregate by job_id.",
+)
+
+RANKS = TableDef(
+    "ranks",
+    (
+        _RANK,
+        _c("event", "LowCardinality(String)", pa.string(), "'attach', 'group' or 'exit'"),
+        _c("time_ns", "Int64", pa.int64()),
+        _c("local_rank", "Int32", pa.int32()),
+        _c("world_size", "UInt32", pa.uint32()),
+        _c("host", "LowCardinality(String)", pa.string()),
+        _c("pid", "UInt32", pa.uint32()),
+        _c("agent_id", "String", pa.string()),
+        _c("device", "LowCardinality(String)", pa.string(), "'cpu', 'cuda:0', ..."),
+        _c("clock_offset_ns", "Int64", pa.int64(), "offset the agent added to this rank's times"),
+        _c("exit_code", "Int32", pa.int32(), "exit status for 'exit' (0 = normal), else 0"),
+        _c("group_name", "String", pa.string(), "process group name for 'group', else ''"),
+        _c("group_ranks", "Array(UInt32)", pa.list_(pa.uint32()), "global ranks of the group"),
+        _c("group_backend", "LowCardinality(String)", pa.string(), "'gloo', 'nccl', ... or ''"),
+    ),
+    ("job_id", "rank", "time_ns"),
+    "Rank lifecycle and identity: attach, each process group it belongs to, exit.",
+)
+
+STEPS = TableDef(
+    "steps",
+    (_RANK, _STEP, _START, _DUR),
+    ("job_id", "rank", "start_ns"),
+    "One row per training step per rank (optimizer step to optimizer step).",
+)
+
+PHASES_TABLE = TableDef(
+    "phases",
+    (
+        _RANK,
+        _STEP,
+        _c("phase", "LowCardinality(String)", pa.string(), "one of PHASES"),
+        _START,
+        _DUR,
+    ),
+    ("job_id", "rank", "start_ns"),
+    "Phases data/forward/backward/optimizer inside each step.",
+)
+
+COLLECTIVES = TableDef(
+    "collectives",
+    (
+        _RANK,
+        _STEP,
+        _c("process_group", "LowCardinality(String)", pa.string(), "process group name"),
+        _c("seq", "UInt64", pa.uint64(), "per (rank, process_group) sequence number from 0"),
+        _c("op", "LowCardinality(String)", pa.string(), "'allreduce', 'broadcast', ..."),
+        _c("bytes", "UInt64", pa.uint64(), "message size in bytes"),
+        _c("issue_ns", "Int64", pa.int64(), "when the rank called the collective"),
+        _c("start_ns", "Int64", pa.int64(), "when the transfer started (issue_ns if unknown)"),
+        _c("dur_ns", "Int64", pa.int64(), "start to end"),
+    ),
+    ("job_id", "process_group", "seq", "rank"),
+    "Every collective instance per rank; (process_group, seq) matches across ranks.",
+)
+
+KERNEL_SUMMARIES = TableDef(
+    "kernel_summaries",
+    (
+        _RANK,
+        _c("window_start_ns", "Int64", pa.int64()),
+        _c("window_ns", "Int64", pa.int64()),
+        _c("kind", "LowCardinality(String)", pa.string(), "'kernel', 'memcpy' or 'memset'"),
+        _c("kernel", "String", pa.string(), "kernel name"),
+        _c("stream", "UInt32", pa.uint32()),
+        _c("collective", "UInt8", pa.uint8(), "1 for communication (NCCL) kernels"),
+        _c("cluster", "UInt16", pa.uint16(), "cluster index within the group"),
+        _c("count", "UInt64", pa.uint64()),
+        _c("p50_ns", "Float64", pa.float64()),
+        _c("p99_ns", "Float64", pa.float64()),
+        _c("log_lo", "Float64", pa.float64(), "ln of the smallest duration in ns"),
+        _c("log_hi", "Float64", pa.float64(), "ln of the largest duration in ns"),
+        _c("sum_ns", "Float64", pa.float64(), "total duration of the cluster"),
+        _c("resolution_ns", "Int64", pa.int64(), "timer resolution of the raw durations"),
+    ),
+    ("job_id", "window_start_ns", "kernel", "rank"),
+    "KDE clusters of kernel durations per (window, rank, kernel, stream); see argus.kde.",
+)
+
+KERNEL_EVENTS = TableDef(
+    "kernel_events",
+    (
+        _RANK,
+        _c("kind", "LowCardinality(String)", pa.string(), "'kernel', 'memcpy' or 'memset'"),
+        _c("kernel", "String", pa.string()),
+        _c("stream", "UInt32", pa.uint32()),
+        _c("device", "Int32", pa.int32()),
+        _c("correlation", "UInt64", pa.uint64(), "CUPTI correlation id, 0 if unknown"),
+        _START,
+        _DUR,
+    ),
+    ("job_id", "rank", "start_ns"),
+    "Raw kernel, memcpy and memset events: streamed when asked for, filled by trace import.",
+)
+
+HOST_SAMPLES = TableDef(
+    "host_samples",
+    (
+        _c("rank", "Int32", pa.int32(), "-1 for node-level samples"),
+        _c("host", "LowCardinality(String)", pa.string()),
+        _c("time_ns", "Int64", pa.int64(), "end of the sampling interval"),
+        _c("interval_ns", "Int64", pa.int64()),
+        _c("proc_cpu_ns", "Int64", pa.int64(), "process CPU time (user+system) in the interval"),
+        _c("host_cpu_pct", "Float32", pa.float32(), "host CPU use, 0-100 x cores"),
+        _c("gc_pause_ns", "Int64", pa.int64(), "Python GC pause time in the interval"),
+        _c("gc_count", "UInt32", pa.uint32()),
+        _c("rss_bytes", "UInt64", pa.uint64()),
+        _c("dropped_events", "UInt64", pa.uint64(), "events the probe lost in the interval"),
+        _c("gpu_sm_clock_mhz", "UInt32", pa.uint32(), "0 without a GPU"),
+        _c("gpu_temp_c", "Float32", pa.float32()),
+        _c("gpu_power_w", "Float32", pa.float32()),
+        _c("gpu_util_pct", "Float32", pa.float32()),
+        _c("gpu_throttle_reasons", "UInt64", pa.uint64(), "NVML clocks-event reasons bitmask"),
+    ),
+    ("job_id", "rank", "time_ns"),
+    "Host signals per rank and interval; also the rank's heartbeat.",
+)
+
+DIAGNOSES = TableDef(
+    "diagnoses",
+    (
+        _c("id", "String", pa.string()),
+        _c("rank", "Nullable(Int32)", pa.int32()),
+        _c("ranks", "Array(UInt32)", pa.list_(pa.uint32())),
+        _c("process_group", "Nullable(String)", pa.string()),
+        _c("cause", "LowCardinality(String)", pa.string()),
+        _c("phase", "Nullable(String)", pa.string()),
+        _c("kernel", "Nullable(String)", pa.string()),
+        _c("score", "Float64", pa.float64()),
+        _c("slowdown_pct", "Float64", pa.float64()),
+        _c("first_window_ns", "Int64", pa.int64()),
+        _c("last_window_ns", "Int64", pa.int64()),
+        _c("state", "LowCardinality(String)", pa.string(), "'open' or 'resolved'"),
+        _c("evidence", "String", pa.string(), "JSON object"),
+        _c("updated_ns", "Int64", pa.int64(), "version: the newest row per id wins"),
+    ),
+    ("job_id", "id"),
+    "Diagnoses written by the analyzer (argus.diagnosis.Diagnosis); read with FINAL.",
+    engine="ReplacingMergeTree(updated_ns)",
+    wire=False,
+)
+
+INGEST_BATCHES = TableDef(
+    "ingest_batches",
+    (
+        _c("agent_id", "String", pa.string()),
+        _c("seq", "UInt64", pa.uint64()),
+        _c("table_name", "LowCardinality(String)", pa.string()),
+        _c("rows", "UInt64", pa.uint64()),
+    ),
+    ("agent_id", "seq"),
+    "Every stored batch, so a retried one is acknowledged as a duplicate.",
+    wire=False,
+)
+
+TABLES: dict[str, TableDef] = {
+    t.name: t
+    for t in (
+        JOBS,
+        RANKS,
+        STEPS,
+        PHASES_TABLE,
+        COLLECTIVES,
+        KERNEL_SUMMARIES,
+        KERNEL_EVENTS,
+        HOST_SAMPLES,
+        DIAGNOSES,
+        INGEST_BATCHES,
+    )
+}
+#: Tables node agents fill through gRPC, by name.
+WIRE_TABLES: dict[str, TableDef] = {n: t for n, t in TABLES.items() if t.wire}
+
+
+def wire_schema(table: str) -> pa.Schema:
+    """The Arrow schema a batch for ``table`` carries (no job_id).
+
+    Raises:
+        KeyError: ``table`` is not a table of this module.
+    """
+    return pa.schema([pa.field(c.name, c.arrow_type) for c in TABLES[table].columns])
+
+
+#: How many recent insert tokens each table remembers for deduplication.
+DEDUP_WINDOW = 100_000
+
+
+def _engine(table: TableDef, cluster: str | None) -> str:
+    if cluster is None:
+        return table.engine
+    args = "'/clickhouse/tables/{shard}/{database}/{table}', '{replica}'"
+    if table.engine.startswith("ReplacingMergeTree("):
+        version = table.engine[len("ReplacingMergeTree(") : -1]
+        return f"ReplicatedReplacingMergeTree({args}, {version})"
+    return f"Replicated{table.engine}({args})"
+
+
+def create_statements(
+    *,
+    database: str = DATABASE,
+    retention_days: int = DEFAULT_RETENTION_DAYS,
+    cluster: str | None = None,
+) -> list[str]:
+    """CREATE statements for the database and every table, in order.
+
+    Without ``cluster``: MergeTree-family tables. With ``cluster``: each table
+    becomes ``<name>_local`` (Replicated*MergeTree, ``ON CLUSTER``) plus a
+    ``Distributed`` table ``<name>`` sharded by ``cityHash64(job_id)``, so one
+    job's rows stay on one shard.
+
+    Raises:
+        ValueError: ``retention_days`` < 1.
+    """
+    if retention_days < 1:
+        raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+    on_cluster = f" ON CLUSTER {cluster}" if cluster else ""
+    dedup_setting = (
+        f"replicated_deduplication_window = {DEDUP_WINDOW}"
+        if cluster
+        else f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+    )
+    statements = [f"CREATE DATABASE IF NOT EXISTS {database}{on_cluster}"]
+    for table in TABLES.values():
+        local = f"{table.name}_local" if cluster else table.name
+        columns = ",\n    ".join(
+            ["job_id LowCardinality(String)"]
+            + [f"`{c.name}` {c.ch_type}" for c in table.columns]
+            + ["stored_at DateTime DEFAULT now()"]
+        )
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {database}.{local}{on_cluster} (\n    {columns}\n)\n"
+            f"ENGINE = {_engine(table, cluster)}\n"
+            f"ORDER BY ({', '.join(table.order_by)})\n"
+            f"TTL stored_at + INTERVAL {retention_days} DAY\n"
+            f"SETTINGS {dedup_setting}"
+        )
+        if cluster:
+            statements.append(
+                f"CREATE TABLE IF NOT EXISTS {database}.{table.name}{on_cluster} "
+                f"AS {database}.{local}\n"
+                f"ENGINE = Distributed({cluster}, {database}, {local}, cityHash64(job_id))"
+            )
+    return statements
