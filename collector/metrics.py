@@ -1,0 +1,56 @@
+"""Prometheus metrics of an `argus server` (DESIGN §6), on a registry of its own.
+
+Every server instance builds one :class:`Metrics`; the collector, the analyzer
+and the REST API (which serves ``/metrics``) share it. Label values are bounded:
+``job_id``/``rank`` appear only for the top suspects the analyzer exports.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["TOP_SUSPECTS", "Metrics"]
+
+#: At most this many (job_id, rank) series of argus_straggler_score per job.
+TOP_SUSPECTS = 5
+
+
+class Metrics:
+    """The server's metric objects; ``registry`` is what ``/metrics`` exposes."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.ingest_batches = Counter(
+            "argus_ingest_batches_total",
+            "Batches answered, by table and ack status.",
+            ["table", "status"],
+            registry=r,
+        )
+        self.ingest_rows = Counter("argus_ingest_rows_total", "Rows stored, by table.", ["table"], registry=r)
+        self.ingest_bytes = Counter("argus_ingest_bytes_total", "Arrow payload bytes stored.", registry=r)
+        self.ingest_rejected = Counter(
+            "argus_ingest_rejected_total", "Batches rejected, by gRPC status code name.", ["code"], registry=r
+        )
+        self.agent_dropped = Counter(
+            "argus_agent_dropped_events_total",
+            "Events node agents and probes reported lost (full buffers, full spool).",
+            registry=r,
+        )
+        self.straggler_score = Gauge(
+            "argus_straggler_score",
+            "Straggler score of the top suspects per job (0 = like its peers, >= 1 = detected).",
+            ["job_id", "rank"],
+            registry=r,
+        )
+        self.diagnosis_active = Gauge(
+            "argus_diagnosis_active", "Open diagnoses, by job and cause.", ["job_id", "cause"], registry=r
+        )
+        self.analysis_lag = Gauge(
+            "argus_analysis_lag_seconds",
+            "Wall-clock time between the end of the newest analyzed window and now.",
+            registry=r,
+        )
+        self.last_ingest = Gauge(
+            "argus_last_ingest_timestamp_seconds", "Unix time of the last stored batch.", registry=r
+        )
