@@ -10,6 +10,7 @@ import threading
 
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
+
 from argus.diagnosis import Diagnosis
 from argus.errors import NotBuiltYet
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
-
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
+from fastapi import FastAPI
 
 __all__ = ["create_app"]
 
