@@ -9,6 +9,11 @@ cannot be parsed writes nothing; a failed insert is rolled back (``ALTER TABLE
 run again. (No deduplication tokens: ClickHouse would remember a token after the
 rollback deleted its rows and drop the retry.)
 
+Memory: a trace is held as the numpy columns :mod:`argus.collector.kineto`
+keeps, the small tables (steps, collectives, KDE summaries, ranks) are built
+before the first insert, and the raw kernel events are turned into Arrow in
+slices of :data:`_INSERT_ROWS` rows as they are inserted.
+
 Ranks: ``distributedInfo.rank`` of each file; a file without one takes the
 ``rank`` argument (``--rank``). Two files claiming the same rank of one job are
 refused, and so is a rank already stored for the job (a second import of the
@@ -35,14 +40,14 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 from argus.collector.kineto import ParsedTrace, file_digest, parse_trace, trace_name
-from argus.collector.store import Store, open_store
+from argus.collector.store import ChdbStore, Store, open_store
 from argus.collector.trace_tables import (
     RankTrace,
     collectives_table,
@@ -61,8 +66,9 @@ __all__ = ["ImportResult", "default_job_id", "import_traces", "main"]
 
 log = logging.getLogger(__name__)
 
-#: Rows per insert of the raw kernel events (bounds the memory of one insert).
-_INSERT_ROWS = 100_000
+#: Rows per insert of the raw kernel events: bounds the memory of one insert (Arrow slice
+#: and chDB's copy of it) whatever the size of the trace.
+_INSERT_ROWS = 65_536
 #: Tables keyed by rank, in insert order; ``jobs`` follows them.
 _RANK_TABLES = ("steps", "collectives", "kernel_events", "kernel_summaries", "ranks")
 # One import at a time per process: the duplicate-rank check and the inserts must not interleave.
@@ -118,17 +124,35 @@ def _stored_ranks(store: Store, job_id: str) -> set[int]:
 
 
 def _build(rt: RankTrace, window_ns: int) -> dict[str, list[pa.Table]]:
-    """Every table of one rank, the raw kernel events in slices of :data:`_INSERT_ROWS`."""
-    n = rt.trace.start_ns.size
+    """The small tables of one rank (everything but the raw kernel events), built before any insert."""
     return {
         "steps": [steps_table(rt)],
         "collectives": [collectives_table(rt)],
-        "kernel_events": [
-            kernel_events_table(rt, slice(i, i + _INSERT_ROWS)) for i in range(0, max(n, 1), _INSERT_ROWS)
-        ],
         "kernel_summaries": [kernel_summaries_table(rt, window_ns)],
         "ranks": [ranks_table(rt)],
     }
+
+
+def _tables(name: str, rt: RankTrace, built: dict[str, list[pa.Table]]) -> Iterator[pa.Table]:
+    """One rank's tables for ``name``; the raw kernel events in slices built as they are inserted."""
+    if name != "kernel_events":
+        yield from built[name]
+        return
+    for start in range(0, rt.trace.start_ns.size, _INSERT_ROWS):
+        yield kernel_events_table(rt, slice(start, start + _INSERT_ROWS))
+
+
+def _release_memory(store: Store) -> None:
+    """Have an embedded store hand the memory its allocator keeps after an insert back to the OS.
+
+    chDB's jemalloc holds freed pages for seconds; over the many inserts of a big
+    trace that roughly doubles what the inserts add to the process's peak RSS.
+    """
+    if isinstance(store, ChdbStore):
+        try:
+            store.command("SYSTEM JEMALLOC PURGE")
+        except StoreError as exc:  # a chDB built without jemalloc: nothing to release
+            log.debug("SYSTEM JEMALLOC PURGE: %s", exc)
 
 
 def _rollback(store: Store, job_id: str, ranks: list[int]) -> None:
@@ -188,7 +212,8 @@ def import_traces(
     rank_traces = [RankTrace(t, job, r, world) for t, r in zip(traces, ranks, strict=True)]
     window_ns = round(window_s * 1e9)
     tables = [_build(rt, window_ns) for rt in rank_traces]
-    rows = {name: sum(t.num_rows for built in tables for t in built[name]) for name in _RANK_TABLES}
+    rows = {name: sum(t.num_rows for built in tables for t in built[name]) for name in tables[0]}
+    rows["kernel_events"] = sum(rt.trace.start_ns.size for rt in rank_traces)
     jobs = jobs_table(job, rank_traces)
     with _IMPORT_LOCK:
         taken = sorted(set(ranks) & _stored_ranks(store, job))
@@ -199,10 +224,12 @@ def import_traces(
             )
         try:
             for name in _RANK_TABLES:
-                for built in tables:
-                    for part in built[name]:
+                for rt, built in zip(rank_traces, tables, strict=True):
+                    for part in _tables(name, rt, built):
                         if part.num_rows:
                             store.insert(name, part)
+                            if name == "kernel_events":
+                                _release_memory(store)
             store.insert("jobs", jobs)
         except StoreError:
             _rollback(store, job, ranks)

@@ -314,7 +314,8 @@ class _Builder:
             self._add_activity(kind, event, _ns(ts), _ns(dur))
         elif cat in _LAUNCH_CATEGORIES:
             corr = (event.get("args") or {}).get("correlation")
-            if corr is not None:
+            # cudaLaunchKernel(ExC), cuLaunchKernel(Ex): kernel launches; memcpy/sync calls are not kept.
+            if corr is not None and "Launch" in str(event.get("name")):
                 self.launch_corr.append(_int(corr, 0))
                 self.launch_start.append(_ns(ts))
         elif cat in _STEP_CATEGORIES:
@@ -515,14 +516,17 @@ def _finish(builder: _Builder, top: dict[str, Any], digest: str) -> ParsedTrace:
         raise TraceError(f"{name}: baseTimeNanoseconds is not an integer: {base!r}") from exc
 
     def col(a: array[int], dtype: type[np.generic]) -> NDArray[Any]:
-        return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.empty(0, dtype)
+        # A view, no copy: the builder's array lives on as the column's buffer.
+        return np.frombuffer(a, dtype=dtype) if len(a) else np.empty(0, dtype)
 
-    start = col(builder.start, np.int64) + base_ns
+    start = col(builder.start, np.int64)
+    start += base_ns
     dur = col(builder.dur, np.int64)
     correlation = col(builder.correlation, np.int64)
     launch = _launch_times(builder, correlation)
     launch[launch >= 0] += base_ns
-    step_start = col(builder.step_start, np.int64) + base_ns
+    step_start = col(builder.step_start, np.int64)
+    step_start += base_ns
     step_dur = col(builder.step_dur, np.int64)
     order = np.argsort(step_start, kind="stable")
     ends = np.concatenate([start + dur, step_start + step_dur])

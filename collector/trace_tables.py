@@ -31,7 +31,7 @@ Choices (each is what live capture would have recorded, as far as a trace tells)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,30 +95,33 @@ def steps_table(rt: RankTrace) -> pa.Table:
     )
 
 
-def _kernel_strings(t: ParsedTrace, rows: NDArray[np.intp] | slice) -> pa.Array:
-    names = pa.array(t.kernel_names, pa.string())
-    return names.take(pa.array(t.kernel_code[rows]))
+def _dictionary(codes: NDArray[np.integer], values: Sequence[str]) -> pa.DictionaryArray:
+    """Strings as indices into ``values``, no string per row (ClickHouse reads it as String)."""
+    return pa.DictionaryArray.from_arrays(codes.astype(np.int32), pa.array(values, pa.string()))
 
 
 def kernel_events_table(rt: RankTrace, rows: slice = slice(None)) -> pa.Table:
-    """``kernel_events`` rows: the raw kernels, memcpys and memsets (``rows`` selects a slice)."""
+    """``kernel_events`` rows: the raw kernels, memcpys and memsets (``rows`` selects a slice).
+
+    ``job_id``, ``kind`` and ``kernel`` are dictionary-encoded (a trace has a few
+    hundred distinct kernel names over many thousand events); the other columns
+    have the wire types.
+    """
     t = rt.trace
-    kinds = pa.array(KINDS, pa.string()).take(pa.array(t.kind[rows]))
-    n = len(kinds)
-    return _table(
-        "kernel_events",
-        rt.job_id,
-        {
-            "rank": np.full(n, rt.rank, np.uint32),
-            "kind": kinds,
-            "kernel": _kernel_strings(t, rows),
-            "stream": t.stream[rows].astype(np.uint32),
-            "device": t.device[rows].astype(np.int32),
-            "correlation": t.correlation[rows].astype(np.uint64),
-            "start_ns": t.start_ns[rows],
-            "dur_ns": t.dur_ns[rows],
-        },
-    )
+    codes = t.kernel_code[rows]
+    n = codes.size
+    columns = {
+        "job_id": _dictionary(np.zeros(n, np.int32), [rt.job_id]),
+        "rank": pa.array(np.full(n, rt.rank, np.uint32)),
+        "kind": _dictionary(t.kind[rows], KINDS),
+        "kernel": _dictionary(codes, t.kernel_names),
+        "stream": pa.array(t.stream[rows].astype(np.uint32)),
+        "device": pa.array(t.device[rows].astype(np.int32)),
+        "correlation": pa.array(t.correlation[rows].astype(np.uint64)),
+        "start_ns": pa.array(t.start_ns[rows]),
+        "dur_ns": pa.array(t.dur_ns[rows]),
+    }
+    return pa.table(columns)
 
 
 def _step_of(t: ParsedTrace, times_ns: NDArray[np.int64]) -> NDArray[np.uint64]:
