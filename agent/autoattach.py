@@ -9,9 +9,10 @@ nothing heavy: it adds an import hook that acts only if the process imports
 - right after ``torch.distributed.distributed_c10d`` executes, its
   ``init_process_group`` is wrapped so that the probe attaches when it returns
   (rank, world size and the store are known then);
-- right after ``torch.optim.optimizer`` executes, a one-shot global optimizer
-  pre-step hook attaches the probe of a single-process job that never calls
-  ``init_process_group``.
+- right after ``torch.optim.optimizer`` executes, the first optimizer step
+  attaches the probe of a single-process job that never calls
+  ``init_process_group`` (through :mod:`argus.agent.opt_hooks`, whose hooks
+  may change targets while PyTorch iterates them).
 
 A launcher that never does either (torchrun itself, a data worker) never attaches.
 """
@@ -56,15 +57,15 @@ def _patch_c10d(module: ModuleType) -> None:
     setattr(module, "init_process_group", init_process_group)  # noqa: B010
 
 
-def _patch_optim(module: ModuleType) -> None:
-    handle: list[Any] = []
+def _patch_optim(_module: ModuleType) -> None:
+    from argus.agent import opt_hooks
 
     def first_step(*_args: Any) -> None:
-        if handle:
-            handle.pop().remove()
+        opt_hooks.set_targets(None, None)
         _attach()
 
-    handle.append(module.register_optimizer_step_pre_hook(first_step))
+    opt_hooks.ensure_installed()
+    opt_hooks.set_targets(first_step, None)
 
 
 _PATCHES: dict[str, Callable[[ModuleType], None]] = {_C10D: _patch_c10d, _OPTIM: _patch_optim}

@@ -1,7 +1,7 @@
 """Torch hooks that feed the :class:`~argus.agent.steps.StepTracker`.
 
-- ``optimizer``: PyTorch's global optimizer step pre/post hooks; the post hook
-  ends the step.
+- ``optimizer``: PyTorch's global optimizer step pre/post hooks (through
+  :mod:`argus.agent.opt_hooks`); the post hook ends the step.
 - ``backward``: ``torch.autograd.backward`` wrapped (``Tensor.backward`` calls it).
 - ``data``: ``__next__`` of the DataLoader iterator base class wrapped (the
   single- and multi-process iterators inherit it).
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from argus.agent import opt_hooks
 from argus.agent.steps import BACKWARD, DATA, FORWARD, OPTIMIZER, StepTracker
 
 __all__ = ["MAX_TOP_MODULES", "TorchHooks"]
@@ -57,8 +58,6 @@ class TorchHooks:
 
     def install(self) -> None:
         """Install every hook (once)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
         tracker, active, now = self._tracker, self._active, time.time_ns
 
         def opt_pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
@@ -69,16 +68,15 @@ class TorchHooks:
             if active():
                 tracker.end(OPTIMIZER, now())
 
-        self._handles += [
-            register_optimizer_step_pre_hook(opt_pre),
-            register_optimizer_step_post_hook(opt_post),
-        ]
+        opt_hooks.ensure_installed()
+        opt_hooks.set_targets(opt_pre, opt_post)
         self._wrap_backward()
         self._wrap_dataloader()
         self._start_discovery()
 
     def uninstall(self) -> None:
         """Remove hooks and restore wrapped functions."""
+        opt_hooks.set_targets(None, None)
         for h in self._handles + self._global_handles:
             h.remove()
         self._handles, self._global_handles = [], []
