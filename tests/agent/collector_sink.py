@@ -55,11 +55,15 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
             with self.lock:
                 self.seen.add(key)
                 self.batches.append(batch)
-                self.tables[name].append(data.append_column("job_id", pa.array([batch.job_id] * data.num_rows)))
+                self.tables[name].append(
+                    data.append_column("job_id", pa.array([batch.job_id] * data.num_rows))
+                )
             yield collector_pb2.Ack(seq=batch.seq, status=collector_pb2.Ack.STORED, rows=data.num_rows)
 
     def Clock(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return collector_pb2.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns() + self.clock_skew_ns)
+        return collector_pb2.ClockReply(
+            agent_send_ns=request.agent_send_ns, server_ns=time.time_ns() + self.clock_skew_ns
+        )
 
     def table(self, name: str) -> pa.Table:
         with self.lock:
