@@ -30,7 +30,7 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
         self.clock_skew_ns = 0
         self.received = 0
 
-    def Stream(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
+    def Stream(self, request_iterator: Any, context: Any) -> Any:
         for batch in request_iterator:
             self.received += 1
             key = (batch.agent_id, batch.seq)
@@ -60,7 +60,7 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
                 )
             yield collector_pb2.Ack(seq=batch.seq, status=collector_pb2.Ack.STORED, rows=data.num_rows)
 
-    def Clock(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def Clock(self, request: Any, context: Any) -> Any:
         return collector_pb2.ClockReply(
             agent_send_ns=request.agent_send_ns, server_ns=time.time_ns() + self.clock_skew_ns
         )

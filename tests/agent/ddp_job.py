@@ -28,9 +28,9 @@ class InPlaceNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.fc1(x))
-        h = h.mul_(0.5).add_(self.fc2(h))
-        h = self.act(h)
-        return self.fc3(h)
+        out = self.fc2(h)
+        out += h  # in-place residual
+        return self.fc3(self.act(out))
 
 
 def main() -> None:
