@@ -103,8 +103,13 @@ class ChdbStore:
             return store
 
     def _run(self, sql: str, fmt: str = "CSV", parameters: Mapping[str, Any] | None = None) -> Any:
+        # chDB reads each value as ClickHouse's escaped text (tab, newline, backslash escaped;
+        # arrays as literals), as the HTTP interface does: format them as clickhouse-connect does.
+        from clickhouse_connect.driver.binding import format_bind_value
+
+        params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
-            return self._conn.query(sql, fmt, params=dict(parameters or {}))
+            return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 
