@@ -140,11 +140,14 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
         "/jobs/{job_id}/heatmap",
         response_model=Heatmap,
         responses=_NOT_FOUND,
-        summary="Rank × time heatmap of step or phase time and slowdown",
+        summary="Rank × time heatmap of busy, step or phase time and slowdown",
     )
     def get_heatmap(
         job_id: JobId,
-        metric: Literal["step", "data", "forward", "backward", "optimizer"] = "step",
+        metric: Annotated[
+            Literal["busy", "step", "data", "forward", "backward", "optimizer"],
+            Query(description="busy = step time minus collective wait; step; or a phase"),
+        ] = "busy",
         start: TimeParam = None,
         end: TimeParam = None,
         bins: Annotated[int, Query(ge=1, le=500, description="time bins")] = 60,

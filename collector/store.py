@@ -80,6 +80,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
+        self._params_lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -109,7 +110,12 @@ class ChdbStore:
 
         params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
-            return self._conn.query(sql, fmt, params=params)
+            if not params:
+                return self._conn.query(sql, fmt)
+            # chDB keeps query parameters in the connection's shared context: two threads'
+            # parameterized queries at once read each other's values (or none). One at a time.
+            with self._params_lock:
+                return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 

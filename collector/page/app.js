@@ -33,11 +33,17 @@ function svg(tag, attrs = {}) {
 }
 
 function when(ns) {
-  return ns == null ? "" : new Date(Number(BigInt(ns) / 1000000n)).toLocaleString();
+  if (ns == null) return "";
+  return new Date(Number(ns) / 1e6).toLocaleString([], { dateStyle: "short", timeStyle: "medium" });
 }
 
 function clock(ns) {
-  return new Date(Number(BigInt(ns) / 1000000n)).toLocaleTimeString();
+  return new Date(Number(ns) / 1e6).toLocaleTimeString();
+}
+
+function seconds(ns) {
+  const s = Number(ns) / 1e9;
+  return s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(1)} s`;
 }
 
 function jobFromHash() {
@@ -128,13 +134,15 @@ function drawHeatmap(h) {
     }
   }
   for (const j of [0, Math.floor(bins / 2), bins - 1]) {
-    const text = svg("text", { x: String(left + j * cellW), y: String(top + rows * cellH + 16) });
-    text.textContent = clock(h.times_ns[j]);
+    const anchor = j === 0 ? "start" : j === bins - 1 ? "end" : "middle";
+    const x = j === bins - 1 ? left + plotW : left + j * cellW;
+    const text = svg("text", { x: String(x), y: String(top + rows * cellH + 16), "text-anchor": anchor });
+    text.textContent = j === 0 ? clock(h.times_ns[0]) : `+${seconds(h.times_ns[j] - h.times_ns[0])}`;
     figure.append(text);
   }
-  const metric = h.metric === "step" ? "step time" : `${h.metric} phase time`;
-  $("heatmap-caption").textContent = `${metric}: slowdown against the median rank per ${(h.bin_ns / 1e9).toFixed(1)} s bin`
-    + (worst ? `; worst ${worst.label} at +${worst.pct}%` : "");
+  const metric = { busy: "busy time", step: "step time" }[h.metric] || `${h.metric} phase time`;
+  $("heatmap-caption").textContent = `${metric}: slowdown against the median rank, ${seconds(h.bin_ns)} bins`
+    + (worst ? `; worst ${worst.label} at +${worst.pct.toFixed(1)}%` : "");
 }
 
 function evidenceValue(value) {
