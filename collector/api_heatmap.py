@@ -23,9 +23,9 @@ import warnings
 from typing import Any
 
 import numpy as np
-
 from argus.collector.api_jobs import require_job
 from argus.collector.store import Store
+
 from argus.schema import PHASES
 
 __all__ = ["METRICS", "heatmap"]
@@ -109,7 +109,8 @@ def heatmap(
     phase = " AND phase = {phase:String}" if metric in PHASES else ""
     extent = store.query(
         f"SELECT count() AS n, min(start_ns) AS lo, max(start_ns) AS hi, max(rank) AS top, "
-        f"uniqExact(step) AS steps, min(step) AS step_lo, max(step) AS step_hi FROM {table} WHERE {_RANGE}{phase}",
+        f"uniqExact(step) AS steps, min(step) AS step_lo, max(step) AS step_hi "
+        f"FROM {table} WHERE {_RANGE}{phase}",
         params,
     ).to_pylist()[0]
     t0 = start_ns if start_ns is not None else int(extent["lo"])
