@@ -90,8 +90,8 @@ function drawHeatmap(h) {
   figure.dataset.rows = String(rows);
   figure.dataset.bins = String(bins);
   if (rows === 0 || bins === 0) {
+    figure.setAttribute("viewBox", "0 0 400 30");
     figure.setAttribute("width", "400");
-    figure.setAttribute("height", "30");
     const text = svg("text", { x: "0", y: "20" });
     text.textContent = "no timings in this range yet";
     figure.append(text);
@@ -101,8 +101,10 @@ function drawHeatmap(h) {
   const left = 70, top = 8, bottom = 28, plotW = 860;
   const cellW = plotW / bins;
   const cellH = Math.max(3, Math.min(18, 420 / rows));
-  figure.setAttribute("width", String(left + plotW + 10));
-  figure.setAttribute("height", String(top + rows * cellH + bottom));
+  const width = left + plotW + 10, height = top + rows * cellH + bottom;
+  figure.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  figure.setAttribute("width", "100%");
+  figure.setAttribute("style", `max-width: ${width}px`);
   let worst = null;
   for (let i = 0; i < rows; i++) {
     const r = h.rows[i];

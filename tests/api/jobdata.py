@@ -10,17 +10,19 @@ them to a real collector as Arrow IPC batches through the generated stubs.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pyarrow as pa
 from argus.collector.store import Store
 
 from argus.proto import collector_pb2, collector_pb2_grpc
-from argus.schema import wire_schema
+from argus.schema import TABLES, wire_schema
 
-__all__ = ["insert_direct", "send_grpc", "synthetic_job"]
+__all__ = ["diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
 
 _PHASE_MS = {"data": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 3.0}
 
@@ -182,3 +184,32 @@ def send_grpc(
     assert [a.seq for a in acks] == [b.seq for b in batches], acks
     assert all(a.status in stored for a in acks), [(a.seq, a.code, a.message) for a in acks]
     return acks
+
+
+def diagnosis_row(
+    job_id: str, did: str, *, state: str, updated_ns: int, first_ns: int, **extra: Any
+) -> pa.Table:
+    """One ``diagnoses`` row as the analyzer writes it (rank 2, compute, forward); ``extra`` overrides."""
+    row = {
+        "job_id": job_id,
+        "id": did,
+        "rank": 2,
+        "ranks": [2],
+        "process_group": None,
+        "cause": "compute",
+        "phase": "forward",
+        "kernel": None,
+        "score": 2.5,
+        "slowdown_pct": 31.0,
+        "first_window_ns": first_ns,
+        "last_window_ns": first_ns + 60 * 10**9,
+        "state": state,
+        "evidence": json.dumps({"forward_ms": {"rank": 30.0, "peers_median": 10.0}}),
+        "updated_ns": updated_ns,
+    }
+    row.update(extra)
+    schema = pa.schema(
+        [pa.field("job_id", pa.string())]
+        + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
+    )
+    return pa.Table.from_pylist([row], schema=schema)

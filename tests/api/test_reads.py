@@ -6,10 +6,8 @@ not a wire table: only the analyzer writes them), so each rule can be set up exa
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -19,8 +17,7 @@ from argus.collector.store import Store
 from fastapi.testclient import TestClient
 
 from argus.diagnosis import Diagnosis
-from argus.schema import TABLES
-from tests.api.jobdata import insert_direct, synthetic_job
+from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
 
 MINUTE_NS = 60 * 10**9
 
@@ -29,34 +26,6 @@ MINUTE_NS = 60 * 10**9
 def client(store: Store) -> Iterator[TestClient]:
     with TestClient(create_app(store, metrics=Metrics(), heartbeat_timeout_s=30)) as c:
         yield c
-
-
-def _diagnosis(
-    job_id: str, did: str, *, state: str, updated_ns: int, first_ns: int, **extra: Any
-) -> pa.Table:
-    row = {
-        "job_id": job_id,
-        "id": did,
-        "rank": 2,
-        "ranks": [2],
-        "process_group": None,
-        "cause": "compute",
-        "phase": "forward",
-        "kernel": None,
-        "score": 2.5,
-        "slowdown_pct": 31.0,
-        "first_window_ns": first_ns,
-        "last_window_ns": first_ns + MINUTE_NS,
-        "state": state,
-        "evidence": json.dumps({"forward_ms": {"rank": 30.0, "peers_median": 10.0}}),
-        "updated_ns": updated_ns,
-    }
-    row.update(extra)
-    schema = pa.schema(
-        [pa.field("job_id", pa.string())]
-        + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
-    )
-    return pa.Table.from_pylist([row], schema=schema)
 
 
 def test_status_rule(store: Store, client: TestClient) -> None:
@@ -112,18 +81,22 @@ def test_jobs_pagination_visits_every_job_once(store: Store, client: TestClient)
 def test_diagnoses_final_shape_filters_and_pages(store: Store, client: TestClient) -> None:
     now = time.time_ns()
     insert_direct(store, "j", synthetic_job(world_size=4, steps=2))
-    store.insert("diagnoses", _diagnosis("j", "a", state="open", updated_ns=1, first_ns=now - 5 * MINUTE_NS))
+    store.insert(
+        "diagnoses", diagnosis_row("j", "a", state="open", updated_ns=1, first_ns=now - 5 * MINUTE_NS)
+    )
     # A newer version of "a": FINAL must show only this one.
     store.insert(
-        "diagnoses", _diagnosis("j", "a", state="resolved", updated_ns=2, first_ns=now - 5 * MINUTE_NS)
+        "diagnoses", diagnosis_row("j", "a", state="resolved", updated_ns=2, first_ns=now - 5 * MINUTE_NS)
     )
     store.insert(
         "diagnoses",
-        _diagnosis(
+        diagnosis_row(
             "j", "b", state="open", updated_ns=1, first_ns=now - MINUTE_NS, cause="dataloader", rank=None
         ),
     )
-    store.insert("diagnoses", _diagnosis("j", "c", state="open", updated_ns=1, first_ns=now - 2 * MINUTE_NS))
+    store.insert(
+        "diagnoses", diagnosis_row("j", "c", state="open", updated_ns=1, first_ns=now - 2 * MINUTE_NS)
+    )
     items = client.get("/api/v1/jobs/j/diagnoses").json()["items"]
     assert [d["id"] for d in items] == ["b", "c", "a"]
     assert items[2]["state"] == "resolved"
