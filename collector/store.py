@@ -88,6 +88,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
+        self._params_lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -111,8 +112,18 @@ class ChdbStore:
             return store
 
     def _run(self, sql: str, fmt: str = "CSV", parameters: Mapping[str, Any] | None = None) -> Any:
+        # chDB reads each value as ClickHouse's escaped text (tab, newline, backslash escaped;
+        # arrays as literals), as the HTTP interface does: format them as clickhouse-connect does.
+        from clickhouse_connect.driver.binding import format_bind_value
+
+        params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
-            return self._conn.query(sql, fmt, params=dict(parameters or {}))
+            if not params:
+                return self._conn.query(sql, fmt)
+            # chDB keeps query parameters in the connection's shared context: two threads'
+            # parameterized queries at once read each other's values (or none). One at a time.
+            with self._params_lock:
+                return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 
