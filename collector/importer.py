@@ -25,7 +25,7 @@ files again yields the same id (and is refused as a duplicate); the ranks of one
 job imported by separate commands need an explicit ``--job-id``.
 
 Upload (``argus import --server URL``): ``POST {URL}/api/v1/jobs/{job_id}/traces``,
-``multipart/form-data`` with one part named ``file`` per trace (the part's file
+``multipart/form-data`` with one part named ``files`` per trace (the part's file
 name is used in messages) and an optional query parameter ``rank``; the server
 calls :func:`import_traces` with the uploaded file objects and answers with the
 :class:`ImportResult` as JSON (``job_id``, ``ranks``, ``rows``), or 422 with the
@@ -62,7 +62,7 @@ from argus import config
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import ArgusError, NotFound, StoreError, TraceError, Unauthenticated
 
-__all__ = ["ImportResult", "default_job_id", "import_traces", "main"]
+__all__ = ["ImportResult", "default_job_id", "import_parsed", "import_traces", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,27 @@ def import_traces(
         parse_trace(src, name=names[i] if names is not None else trace_name(src))
         for i, src in enumerate(sources)
     ]
-    ranks = _assign_ranks(traces, rank)
+    return import_parsed(store, traces, job_id=job_id, rank=rank, window_s=window_s)
+
+
+def import_parsed(
+    store: Store,
+    traces: Sequence[ParsedTrace],
+    *,
+    job_id: str | None = None,
+    rank: int | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+) -> ImportResult:
+    """The second half of :func:`import_traces`: store traces already parsed (or generated).
+
+    Same arguments, results and errors as :func:`import_traces`, with
+    :class:`~argus.collector.kineto.ParsedTrace` columns instead of files.
+    """
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if not traces:
+        raise TraceError("no trace files to import")
+    ranks = _assign_ranks(list(traces), rank)
     job = job_id or default_job_id([t.digest for t in traces])
     world = max([r + 1 for r in ranks] + [t.world_size or 0 for t in traces])
     rank_traces = [RankTrace(t, job, r, world) for t, r in zip(traces, ranks, strict=True)]
@@ -242,6 +262,7 @@ def import_traces(
 def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, Any]:
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request on stderr
     server = (args.server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_SERVER_URL).rstrip("/")
     job = args.job_id or default_job_id([file_digest(p) for p in paths])
     headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
@@ -249,7 +270,7 @@ def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, Any]:
     handles = [p.open("rb") for p in paths]
     try:
         files = [
-            ("file", (str(p), h, "application/octet-stream")) for p, h in zip(paths, handles, strict=True)
+            ("files", (str(p), h, "application/octet-stream")) for p, h in zip(paths, handles, strict=True)
         ]
         with httpx.Client(verify=args.tls_cert or True, timeout=httpx.Timeout(30.0, read=600.0)) as client:
             response = client.post(
