@@ -71,8 +71,10 @@ VALLEY_RATIO = 0.75
 MIN_LOG_GAP = 0.1
 #: At most this many clusters per group.
 MAX_CLUSTERS = 8
-#: Target fidelity of a compressed group; worse-fitting clusters are split at their median.
+#: Target fidelity of a compressed group; worse-fitting clusters are split.
 TOLERANCE = 0.02
+#: ... and the target W1 never exceeds this fraction of the group's mean duration.
+MEAN_TOLERANCE = 0.02
 #: A cluster is split by refinement only if both halves keep at least this many samples
 #: (1: a lone outlier may become its own cluster, which is what W1 rewards).
 MIN_REFINE = 1
@@ -249,9 +251,9 @@ def _best_cut(raw: NDArray[np.float64], resolution_ns: float) -> int:
 
 
 def _refine(
-    parts: list[NDArray[np.float64]], resolution_ns: float, scale: float, tolerance: float
+    parts: list[NDArray[np.float64]], resolution_ns: float, target_ns: float
 ) -> list[NDArray[np.float64]]:
-    """Split the worst-fitting part where it fits best until the group's rebuild error is within tolerance.
+    """Split the worst-fitting part where it fits best until the group's rebuild W1 is within ``target_ns``.
 
     The parts do not overlap and each rebuilt component stays inside its part's
     range, so the group's W1 is the count-weighted sum of the parts' W1. A split
@@ -267,7 +269,7 @@ def _refine(
 
     errors = weighted_w1(parts)
     done = [False] * len(parts)
-    while len(parts) < MAX_CLUSTERS and sum(errors) > tolerance * scale:
+    while len(parts) < MAX_CLUSTERS and sum(errors) > target_ns:
         candidates = [i for i in np.argsort(errors)[::-1] if not done[i] and errors[i] > 0]
         if not candidates:
             break
@@ -292,6 +294,7 @@ def compress(
     min_count: int | None = None,
     min_log_gap: float = MIN_LOG_GAP,
     tolerance: float = TOLERANCE,
+    mean_tolerance: float = MEAN_TOLERANCE,
 ) -> NDArray[np.void]:
     """Compress one group of durations into clusters: KDE valleys, then refinement.
 
@@ -310,6 +313,8 @@ def compress(
         min_log_gap: Fewest ln(ns) units between the modes on two sides of a valley split.
         tolerance: Target fidelity (W1 / max(IQR, resolution)) of the whole group;
             raised to ``1/sqrt(n)`` for small groups, where sampling noise dominates.
+        mean_tolerance: ... but the rebuild's W1 stays within this fraction of the
+            group's mean duration (what cross-rank scoring is relative to).
 
     Returns:
         Array of :data:`CLUSTER_DTYPE`, sorted by duration; empty for empty input.
@@ -335,8 +340,12 @@ def compress(
     scale = max(_sorted_quantile(raw, 0.75) - _sorted_quantile(raw, 0.25), float(resolution_ns), 1.0)
     # A sample of n differs from its own distribution by about 0.9/sqrt(n) in this
     # measure (two samples of one distribution by about 1.3/sqrt(n)): refining
-    # below 1/sqrt(n) would fit the noise, not the kernel.
-    parts = _refine(parts, resolution_ns, scale, max(tolerance, 1.0 / np.sqrt(raw.size)))
+    # below 1/sqrt(n) would fit the noise, not the kernel. But ranks are compared
+    # relative to their mean duration, and a multi-modal group's IQR is of the
+    # order of its mean: there the rebuild must also be within mean_tolerance of
+    # the mean, or two ranks with the same durations could be rebuilt apart.
+    target_ns = min(max(tolerance, 1.0 / math.sqrt(raw.size)) * scale, mean_tolerance * float(raw.mean()))
+    parts = _refine(parts, resolution_ns, target_ns)
     return np.array([_cluster_stats(p) for p in parts], dtype=CLUSTER_DTYPE)
 
 

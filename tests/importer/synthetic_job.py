@@ -3,13 +3,15 @@
 :func:`resample_job` plays a synchronous data-parallel job for ``ranks`` ranks
 and ``steps`` steps from one real rank's trace (``diff_control_rank3_of8``):
 
-* Every generated step replays one of the template's profiled steps (in turn):
-  the same GPU events (kernels, memcpys, memsets, NCCL kernels) on the same
-  streams, at the same offsets into the step.
-* Each event's duration is resampled (bootstrap) from the real durations of its
-  (kernel, stream) group in the template, then multiplied by the rank's
-  persistent speed (log-normal, ``rank_spread``: GPUs of one model differ by a
-  few per cent) and by per-call noise (log-normal, ``call_jitter``).
+* Every generated step replays the kernel sequence that several of the
+  template's profiled steps share (in ``diff_control``: steps 1011-1014, 1,575
+  GPU events each): the same kernels, memcpys, memsets and NCCL kernels on the
+  same streams, at the same offsets into the step.
+* Each call's duration is the real duration of that same call in one of those
+  steps, picked at random per generated step and call but the same on every
+  rank (data-parallel ranks run the same shapes), times the rank's persistent
+  speed (log-normal, ``rank_spread``: GPUs of one model differ by about 1 %)
+  and per-call noise (log-normal, ``call_jitter``).
 * ``slow_rank``'s GEMM kernels (names matching ``gemm`` but not ``fbgemm``) are
   ``slowdown`` times longer.
 * Ranks are synchronous: a rank's compute stretches its timeline
@@ -40,9 +42,23 @@ __all__ = ["GEMM", "resample_job", "write_kineto"]
 GEMM = re.compile(r"(?<!fb)gemm", re.IGNORECASE)
 
 
-def _steps_of(t: ParsedTrace) -> NDArray[np.intp]:
-    """Index of the profiled step each GPU event belongs to (by start; -1 before the first)."""
-    return np.searchsorted(t.step_start_ns, t.start_ns, side="right") - 1
+def _aligned_steps(t: ParsedTrace) -> tuple[list[NDArray[np.intp]], int]:
+    """Rows of the profiled steps that replay one identical event sequence, and their count.
+
+    Each step's GPU events are ordered by (stream, start); the largest set of steps
+    with the same (kind, kernel, stream) sequence is kept (the first profiled steps
+    of a trace often differ: warm-up, events spilling over the boundary). Row
+    arrays are aligned: position ``p`` is the same kernel call in every step.
+    """
+    step_of = np.searchsorted(t.step_start_ns, t.start_ns, side="right") - 1
+    ordered = []
+    for i in range(t.step.size):
+        rows = np.flatnonzero(step_of == i)
+        ordered.append(rows[np.lexsort((t.start_ns[rows], t.stream[rows]))])
+    signature = [(t.kind[r].tobytes(), t.kernel_code[r].tobytes(), t.stream[r].tobytes()) for r in ordered]
+    best = max(set(signature), key=signature.count)
+    chosen = [i for i, sig in enumerate(signature) if sig == best]
+    return [ordered[i] for i in chosen], chosen[0]
 
 
 def resample_job(
@@ -52,80 +68,81 @@ def resample_job(
     steps: int = 24,
     slow_rank: int | None = None,
     slowdown: float = 1.3,
-    rank_spread: float = 0.02,
-    call_jitter: float = 0.03,
+    rank_spread: float = 0.01,
+    call_jitter: float = 0.02,
     seed: int = 0,
     start_ns: int | None = None,
+    resolution_ns: int = 1000,
 ) -> list[ParsedTrace]:
     """``ranks`` traces of ``steps`` steps built from ``template``'s kernels; see the module doc.
 
     Args:
-        template: One real rank's parsed trace with ``ProfilerStep`` events and GPU events.
+        template: One real rank's parsed trace with ``ProfilerStep`` events and GPU events,
+            at least two of whose steps replay the same kernel sequence.
         ranks: World size.
         steps: Steps to generate.
         slow_rank: The rank whose GEMM kernels are slowed, or None.
         slowdown: Factor on that rank's GEMM durations.
-        rank_spread: Log-normal sigma of each rank's persistent speed.
-        call_jitter: Log-normal sigma of each call's noise.
+        rank_spread: Log-normal sigma of each rank's persistent speed (1 %: GPUs of one model).
+        call_jitter: Log-normal sigma of each call's noise on top of the real step-to-step variation.
         seed: Random seed.
         start_ns: Start of the first step (default: the template's).
+        resolution_ns: Durations and offsets are rounded to this (1000: whole µs, as Kineto writes).
     """
     rng = np.random.default_rng(seed)
-    step_of = _steps_of(template)
-    keep = step_of >= 0
-    is_nccl = template.is_collective
+    aligned, first = _aligned_steps(template)
+    if len(aligned) < 2:
+        raise ValueError(f"{template.name}: fewer than two profiled steps replay the same kernels")
+    rows0 = aligned[0]
+    # durations[j, p]: the real duration of call p in aligned step j.
+    durations = np.stack([template.dur_ns[r] for r in aligned]).astype(np.float64)
+    offsets = template.start_ns[rows0] - template.step_start_ns[first]
+    step_dur = float(np.median([template.step_dur_ns[i] for i in range(template.step.size)]))
+    nccl = template.is_collective[rows0]
     meta = {c.row: c for c in template.collectives}
-    # Real durations of each (kernel, stream) group, for the bootstrap.
-    group_keys = template.kernel_code.astype(np.int64) * 1_000_003 + template.stream
-    pools = {k: template.dur_ns[group_keys == k] for k in np.unique(group_keys)}
     names = template.kernel_names
-    gemm_code = np.array([bool(GEMM.search(n)) for n in names])
+    gemm = np.array([bool(GEMM.search(names[c])) for c in template.kernel_code[rows0]])
     speed = rng.lognormal(0.0, rank_spread, ranks)
-    n_template = template.step.size
+    template_compute = float(np.where(nccl, 0.0, durations.mean(axis=0)).sum())
+    positions = rows0.size
     t = int(template.step_start_ns[0] if start_ns is None else start_ns)
-    per_rank: list[dict[str, list[NDArray[np.int64]]]] = [
-        {k: [] for k in ("row", "start", "dur", "launch", "step_start", "step_dur")} for _ in range(ranks)
-    ]
-    for g in range(steps):
-        i = g % n_template
-        rows = np.flatnonzero(keep & (step_of == i))
-        offsets = template.start_ns[rows] - template.step_start_ns[i]
-        nccl = is_nccl[rows]
-        base = np.array([rng.choice(pools[k]) for k in group_keys[rows]], dtype=np.float64)
-        dur = base[None, :] * speed[:, None] * rng.lognormal(0.0, call_jitter, (ranks, rows.size))
+    starts, durs, step_starts, step_durs = [], [], [], []
+    for _ in range(steps):
+        # Which real step each call's work comes from is the same on every rank (data-parallel
+        # ranks run the same shapes); ranks differ by their speed and the per-call noise.
+        pick = rng.integers(len(aligned), size=positions)
+        dur = durations[pick, np.arange(positions)][None, :] * speed[:, None]
+        dur *= rng.lognormal(0.0, call_jitter, (ranks, positions))
         if slow_rank is not None:
-            dur[slow_rank, gemm_code[template.kernel_code[rows]]] *= slowdown
-        compute = np.where(nccl[None, :], 0.0, dur).sum(axis=1)
-        stretch = compute / max(float(np.where(nccl, 0.0, template.dur_ns[rows]).sum()), 1.0)
+            dur[slow_rank, gemm] *= slowdown
+        stretch = np.where(nccl[None, :], 0.0, dur).sum(axis=1) / template_compute
         start = offsets[None, :] * stretch[:, None]  # ns into the step (float64 cannot hold epoch ns)
         # NCCL: ends for everyone when the last rank arrived plus a common transfer time.
-        transfer = base[nccl] * rng.lognormal(0.0, call_jitter, int(nccl.sum()))
+        transfer = durations[rng.integers(len(aligned)), nccl] * rng.lognormal(
+            0.0, call_jitter, int(nccl.sum())
+        )
         end = start[:, nccl].max(axis=0) + transfer
         dur[:, nccl] = end[None, :] - start[:, nccl]
-        start_us, dur_us = np.round(start / 1000), np.maximum(np.round(dur / 1000), 0)
-        step_dur = int(template.step_dur_ns[i] * stretch.max() // 1000 * 1000)
-        for r in range(ranks):
-            out = per_rank[r]
-            out["row"].append(rows)
-            begin = t + start_us[r].astype(np.int64) * 1000
-            out["start"].append(begin)
-            out["dur"].append(dur_us[r].astype(np.int64) * 1000)
-            out["launch"].append(np.where(nccl, begin - 10_000, -1))
-            out["step_start"].append(np.array([t], np.int64))
-            out["step_dur"].append(np.array([step_dur], np.int64))
-        t += step_dur
+        this_step = int(max(step_dur * stretch.max(), float((start + dur).max())) // 1000 * 1000)
+        starts.append(t + np.round(start / resolution_ns).astype(np.int64) * resolution_ns)
+        durs.append(np.maximum(np.round(dur / resolution_ns), 0).astype(np.int64) * resolution_ns)
+        step_starts.append(t)
+        step_durs.append(this_step)
+        t += this_step
+    all_start = np.concatenate(starts, axis=1)
+    all_dur = np.concatenate(durs, axis=1)
+    rows = np.tile(rows0, steps)
+    n = rows.size
+    collectives = tuple(
+        CollectiveMeta(row=int(j), op=meta[int(rows[j])].op, bytes=meta[int(rows[j])].bytes, process_group="")
+        for j in np.flatnonzero(template.is_collective[rows])
+    )
+    first_step = int(template.step[0])
+    step_start = np.array(step_starts, np.int64)
+    step_len = np.array(step_durs, np.int64)
     traces = []
     for r in range(ranks):
-        out = {k: np.concatenate(v) for k, v in per_rank[r].items()}
-        rows = out["row"]
-        n = rows.size
-        collectives = tuple(
-            CollectiveMeta(
-                row=int(j), op=meta[int(rows[j])].op, bytes=meta[int(rows[j])].bytes, process_group=""
-            )
-            for j in np.flatnonzero(is_nccl[rows])
-        )
-        first_step = int(template.step[0])
+        launch = np.where(template.is_collective[rows], all_start[r] - 10_000, -1)
         traces.append(
             ParsedTrace(
                 name=f"synthetic rank {r}",
@@ -134,25 +151,23 @@ def resample_job(
                 world_size=ranks,
                 backend="nccl",
                 process_groups=(),
-                resolution_ns=1000,
+                resolution_ns=resolution_ns,
                 kind=template.kind[rows],
                 kernel_code=template.kernel_code[rows],
                 kernel_names=names,
                 stream=template.stream[rows],
                 device=np.full(n, r % 8, np.int64),
                 correlation=np.arange(1, n + 1, dtype=np.int64),
-                start_ns=out["start"],
-                dur_ns=out["dur"],
-                launch_ns=out["launch"],
+                start_ns=all_start[r],
+                dur_ns=all_dur[r],
+                launch_ns=launch,
                 collectives=collectives,
                 step=np.arange(first_step, first_step + steps, dtype=np.int64),
-                step_start_ns=out["step_start"],
-                step_dur_ns=out["step_dur"],
+                step_start_ns=step_start,
+                step_dur_ns=step_len,
                 pid=1000 + r,
-                first_ns=int(out["step_start"][0]),
-                last_ns=int(
-                    max((out["start"] + out["dur"]).max(), out["step_start"][-1] + out["step_dur"][-1])
-                ),
+                first_ns=int(step_start[0]),
+                last_ns=int(max((all_start[r] + all_dur[r]).max(), step_start[-1] + step_len[-1])),
             )
         )
     return traces
