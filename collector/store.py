@@ -31,6 +31,7 @@ __all__ = [
     "ClickHouseServerStore",
     "Store",
     "apply_retention",
+    "chdb_parameter",
     "open_store",
     "retention_statements",
 ]
@@ -77,8 +78,38 @@ def _columns(data: pa.Table) -> str:
     return ", ".join(f"`{name}`" for name in data.column_names)
 
 
+_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"})
+
+
+def _quoted(value: object) -> str:
+    if isinstance(value, str):
+        return "'" + value.translate(_ESCAPES).replace("'", "\\'") + "'"
+    return str(value)
+
+
+def chdb_parameter(value: object) -> str:
+    """``value`` in the text form chDB parses ``{name:Type}`` parameters from.
+
+    chDB reads parameter values in ClickHouse's escaped text format and joins
+    lists without quoting; clickhouse-connect does this itself. Strings are
+    escaped, lists/tuples become ``['a','b']`` / ``[1,2]``, other values ``str()``.
+    """
+    if isinstance(value, str):
+        return value.translate(_ESCAPES)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_quoted(v) for v in value) + "]"
+    return str(value)
+
+
 class ChdbStore:
-    """Embedded ClickHouse through chDB; one instance per data dir per process."""
+    """Embedded ClickHouse through chDB; one instance per data dir per process.
+
+    Calls are serialized by a Python lock. chDB's connection takes a native mutex
+    while holding the GIL, and a query reading Python objects (``Python(data)``)
+    takes the GIL while holding that mutex: two threads calling at once deadlock
+    (seen with chDB 4.4 under concurrent gRPC streams). Waiting on a Python lock
+    releases the GIL, so serializing here is safe; chDB serializes per connection anyway.
+    """
 
     _open: ClassVar[dict[Path, ChdbStore]] = {}
     _open_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -88,6 +119,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
+        self._lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -112,7 +144,9 @@ class ChdbStore:
 
     def _run(self, sql: str, fmt: str = "CSV", parameters: Mapping[str, Any] | None = None) -> Any:
         try:
-            return self._conn.query(sql, fmt, params=dict(parameters or {}))
+            with self._lock:
+                params = {k: chdb_parameter(v) for k, v in (parameters or {}).items()}
+                return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 
