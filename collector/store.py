@@ -31,7 +31,6 @@ __all__ = [
     "ClickHouseServerStore",
     "Store",
     "apply_retention",
-    "chdb_parameter",
     "open_store",
     "retention_statements",
 ]
@@ -78,29 +77,6 @@ def _columns(data: pa.Table) -> str:
     return ", ".join(f"`{name}`" for name in data.column_names)
 
 
-_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"})
-
-
-def _quoted(value: object) -> str:
-    if isinstance(value, str):
-        return "'" + value.translate(_ESCAPES).replace("'", "\\'") + "'"
-    return str(value)
-
-
-def chdb_parameter(value: object) -> str:
-    """``value`` in the text form chDB parses ``{name:Type}`` parameters from.
-
-    chDB reads parameter values in ClickHouse's escaped text format and joins
-    lists without quoting; clickhouse-connect does this itself. Strings are
-    escaped, lists/tuples become ``['a','b']`` / ``[1,2]``, other values ``str()``.
-    """
-    if isinstance(value, str):
-        return value.translate(_ESCAPES)
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_quoted(v) for v in value) + "]"
-    return str(value)
-
-
 class ChdbStore:
     """Embedded ClickHouse through chDB; one instance per data dir per process.
 
@@ -143,9 +119,17 @@ class ChdbStore:
             return store
 
     def _run(self, sql: str, fmt: str = "CSV", parameters: Mapping[str, Any] | None = None) -> Any:
+        # chDB reads each value as ClickHouse's escaped text (tab, newline, backslash escaped;
+        # arrays as literals), as the HTTP interface does: format them as clickhouse-connect does.
+        from clickhouse_connect.driver.binding import format_bind_value
+
+        params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
+            # One call at a time (see the class docstring). This also keeps two threads'
+            # parameters apart: chDB holds them in the connection's shared context.
             with self._lock:
-                params = {k: chdb_parameter(v) for k, v in (parameters or {}).items()}
+                if not params:
+                    return self._conn.query(sql, fmt)
                 return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
