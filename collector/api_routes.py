@@ -172,13 +172,15 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
     )
     def post_traces(
         job_id: JobId,
-        files: Annotated[list[UploadFile], File(description="trace files, .json or .json.gz")],
+        file: Annotated[
+            list[UploadFile], File(description="one part named `file` per trace (.json or .json.gz)")
+        ],
         rank: Annotated[
             int | None, Query(ge=0, le=2**32 - 1, description="rank of a single file without its own")
         ] = None,
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
-        result = importer.import_traces(store, [f.file for f in files], job_id=job_id, rank=rank)
+        result = importer.import_traces(store, [f.file for f in file], job_id=job_id, rank=rank)
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}
 
     return router

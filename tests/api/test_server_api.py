@@ -119,7 +119,7 @@ def test_trace_and_heatmap(http: httpx.Client) -> None:
 def test_trace_upload(http: httpx.Client) -> None:
     """POST /traces hands files to the importer: one it cannot read is a 422 (501 until it is built)."""
     response = http.post(
-        f"/api/v1/jobs/{JOB}-upload/traces", files=[("files", ("bad.json", b"{not json", "application/json"))]
+        f"/api/v1/jobs/{JOB}-upload/traces", files=[("file", ("bad.json", b"{not json", "application/json"))]
     )
     assert response.status_code in (422, 501), response.text
     assert "detail" in response.json()
