@@ -244,7 +244,8 @@ class Probe:
         source = CuptiSource(on_rows)
         if source.start():
             self._cupti, self._join = source, join
-            self.correlate = _Correlator(source)
+            if source.correlates:
+                self.correlate = _Correlator(source)
 
     def _gpu_reader(self) -> Any:
         if not self._device.startswith("cuda"):
