@@ -178,40 +178,40 @@ class Probe:
 
     def collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        if not self.active:
+        head = self.open_collective(pg, op, nbytes, issue_ns)
+        if head is None:
             return
-        info = self._pg_info.get(pg)
-        if info is None:
-            info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
-        name, counter = info
-        seq = next(counter)
-        step = self.tracker.event_step()
-        self._ncollectives += 1
-        join = self._join if uid else None
         fut = None
         if work is not None:
             try:
                 fut = work.get_future()
             except Exception:
                 fut = None
-        buf = self.buffers["collectives"]
-        now = time.time_ns
         if fut is None:
-            row = (step, name, seq, op, nbytes, issue_ns, issue_ns, now() - issue_ns)
-            if join is not None:
-                join.expect(uid, row)
-            else:
-                buf.append(row)
+            self.close_collective(head, time.time_ns(), uid)
             return
+        close, now = self.close_collective, time.time_ns
+        fut.add_done_callback(lambda _fut: close(head, now(), uid))
 
-        def done(_fut: Any) -> None:
-            row = (step, name, seq, op, nbytes, issue_ns, issue_ns, now() - issue_ns)
-            if join is not None:
-                join.expect(uid, row)
-            else:
-                buf.append(row)
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> tuple[Any, ...] | None:
+        """Number a collective: ``(step, process_group, seq, op, bytes, issue_ns)``; None when inactive."""
+        if not self.active:
+            return None
+        info = self._pg_info.get(pg)
+        if info is None:
+            info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
+        self._ncollectives += 1
+        return (self.tracker.event_step(), info[0], next(info[1]), op, nbytes, issue_ns)
 
-        fut.add_done_callback(done)
+    def close_collective(self, head: tuple[Any, ...], end_ns: int, uid: int = 0) -> None:
+        """Store a completed collective (GPU ones wait for their kernels in the join)."""
+        issue_ns = head[5]
+        row = (*head, issue_ns, end_ns - issue_ns)
+        join = self._join
+        if uid and join is not None:
+            join.expect(uid, row)
+        else:
+            self.buffers["collectives"].append(row)
 
     def collective_count(self) -> int:
         return self._ncollectives
