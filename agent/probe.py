@@ -129,6 +129,7 @@ class Probe:
         self._device = self._detect_device()
         self._hooks.install()
         collectives.install(self)
+        self._wrap_destroy()
         self._start_gpu()
         self._sampler = HostSampler(self._gpu_reader())
         self.buffers["ranks"].append(("attach", self.attach_ns, 0, "", [], ""))
@@ -200,6 +201,7 @@ class Probe:
         info = self._pg_info.get(pg)
         if info is None:
             info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
+            self._note_group(pg, info[0])
         self._ncollectives += 1
         return (self.tracker.event_step(), info[0], next(info[1]), op, nbytes, issue_ns)
 
@@ -304,6 +306,26 @@ class Probe:
         atexit.register(self.shutdown)
         os.register_at_fork(after_in_child=self._after_fork)
 
+    def _wrap_destroy(self) -> None:
+        """Note every process group before ``destroy_process_group`` forgets them."""
+        orig = dist.distributed_c10d.destroy_process_group
+        if getattr(orig, "__wrapped__", None) is not None:
+            return
+        probe = self
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if probe.active:
+                try:
+                    probe._scan_groups()
+                except Exception:
+                    log.debug("argus: group scan failed", exc_info=True)
+            return orig(*args, **kwargs)
+
+        destroy_process_group.__doc__ = orig.__doc__
+        destroy_process_group.__wrapped__ = orig  # type: ignore[attr-defined]
+        for module in (dist, dist.distributed_c10d):
+            setattr(module, "destroy_process_group", destroy_process_group)  # noqa: B010
+
     def _after_fork(self) -> None:
         # A forked child (DataLoader worker) is not a rank: record nothing there.
         self.active = False
@@ -365,15 +387,20 @@ class Probe:
         if len(names) == len(self._groups_seen):
             return
         for pg, name in list(names.items()):
+            self._note_group(pg, str(name))
+
+    def _note_group(self, pg: Any, name: str) -> None:
+        """Record a ``group`` row for process group ``pg`` the first time it is seen."""
+        with self._lock:
             if name in self._groups_seen:
-                continue
+                return
             self._groups_seen.add(name)
-            try:
-                ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
-                backend = str(dist.get_backend(pg))
-            except Exception:
-                continue
-            self.buffers["ranks"].append(("group", time.time_ns(), 0, str(name), ranks, backend))
+        try:
+            ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+            backend = str(dist.get_backend(pg))
+        except Exception:
+            return
+        self.buffers["ranks"].append(("group", time.time_ns(), 0, name, ranks, backend))
 
     def _batch(self, table: str, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
         ident = self.identity
