@@ -248,6 +248,20 @@ class Probe:
             self._cupti, self._join = source, join
             if source.correlates:
                 self.correlate = _Correlator(source)
+            from argus.agent import profiler_yield
+
+            profiler_yield.install(self._release_cupti, self._resume_cupti)
+
+    def _release_cupti(self) -> None:
+        """Give CUPTI to the user's torch.profiler (see :mod:`argus.agent.profiler_yield`)."""
+        self.correlate = None
+        if self._cupti is not None:
+            self._cupti.stop()
+
+    def _resume_cupti(self) -> None:
+        source = self._cupti
+        if source is not None and self.active and source.start() and source.correlates:
+            self.correlate = _Correlator(source)
 
     def _gpu_reader(self) -> Any:
         if not self._device.startswith("cuda"):

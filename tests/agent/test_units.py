@@ -122,3 +122,22 @@ def test_offset_shifts_only_time_columns() -> None:
     )
     got = shift_times("steps", data, 100).to_pylist()[0]
     assert got == {"rank": 1, "step": 2, "start_ns": 103, "dur_ns": 4}
+
+
+def test_cupti_steps_aside_while_a_user_profiler_runs() -> None:
+    import torch
+    import torch.autograd.profiler as ap
+    from argus.agent import profiler_yield
+
+    saved = ap.profile._prepare_trace, ap.profile.__exit__
+    calls: list[str] = []
+    try:
+        profiler_yield.install(
+            lambda: calls.append("release"), lambda: calls.append("resume"), lambda p: True
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            calls.append("user")
+            torch.ones(4).sum()
+    finally:
+        ap.profile._prepare_trace, ap.profile.__exit__ = saved
+    assert calls == ["release", "user", "resume"]
