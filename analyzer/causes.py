@@ -22,15 +22,18 @@ Order of the rules, each applied to what the earlier ones left:
    When more than :data:`MAX_INDIVIDUAL` ranks share a cause, they become one
    finding with ``rank = None`` and every rank listed.
 3. ``communication`` — a process group with long transfers and no late
-   arrival (:func:`argus.analyzer.collectives.slow_links`), or ranks whose
-   communication kernels are slower while no rank of the job is a compute
-   straggler (a straggler makes its peers' communication kernels *longer*,
-   because they include the wait).
+   arrival (:func:`argus.analyzer.collectives.slow_links`); L3 adds the
+   communication kernel of its ranks that is slowest against its peers. Only
+   when a window has no collective records at all (an imported kernel trace)
+   do slower communication kernels alone make the finding, and then only
+   while no rank is a compute straggler: a straggler makes its peers'
+   communication kernels *longer*, because they include the wait.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -395,8 +398,26 @@ def attribute(
             found.append(f)
     out.extend(_merge_many(found, l2))
     stragglers = {f.rank for f in found if f.rank is not None and f.score >= 1.0}
-    comm = _links(w, links, l1, stragglers, decomposition)
+    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers, decomposition)]
     out.extend(comm)
-    if not stragglers:
+    if not stragglers and w.collectives.rank.size == 0:
         out.extend(_kernel_links(ctx, l1, {f.subject for f in comm}))
     return out
+
+
+def _with_link_kernel(ctx: _Context, f: Finding) -> Finding:
+    """Name the communication kernel of a slow link's ranks that is slowest against its peers."""
+    l3 = ctx.l3
+    sel = l3.collective & np.isin(l3.rank, f.ranks) & np.isfinite(l3.score)
+    if not np.any(sel):
+        return f
+    best = int(np.flatnonzero(sel)[np.argmax(l3.score[sel])])
+    if l3.score[best] < KEEP_SCORE:
+        return f
+    evidence = {
+        **f.evidence,
+        "kernel_l3_score": _r(l3.score[best]),
+        "kernel_mean_us": _r(l3.mean_ns[best] / 1e3),
+        "peer_kernel_mean_us": _r(l3.ref_mean_ns[best] / 1e3),
+    }
+    return replace(f, kernel=l3.kernel_names[int(l3.kernel[best])], evidence=evidence)

@@ -141,16 +141,21 @@ def _hung(
 
 def _missing_collective(status: RankStatus, i: int) -> tuple[str | None, int | None]:
     """(process group, seq) the hung rank ``i`` never issued while its peers wait in it."""
+    rank = int(status.rank[i])
+    gone = set(status.rank[status.exited].tolist())
     best: tuple[int, str, int] | None = None
-    for name, seqs in status.max_seq.items():
-        own = int(seqs[i])
+    for g in np.unique(status.seq_group):
+        name = status.seq_groups[g]
+        rows = status.seq_group == g
         members = status.groups.get(name)
-        mask = np.isin(status.rank, members) if members is not None and members.size else seqs >= 0
-        mask[i] = False
-        peers = seqs[mask & ~status.exited]
-        if peers.size == 0 or (own < 0 and peers.max() < 0):
+        if members is not None and members.size and rank not in set(members.tolist()):
             continue
-        ahead = int(peers.max()) - own
+        mine = rows & (status.seq_rank == rank)
+        own = int(status.seq_max[mine].max()) if np.any(mine) else -1
+        peer_rows = rows & (status.seq_rank != rank) & ~np.isin(status.seq_rank, list(gone))
+        if not np.any(peer_rows):
+            continue
+        ahead = int(status.seq_max[peer_rows].max()) - own
         # Prefer the group where peers are furthest ahead; on ties the world group "0".
         if best is None or ahead > best[0] or (ahead == best[0] and name == "0"):
             best = (ahead, name, own + 1)

@@ -17,15 +17,17 @@ asynchronously bucket by bucket and the rank blocks once, at the end of
 backward, for the last of them, whose wait is about the whole delay.
 
 Comparison: per step, the reference of every component is the median over the
-healthy ranks at *that step*, so anything that hits every rank at once (a
-slow batch everywhere, a checkpoint, a GC storm) cancels. A rank's excess is
-its mean excess over the window's steps after dropping its single worst step
-(one isolated hiccup is not a fail-slow fault), scored with the one-sided rule
-of :mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
-reference step time. The healthy set is first estimated from per-rank
-medians, so the per-step references stay correct with up to half the ranks
-slow. Ranks are compared with every other rank of the job: data- and
-tensor-parallel peers do the same work in each step.
+healthy ranks at *that step*, so anything that hits every rank at once (a slow
+batch everywhere, a checkpoint, a GC storm) cancels. A rank's excess is its
+mean excess over the window's steps after dropping its worst tenth of steps, at
+least one (isolated hiccups are not a fail-slow fault; periodic stalls every
+few steps survive the trim), scored with the one-sided rule of
+:mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
+reference step time, and shrunk toward 0 when the rank has fewer than
+:data:`CONFIDENT_STEPS` steps left (a job's first, partial window). The healthy
+set is first estimated from per-rank medians, so the per-step references stay
+correct with up to half the ranks slow. Ranks are compared with every other
+rank of the job: data- and tensor-parallel peers do the same work in each step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ WARMUP_STEPS = 3
 REL_FLOOR = 0.04
 #: Fewest compared steps a rank needs in a window.
 MIN_STEPS = 2
+#: Below this many kept steps a rank's score is scaled by ``sqrt(kept / CONFIDENT_STEPS)``.
+CONFIDENT_STEPS = 8
+#: The worst ``ceil(steps / TRIM_DIVISOR)`` steps of a rank are left out of its score.
+TRIM_DIVISOR = 10
 
 
 @dataclass(frozen=True)
@@ -230,11 +236,16 @@ def _compare_phases(w: Window, d: Decomposition | None) -> PhaseResult:
     excess = self_t - ref_self[None, :]
     comp_excess = comps - ref_comp[:, None, :]
 
-    # Mean excess without each rank's single worst step.
+    # Mean excess without each rank's worst tenth of steps (at least one).
     ex0 = np.where(valid, excess, np.nan)
+    ex0 = np.where(valid & np.isnan(ex0), 0.0, ex0)  # a step no healthy rank reported: no evidence
     total = np.nansum(ex0, axis=1)
-    worst = np.nanmax(np.where(valid, ex0, -np.inf), axis=1, initial=-np.inf)
-    trimmed = np.where(enough, (total - worst) / np.maximum(n_steps - 1, 1), np.nan)
+    drop = np.maximum(1, np.ceil(n_steps / TRIM_DIVISOR)).astype(np.int64)
+    kept = np.maximum(n_steps - drop, 1)
+    ascending = np.cumsum(np.sort(np.where(valid, ex0, np.inf), axis=1), axis=1)
+    ascending = np.where(np.isfinite(ascending), ascending, 0.0)
+    kept_sum = ascending[np.arange(n_r), np.minimum(kept, max(n_s, 1)) - 1] if n_s else np.zeros(n_r)
+    trimmed = np.where(enough, kept_sum / kept, np.nan)
     mean_excess = np.where(n_steps > 0, total / np.maximum(n_steps, 1), np.nan)
     # Per-step noise of healthy ranks bounds the scale of a per-rank mean from below.
     resid = excess[healthy][valid[healthy]]
@@ -243,7 +254,9 @@ def _compare_phases(w: Window, d: Decomposition | None) -> PhaseResult:
     scores = one_sided_scores(
         trimmed, floor=REL_FLOOR * ref_step_time, min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1))
     )
-    score = np.where(enough, scores.score, np.nan)
+    # Few steps are thin evidence: shrink the score toward 0 below CONFIDENT_STEPS kept steps.
+    shrink = np.minimum(1.0, np.sqrt(kept / CONFIDENT_STEPS))
+    score = np.where(enough, scores.score * shrink, np.nan)
     with np.errstate(all="ignore"):
         comp_mean = np.nanmean(comp_excess, axis=2).T
         wait_mean = np.nanmean(np.where(valid, wait, np.nan), axis=1)

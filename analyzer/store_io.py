@@ -201,10 +201,9 @@ def _status(rt: pa.Table, live: Liveness, host_gpu: set[int]) -> RankStatus:
             groups[str(names[j])] = np.array(sorted(members[j] or []), np.int64)
         elif event[j] == "attach" and str(devices[j]).startswith("cuda"):
             has_gpu[i] = True
-    group_names = {g for (g, _) in live.max_seq}
-    max_seq = {g: np.full(ranks.size, -1, np.int64) for g in group_names}
-    for (g, r), q in live.max_seq.items():
-        max_seq[g][idx[r]] = q
+    seq_groups = tuple(sorted({g for (g, _) in live.max_seq}))
+    gidx = {g: i for i, g in enumerate(seq_groups)}
+    seq_items = sorted(live.max_seq.items())
     return RankStatus(
         rank=ranks,
         exited=exited,
@@ -213,7 +212,10 @@ def _status(rt: pa.Table, live: Liveness, host_gpu: set[int]) -> RankStatus:
         last_progress_ns=np.array([live.last_progress.get(int(r), -1) for r in ranks], np.int64),
         has_gpu=has_gpu,
         groups=groups,
-        max_seq=max_seq,
+        seq_groups=seq_groups,
+        seq_group=np.array([gidx[g] for (g, _), _ in seq_items], np.int64),
+        seq_rank=np.array([r for (_, r), _ in seq_items], np.int64),
+        seq_max=np.array([q for _, q in seq_items], np.int64),
     )
 
 

@@ -20,15 +20,18 @@ of :mod:`argus.schema`):
   and the NCCL all-reduce kernel, whose durations are the rank's real
   collective durations (wait + transfer).
 
-Healthy jitter: log-normal noise on every phase, every ``spike_every`` steps all
-ranks run slower together, every ``checkpoint_every`` steps all ranks spend
-``checkpoint_s`` writing a checkpoint, slow warm-up steps, GC pauses. Faults
+Healthy jitter: log-normal noise on every phase, persistent per-rank speed
+differences (``rank_spread``), isolated hiccups of single ranks at single steps
+(``hiccup_prob``: extra work or a short sleep of up to ``hiccup`` of a step),
+every ``spike_every`` steps all ranks run slower together, every
+``checkpoint_every`` steps all ranks spend ``checkpoint_s`` writing a
+checkpoint, slow warm-up steps, GC pauses, CPU-accounting noise. Faults
 (:class:`Fault`) start at a given time on given ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +102,9 @@ class JobSpec:
     buckets: int = 4
     kernels: int = 8
     noise: float = 0.04
+    rank_spread: float = 0.01
+    hiccup_prob: float = 0.01
+    hiccup: float = 0.3
     spike_every: int = 7
     spike: float = 0.4
     checkpoint_every: int = 40
@@ -124,14 +130,17 @@ class Simulation:
         windows: One :class:`~argus.analyzer.window.Window` per analysis window.
         truth: Per window, faulty rank → expected cause, for faults active by the window's end.
         onset_window: Per fault, the index of the window it starts in.
-        tables: The same job as rows of the store's tables (:func:`store_tables`).
     """
 
     spec: JobSpec
     windows: list[Window]
     truth: list[dict[int, str]]
     onset_window: list[int]
-    tables: dict[str, pa.Table] = field(default_factory=dict)
+    build_tables: Callable[[], dict[str, pa.Table]] | None = None
+
+    def tables(self) -> dict[str, pa.Table]:
+        """The same job as rows of the store's tables (``job_id`` + wire columns), clock offsets applied."""
+        return self.build_tables() if self.build_tables is not None else {}
 
 
 def _ln(rng: np.random.Generator, shape: tuple[int, ...] | int, sigma: float) -> NDArray[np.float64]:
@@ -160,6 +169,7 @@ class _Sim:
         nodes = (np.arange(n) // 8).astype(np.int64)
         node_off = self.rng.uniform(-1, 1, nodes.max() + 1) * spec.clock_offset_ms * 1e6
         self.offset = node_off[nodes].astype(np.int64)
+        self.rank_speed = _ln(self.rng, n, spec.rank_spread)
         if spec.group_size:
             self.tp_group = np.arange(n) // spec.group_size
         else:
@@ -193,9 +203,19 @@ class _Sim:
             bwd = 0.42 * step_ns * _ln(rng, n, s.noise) * warm * common
             opt = 0.05 * step_ns * _ln(rng, n, s.noise)
             untracked = 0.03 * step_ns * _ln(rng, n, s.noise * 2)
+            fwd *= self.rank_speed
+            bwd *= self.rank_speed
             if step == 0:
                 fwd *= rng.uniform(0.7, 1.6, n)
             sleep = np.zeros(n)
+            # Isolated hiccups on single ranks: half extra work in forward, half a short sleep.
+            hit = rng.random(n) < s.hiccup_prob
+            if np.any(hit):
+                extra = s.hiccup * step_ns * rng.uniform(0.3, 1.0, int(hit.sum()))
+                as_sleep = rng.random(extra.size) < 0.5
+                fwd[hit] += np.where(as_sleep, 0.0, extra)
+                untracked[hit] += np.where(as_sleep, extra, 0.0)
+                sleep[hit] += np.where(as_sleep, extra, 0.0)
             if s.checkpoint_every and step % s.checkpoint_every == s.checkpoint_every - 1:
                 ck = s.checkpoint_s * NS * _ln(rng, n, 0.02)
                 untracked = untracked + ck
@@ -344,45 +364,44 @@ class _Sim:
         times = np.arange(self.t_start, self.t_end_all + NS, NS)
         sample_t = times[None, :] + phase0[:, None]
         end_of_life = np.minimum(dead_at, exit_at)
-        h_rank, h_time, h_cpu, h_gc, h_clock, h_reason = [], [], [], [], [], []
-        bounds = [
-            np.concatenate([a[None] for a, _, _ in cpu_trace]),
-            np.concatenate([b[None] for _, b, _ in cpu_trace]),
-        ]
-        fracs = np.concatenate([f[None] for _, _, f in cpu_trace])
-        for r in range(n):
-            st = sample_t[r]
-            st = st[(st <= end_of_life[r]) & (st < self.t_end_all) & (st > self.t_start)]
-            # Cumulative CPU time at step boundaries; blocked forever after the last recorded step.
-            a, b, f = bounds[0][:, r], bounds[1][:, r], fracs[:, r]
-            knots = np.r_[a[0], b]
-            cum = np.r_[0.0, np.cumsum((b - a) * f)]
-            if s.gpu:
-                cpu = np.full(st.size, 0.9 * NS)
-            else:
-                c = np.interp(st.astype(np.float64), knots.astype(np.float64), cum)
-                c_prev = np.interp((st - NS).astype(np.float64), knots.astype(np.float64), cum)
-                cpu = np.maximum(c - c_prev, 0.0) + 0.02 * NS
-            h_rank.append(np.full(st.size, r))
-            h_time.append(st)
-            h_cpu.append(cpu.astype(np.int64))
-            h_gc.append((self.rng.exponential(0.002, st.size) * NS).astype(np.int64))
-            clock = np.full(st.size, 1410 if s.gpu else 0)
-            reason = np.zeros(st.size, np.int64)
-            for flt in s.faults:
-                if flt.kind == "throttling" and r in flt.ranks:
-                    on = st >= self.first_window + int(flt.onset_s * NS)
-                    clock = np.where(on, int(1410 / (1 + flt.magnitude)), clock)
-                    reason = np.where(on, 0x20 | 0x40, reason)
-            h_clock.append(clock)
-            h_reason.append(reason)
+        valid = (sample_t <= end_of_life[:, None]) & (sample_t < self.t_end_all) & (sample_t > self.t_start)
+        a = np.stack([a for a, _, _ in cpu_trace]).T  # (n, steps)
+        b = np.stack([b for _, b, _ in cpu_trace]).T
+        f = np.stack([f for _, _, f in cpu_trace]).T
+        if s.gpu:
+            cpu = np.full(sample_t.shape, 0.9 * NS)
+        else:
+            # Cumulative CPU time at step ends, interpolated at every sample time of every rank in
+            # one call: offsetting rank r's times by r * span keeps the flattened knots increasing.
+            knots = np.concatenate([a[:, :1], b], axis=1) - self.t_start
+            cum = np.concatenate([np.zeros((n, 1)), np.cumsum((b - a) * f, axis=1)], axis=1)
+            span = float(self.t_end_all - self.t_start + 4 * NS)
+            shift = np.arange(n)[:, None] * span
+            xp = (knots + shift).ravel().astype(np.float64)
+            fp = (cum + shift).ravel()  # also offset, so values stay monotone across ranks
+            rel = (sample_t - self.t_start).astype(np.float64) + shift
+            c_now = np.interp(rel.ravel(), xp, fp).reshape(sample_t.shape) - shift
+            c_prev = np.interp((rel - NS).ravel(), xp, fp).reshape(sample_t.shape) - shift
+            # Before a rank's first step the interpolation clamps to its neighbour's values: none then.
+            c_now = np.clip(c_now, 0.0, None)
+            c_prev = np.clip(c_prev, 0.0, None)
+            cpu = np.maximum(c_now - c_prev, 0.0) + 0.02 * NS
+            cpu = cpu * _ln(self.rng, cpu.shape, s.noise)
+        clock = np.full(sample_t.shape, 1410 if s.gpu else 0, np.int64)
+        reason = np.zeros(sample_t.shape, np.int64)
+        for flt in s.faults:
+            if flt.kind == "throttling":
+                on = np.zeros(sample_t.shape, bool)
+                on[list(flt.ranks)] = sample_t[list(flt.ranks)] >= self.first_window + int(flt.onset_s * NS)
+                clock = np.where(on, int(1410 / (1 + flt.magnitude)), clock)
+                reason = np.where(on, 0x20 | 0x40, reason)
         host = {
-            "rank": np.concatenate(h_rank),
-            "time": np.concatenate(h_time),
-            "cpu": np.concatenate(h_cpu),
-            "gc": np.concatenate(h_gc),
-            "clock": np.concatenate(h_clock),
-            "reason": np.concatenate(h_reason),
+            "rank": np.broadcast_to(np.arange(n)[:, None], sample_t.shape)[valid],
+            "time": sample_t[valid],
+            "cpu": cpu[valid].astype(np.int64),
+            "gc": (self.rng.exponential(0.002, sample_t.shape) * NS).astype(np.int64)[valid],
+            "clock": clock[valid],
+            "reason": reason[valid],
         }
         if s.missing > 0:
             cat, host = self._drop(cat, host)
@@ -406,8 +425,9 @@ class _Sim:
                     for r in members:
                         tr[int(r)] = fault.cause
             truth.append(tr)
-        tables = self._tables(cat, host, windows, exit_at, dead_at)
-        return Simulation(s, windows, truth, onset_window, tables)
+        return Simulation(
+            s, windows, truth, onset_window, lambda: self._tables(cat, host, windows, exit_at, dead_at)
+        )
 
     def _tables(
         self,
@@ -662,18 +682,17 @@ class _Sim:
         seen = np.where(seen >= 0, seen + self.offset, seen)
         prog = np.where(prog >= 0, prog + self.offset, prog)
         groups = {"0": np.arange(n, dtype=np.int64)}
-        max_seq = {"0": np.full(n, -1, np.int64)}
-        v = c_end < w1
-        world = v & (cat["c_group"] == 0)
-        np.maximum.at(max_seq["0"], cat["c_rank"][world], cat["c_seq"][world])
         if self.spec.group_size:
-            for g in range(int(self.tp_group.max()) + 1):
-                members = np.flatnonzero(self.tp_group == g).astype(np.int64)
-                groups[str(g + 1)] = members
-                ms = np.full(n, -1, np.int64)
-                sel = v & (cat["c_group"] == g + 1)
-                np.maximum.at(ms, cat["c_rank"][sel], cat["c_seq"][sel])
-                max_seq[str(g + 1)] = ms
+            order = np.argsort(self.tp_group, kind="stable")
+            bounds = np.flatnonzero(np.diff(self.tp_group[order])) + 1
+            for g, members in enumerate(np.split(order, bounds)):
+                groups[str(g + 1)] = members.astype(np.int64)
+        v = c_end < w1
+        pair = cat["c_group"][v] * np.int64(n) + cat["c_rank"][v]
+        uniq, inv = np.unique(pair, return_inverse=True)
+        top = np.full(uniq.size, -1, np.int64)
+        np.maximum.at(top, inv, cat["c_seq"][v])
+        n_groups = int(self.tp_group.max()) + 2 if self.spec.group_size else 1
         exited = exit_at < w1
         return RankStatus(
             rank=np.arange(n, dtype=np.int64),
@@ -683,7 +702,10 @@ class _Sim:
             last_progress_ns=prog,
             has_gpu=np.full(n, self.spec.gpu),
             groups=groups,
-            max_seq=max_seq,
+            seq_groups=tuple(str(g) for g in range(n_groups)),
+            seq_group=(uniq // n).astype(np.int64),
+            seq_rank=(uniq % n).astype(np.int64),
+            seq_max=top,
         )
 
     def _kernels(

@@ -127,8 +127,9 @@ class RankStatus:
         last_progress_ns: Newest end of a step or phase or issue of a collective; -1 if none.
         has_gpu: True when the rank's host samples report a GPU clock.
         groups: Process group name → its global ranks (from ``group`` rows; may be empty).
-        max_seq: Process group name → per-rank newest collective seq in that group
-            (``-1`` where the rank has none), aligned with ``rank``.
+        seq_groups: Process group names indexed by ``seq_group``.
+        seq_group, seq_rank, seq_max: One row per (process group, rank) that recorded
+            collectives: the newest seq it recorded in that group.
     """
 
     rank: I64 = field(default_factory=_i64)
@@ -138,7 +139,10 @@ class RankStatus:
     last_progress_ns: I64 = field(default_factory=_i64)
     has_gpu: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     groups: dict[str, I64] = field(default_factory=dict)
-    max_seq: dict[str, I64] = field(default_factory=dict)
+    seq_groups: tuple[str, ...] = ()
+    seq_group: I64 = field(default_factory=_i64)
+    seq_rank: I64 = field(default_factory=_i64)
+    seq_max: I64 = field(default_factory=_i64)
 
 
 @dataclass(frozen=True)
