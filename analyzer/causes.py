@@ -11,13 +11,10 @@ Order of the rules, each applied to what the earlier ones left:
      :data:`CLOCK_DROP` below its peers', or that reports thermal/power-brake
      reasons in most samples while its peers do not;
    * ``dataloader`` — the ``data`` phase carries at least half of its excess;
-   * ``host_stall`` — its extra time is not spent on the CPU: on a CPU rank the
-     extra process CPU time is less than :data:`CPU_SHARE` of the extra self time
-     (a sleep, a blocked call, a descheduled process), or GC pauses explain at
-     least half of it; without CPU accounting (GPU ranks), the excess sits in
-     untracked host time and no kernel is slower;
-   * ``compute`` — otherwise: its forward/backward/optimizer work (or its
-     kernels) got slower.
+   * ``host_stall`` or ``compute`` — by a majority of three votes
+     (:func:`_stall_or_compute`): is the extra time spent on the CPU (process CPU
+     time, GC pauses), does it come in spikes on a few steps or evenly, and does
+     it sit in untracked host time or in the compute phases (and kernels).
 
    When more than :data:`MAX_INDIVIDUAL` ranks share a cause, they become one
    finding with ``rank = None`` and every rank listed.
@@ -58,6 +55,8 @@ MAX_INDIVIDUAL = 4
 CLOCK_DROP = 0.05
 #: Extra CPU time below this share of the extra self time means the extra time was not CPU work.
 CPU_SHARE = 0.5
+#: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
+SPIKY_SHARE = 0.75
 _COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
 
@@ -84,6 +83,8 @@ class _Context:
             peer = np.ones(host.rank.size, bool)
         self.peer_cpu = float(np.median(host.cpu_frac[peer])) if host.rank.size else np.nan
         self.peer_gc = float(np.median(host.gc_frac[peer])) if host.rank.size else np.nan
+        cpu = host.cpu_frac[peer]
+        self.cpu_noise = 1.4826 * float(np.median(np.abs(cpu - np.median(cpu)))) if cpu.size else np.inf
         on_gpu = peer & (host.sm_clock_mhz > 0)
         self.peer_clock = float(np.median(host.sm_clock_mhz[on_gpu])) if np.any(on_gpu) else np.nan
         self.peer_throttled = float(np.median(host.throttled_frac[on_gpu])) if np.any(on_gpu) else 0.0
@@ -120,7 +121,7 @@ class _Context:
 
 
 def _straggler(ctx: _Context, rank: int) -> Finding | None:
-    l2, host = ctx.l2, ctx.host
+    l2 = ctx.l2
     i = ctx.l2_index.get(rank)
     l2_score = float(l2.score[i]) if i is not None and np.isfinite(l2.score[i]) else 0.0
     top = ctx.top_kernel.get(rank)
@@ -162,7 +163,6 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
             kernel = None
     pos = np.maximum(comp, 0.0)
     total = float(pos.sum())
-    h = host.lookup(rank)
     cause: Cause
     throttle = ctx.throttle(rank)
     if throttle is not None:
@@ -171,28 +171,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
     elif total > 0 and pos[0] >= 0.5 * total:
         cause = Cause.DATALOADER
     else:
-        rho = np.nan
-        if h is not None and rank not in ctx.gpu and np.isfinite(extra_self_frac) and extra_self_frac > 0:
-            extra_cpu = float(host.cpu_frac[h]) - ctx.peer_cpu
-            extra_gc = float(host.gc_frac[h]) - ctx.peer_gc
-            rho = extra_cpu / extra_self_frac
-            ev.update(
-                {
-                    "cpu_pct": _r(100 * host.cpu_frac[h], 1),
-                    "peer_cpu_pct": _r(100 * ctx.peer_cpu, 1),
-                    "extra_cpu_share": _r(rho, 2),
-                    "gc_pct": _r(100 * host.gc_frac[h], 2),
-                    "peer_gc_pct": _r(100 * ctx.peer_gc, 2),
-                }
-            )
-            if extra_gc >= 0.5 * extra_self_frac:
-                rho = -1.0
-        if np.isfinite(rho):
-            cause = Cause.HOST_STALL if rho < CPU_SHARE else Cause.COMPUTE
-        elif total > 0 and pos[-1] >= 0.5 * total and l3_score < 1.0:
-            cause = Cause.HOST_STALL
-        else:
-            cause = Cause.COMPUTE
+        cause = _stall_or_compute(ctx, rank, i, pos, total, extra_self_frac, l3_score, ev)
     phase = _phase(cause, comp)
     slowdown = l2.slowdown_pct(l2.rank == rank) if i is not None else _kernel_slowdown(ctx, rank)
     return Finding(
@@ -207,6 +186,75 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         subject=f"rank:{rank}",
         evidence=ev,
     )
+
+
+def _spiky_share(l2: PhaseResult, i: int) -> float:
+    """Share of a rank's positive excess carried by its worst third of steps (1/3 = even, 1 = spikes)."""
+    e = l2.excess_matrix[i]
+    e = np.sort(np.maximum(e[np.isfinite(e)], 0.0))[::-1]
+    if e.size == 0 or e.sum() <= 0:
+        return np.nan
+    return float(e[: max(1, -(-e.size // 3))].sum() / e.sum())
+
+
+def _stall_or_compute(
+    ctx: _Context,
+    rank: int,
+    i: int | None,
+    pos: np.ndarray,
+    total: float,
+    extra_self_frac: float,
+    l3_score: float,
+    ev: dict[str, Any],
+) -> Cause:
+    """``host_stall`` or ``compute`` by three votes: CPU use, spikiness, where the time went.
+
+    * CPU (CPU ranks, when the excess is well above the peers' CPU-accounting noise):
+      extra CPU below :data:`CPU_SHARE` of the extra self time votes stall, else compute;
+      GC pauses explaining half of it vote stall.
+    * Spikiness: more than :data:`SPIKY_SHARE` of the excess in the worst third of the
+      steps votes stall (periodic pauses); an even excess votes compute.
+    * Location: half the excess in untracked host time votes stall; in the compute phases,
+      or kernels that got slower, compute.
+
+    The majority wins; a tie goes to the CPU vote when there is one, else to compute.
+    """
+    host = ctx.host
+    votes: list[bool] = []  # True = stall
+    cpu_vote: bool | None = None
+    h = host.lookup(rank)
+    if h is not None and rank not in ctx.gpu and np.isfinite(extra_self_frac) and extra_self_frac > 0:
+        extra_cpu = float(host.cpu_frac[h]) - ctx.peer_cpu
+        extra_gc = float(host.gc_frac[h]) - ctx.peer_gc
+        rho = extra_cpu / extra_self_frac
+        ev.update(
+            {
+                "cpu_pct": _r(100 * host.cpu_frac[h], 1),
+                "peer_cpu_pct": _r(100 * ctx.peer_cpu, 1),
+                "extra_cpu_share": _r(rho, 2),
+                "gc_pct": _r(100 * host.gc_frac[h], 2),
+                "peer_gc_pct": _r(100 * ctx.peer_gc, 2),
+            }
+        )
+        if extra_gc >= 0.5 * extra_self_frac:
+            cpu_vote = True
+        elif extra_self_frac >= 4 * ctx.cpu_noise:
+            cpu_vote = rho < CPU_SHARE
+    if cpu_vote is not None:
+        votes.append(cpu_vote)
+    if i is not None:
+        share = _spiky_share(ctx.l2, i)
+        if np.isfinite(share):
+            ev["excess_in_worst_third_of_steps"] = _r(share, 2)
+            votes.append(share > SPIKY_SHARE)
+    if total > 0:
+        votes.append(bool(pos[-1] >= 0.5 * total) and l3_score < 1.0)
+    stall = sum(votes)
+    if 2 * stall > len(votes):
+        return Cause.HOST_STALL
+    if 2 * stall == len(votes) and cpu_vote:
+        return Cause.HOST_STALL
+    return Cause.COMPUTE
 
 
 def _phase(cause: Cause, comp: np.ndarray) -> str | None:

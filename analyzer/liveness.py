@@ -8,9 +8,13 @@ collector's feed) stopping, not one rank failing, and a later window will show
 which. A rank that recorded an ``exit`` is finished, whatever its code.
 
 *Hung*: every rank still reports, but the job has made no progress (no step,
-phase or collective) for ``stall_ns``, and one rank's progress stopped clearly
-before everyone else's — its peers went on until they blocked in the next
-collective, which it never issued. Which collective: where the rank's newest
+phase or collective) for ``stall_ns``, and a few ranks stopped at an earlier
+point of the step than everyone else — the furthest (step, phase) each rank
+completed (:func:`argus.analyzer.window.progress_position`) is behind the
+others': their peers went on until they blocked in the next collective, which
+the hung ranks never issued. Positions, not timestamps, decide: a rank that
+started the step a little late (a hiccup) has an earlier timestamp but the same
+position. Which collective: where the rank's newest
 seq in a process group is behind its peers', the first seq it never issued
 (peers' rows show they issued it); otherwise the seq after the last one all
 ranks completed in the group its peers used last. A pause of every rank at the
@@ -24,6 +28,8 @@ from typing import Any
 
 import numpy as np
 from argus.analyzer.window import RankStatus
+
+from argus.schema import PHASES
 
 __all__ = ["HANG_MIN_NS", "HANG_STEPS", "Unresponsive", "find_unresponsive", "silence_threshold_ns"]
 
@@ -117,26 +123,38 @@ def _hung(
     stalled = window_end_ns - newest
     if stalled < stall_ns:
         return []
-    idx = np.flatnonzero(cand)
-    order = idx[np.argsort(prog[idx])]
-    first, second = int(prog[order[0]]), int(prog[order[1]])
-    # The hung rank stopped before its peers blocked: by a clear margin of the step time.
-    margin = max(0.1 * step, 1_000_000.0)
-    if second - first < margin:
+    # Who stopped first: the ranks whose (step, phase) position is behind everyone else's.
+    pos = status.position
+    known = cand & (pos >= 0)
+    if known.sum() < 2:
         return []
-    i = int(order[0])
-    rank = int(status.rank[i])
-    evidence: dict[str, Any] = {
-        "stalled_s": round(stalled / 1e9, 3),
-        "last_progress_ns": first,
-        "peers_last_progress_ns": second,
-    }
-    group, seq = _missing_collective(status, i)
-    if group is not None:
-        evidence["process_group"] = group
-        evidence["seq"] = seq
-        evidence["collective"] = f"{group}#{seq}"
-    return [Unresponsive(rank, hung=True, score=stalled / stall_ns, evidence=evidence)]
+    low = int(pos[known].min())
+    behind = known & (pos == low)
+    if behind.sum() * 2 > known.sum() or int(pos[known].max()) == low:
+        return []  # everyone stopped at the same point (a checkpoint, the end of training)
+    peers_pos = int(np.median(pos[known & ~behind]))
+    out = []
+    for i in np.flatnonzero(behind):
+        evidence: dict[str, Any] = {
+            "stalled_s": round(stalled / 1e9, 3),
+            "last_progress_ns": int(prog[i]),
+            "at_step": low // 8,
+            "at_phase": _position_name(low),
+            "peers_at_step": peers_pos // 8,
+            "peers_at_phase": _position_name(peers_pos),
+        }
+        group, seq = _missing_collective(status, int(i))
+        if group is not None:
+            evidence["process_group"] = group
+            evidence["seq"] = seq
+            evidence["collective"] = f"{group}#{seq}"
+        out.append(Unresponsive(int(status.rank[i]), hung=True, score=stalled / stall_ns, evidence=evidence))
+    return out
+
+
+def _position_name(pos: int) -> str:
+    k = pos % 8
+    return "step end" if k == 5 else (f"{PHASES[k - 1]} end" if 1 <= k <= 4 else "?")
 
 
 def _missing_collective(status: RankStatus, i: int) -> tuple[str | None, int | None]:

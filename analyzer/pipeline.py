@@ -30,6 +30,8 @@ __all__ = ["JobAnalysis", "WindowResult"]
 
 #: Job step times kept as the L1 baseline.
 HISTORY_STEPS = 512
+#: Healthy windows of each rank's trimmed self-time excess kept as its L2 baseline.
+EXCESS_HISTORY_WINDOWS = 8
 #: Windows of healthy transfer medians kept per (group, op, size class).
 LINK_HISTORY_WINDOWS = 8
 
@@ -63,6 +65,7 @@ class JobAnalysis:
         self.tracker = Tracker(job_id)
         self._steps: deque[float] = deque(maxlen=HISTORY_STEPS)
         self._links: dict[tuple[str, int], deque[float]] = {}
+        self._excess: dict[int, deque[float]] = {}
 
     @property
     def typical_step_ns(self) -> float | None:
@@ -76,7 +79,7 @@ class JobAnalysis:
         d: Decomposition | None = decompose(c, group_sizes=group_sizes) if c.rank.size else None
         step, step_ns = job_step_times(w.steps, min_step=WARMUP_STEPS)
         l1 = compare_iterations(step, step_ns, list(self._steps))
-        l2 = compare_phases(w, d)
+        l2 = compare_phases(w, d, {r: float(np.median(v)) for r, v in self._excess.items() if len(v) >= 2})
         l3 = score_kernels(w.kernels)
         host = host_signals(w.host)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
@@ -97,6 +100,10 @@ class JobAnalysis:
             changed += self.tracker.finish()
 
         self._steps.extend(step_ns.tolist())
+        flagged = {r for f in findings for r in f.ranks}
+        for r, frac, score in zip(l2.rank.tolist(), l2.trimmed_frac.tolist(), l2.score.tolist(), strict=True):
+            if np.isfinite(frac) and np.isfinite(score) and score < 0.5 and r not in flagged:
+                self._excess.setdefault(r, deque(maxlen=EXCESS_HISTORY_WINDOWS)).append(frac)
         if d is not None:
             slow = {f.group for f in findings if f.cause == "communication"}
             for key, value in transfer_medians(d, c.group_names).items():

@@ -60,6 +60,7 @@ class _Job:
     cursor_ns: int
     last_seen: dict[int, int] = field(default_factory=dict)
     last_progress: dict[int, int] = field(default_factory=dict)
+    position: dict[int, int] = field(default_factory=dict)
     max_seq: dict[tuple[str, int], int] = field(default_factory=dict)
     gauge_ranks: set[str] = field(default_factory=set)
     suspects: list[tuple[int, float]] = field(default_factory=list)
@@ -152,9 +153,11 @@ class Analyzer:
             job.last_seen[r] = max(job.last_seen.get(r, -1), t)
         for r, t in live.last_progress.items():
             job.last_progress[r] = max(job.last_progress.get(r, -1), t)
+        for r, q in live.position.items():
+            job.position[r] = max(job.position.get(r, -1), q)
         for k, q in live.max_seq.items():
             job.max_seq[k] = max(job.max_seq.get(k, -1), q)
-        merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq))
+        merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
         window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
         result = job.analysis.analyze(window)
         job.suspects = result.suspects

@@ -118,6 +118,7 @@ class Liveness:
     last_seen: dict[int, int]
     last_progress: dict[int, int]
     max_seq: dict[tuple[str, int], int]
+    position: dict[int, int]
 
 
 def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness:
@@ -125,19 +126,22 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     p = {"job": job_id, "lo": lo_ns, "w1": w1_ns}
     t = store.query(
         """
-        SELECT rank, max(t) AS seen_ns, maxIf(t, prog = 1) AS progress_ns, max(prog) AS has_progress FROM (
-            SELECT toInt64(rank) AS rank, time_ns AS t, 0 AS prog FROM host_samples
+        SELECT rank, max(t) AS seen_ns, maxIf(t, prog = 1) AS progress_ns, max(prog) AS has_progress,
+               max(pos) AS position FROM (
+            SELECT toInt64(rank) AS rank, time_ns AS t, 0 AS prog, toInt64(-1) AS pos FROM host_samples
                 WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {lo:Int64} AND time_ns < {w1:Int64}
             UNION ALL
-            SELECT toInt64(rank), start_ns + dur_ns, 1 FROM steps
+            SELECT toInt64(rank), start_ns + dur_ns, 1, toInt64(step) * 8 + 5 FROM steps
                 WHERE job_id = {job:String}
                     AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
             UNION ALL
-            SELECT toInt64(rank), start_ns + dur_ns, 1 FROM phases
+            SELECT toInt64(rank), start_ns + dur_ns, 1,
+                   toInt64(step) * 8 + indexOf(['data', 'forward', 'backward', 'optimizer'], phase)
+                FROM phases
                 WHERE job_id = {job:String}
                     AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
             UNION ALL
-            SELECT toInt64(rank), issue_ns, 1 FROM collectives
+            SELECT toInt64(rank), issue_ns, 1, toInt64(-1) FROM collectives
                 WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64}
         ) GROUP BY rank
         """,
@@ -147,6 +151,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     seen = _col(t, "seen_ns")
     prog = _col(t, "progress_ns")
     anyp = _col(t, "has_progress")
+    pos = _col(t, "position")
     s = store.query(
         """
         SELECT process_group, toInt64(rank) AS rank, toInt64(max(seq)) AS seq FROM collectives
@@ -158,6 +163,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     return Liveness(
         last_seen={int(r): int(v) for r, v in zip(ranks, seen, strict=True)},
         last_progress={int(r): int(v) for r, v, a in zip(ranks, prog, anyp, strict=True) if a},
+        position={int(r): int(v) for r, v in zip(ranks, pos, strict=True) if v >= 0},
         max_seq={
             (str(g), int(r)): int(q)
             for g, r, q in zip(
@@ -210,6 +216,7 @@ def _status(rt: pa.Table, live: Liveness, host_gpu: set[int]) -> RankStatus:
         exit_code=exit_code,
         last_seen_ns=np.array([live.last_seen.get(int(r), -1) for r in ranks], np.int64),
         last_progress_ns=np.array([live.last_progress.get(int(r), -1) for r in ranks], np.int64),
+        position=np.array([live.position.get(int(r), -1) for r in ranks], np.int64),
         has_gpu=has_gpu,
         groups=groups,
         seq_groups=seq_groups,

@@ -45,6 +45,7 @@ from argus.analyzer.window import (
     RankStatus,
     Steps,
     Window,
+    progress_position,
 )
 from numpy.typing import NDArray
 
@@ -676,6 +677,11 @@ class _Sim:
         ):
             v = visible < w1
             np.maximum.at(prog, r_col[v], t_col[v])
+        pos = np.full(n, -1, np.int64)
+        v = s_end < w1
+        np.maximum.at(pos, cat["s_rank"][v], progress_position(cat["s_step"][v]))
+        v = p_end < w1
+        np.maximum.at(pos, cat["p_rank"][v], progress_position(cat["p_step"][v], cat["p_phase"][v]))
         np.maximum.at(seen, np.arange(n), prog)
         hv = host["time"] < w1
         np.maximum.at(seen, host["rank"][hv], host["time"][hv])
@@ -700,6 +706,7 @@ class _Sim:
             exit_code=np.zeros(n, np.int64),
             last_seen_ns=seen,
             last_progress_ns=prog,
+            position=pos,
             has_gpu=np.full(n, self.spec.gpu),
             groups=groups,
             seq_groups=tuple(str(g) for g in range(n_groups)),
@@ -724,7 +731,7 @@ class _Sim:
                 slow[list(f.ranks)] *= 1 + f.magnitude
         k_base = np.geomspace(20e3, 3e6, s.kernels)
         k_sigma = rng.uniform(0.03, 0.12, s.kernels)
-        calls = np.maximum(steps_per_rank, 1)[None, :] * rng.integers(4, 40, s.kernels)[:, None]
+        calls = np.maximum(steps_per_rank, 1)[None, :] * rng.integers(2, 40, s.kernels)[:, None]
         ranks = np.broadcast_to(np.arange(n), (s.kernels, n))
         mu = np.log(k_base)[:, None] + np.log(slow)[None, :] + rng.normal(0, 0.005, (s.kernels, n))
         mu = mu + rng.normal(0, 1, (s.kernels, n)) * k_sigma[:, None] / np.sqrt(calls)
@@ -734,6 +741,7 @@ class _Sim:
         lo = mu - 3.2 * sig
         hi = mu + 3.4 * sig
         total = calls * np.exp(mu + 0.5 * sig**2)
+        ran = np.broadcast_to(steps_per_rank > 0, (s.kernels, n)).ravel()  # no steps, no kernels
         cols = {
             "rank": ranks.ravel(),
             "kernel": np.repeat(np.arange(s.kernels), n),
@@ -745,6 +753,7 @@ class _Sim:
             "hi": hi.ravel(),
             "sum": total.ravel(),
         }
+        cols = {k: v[ran] for k, v in cols.items()}
         # NCCL kernels: the rank's own collective durations in the window, one exact cluster per rank.
         world = coll.in_window & (coll.group == 0)
         parts = [cols]

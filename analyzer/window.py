@@ -25,6 +25,7 @@ __all__ = [
     "Steps",
     "Window",
     "empty_window",
+    "progress_position",
 ]
 
 I64 = NDArray[np.int64]
@@ -125,6 +126,9 @@ class RankStatus:
         last_seen_ns: Newest timestamp of any row of the rank (heartbeat, step,
             collective, phase) up to the window's end; -1 if none.
         last_progress_ns: Newest end of a step or phase or issue of a collective; -1 if none.
+        position: How far the rank got, ``step * 8 + k`` with k = 1..4 for the end of the
+            ``data``/``forward``/``backward``/``optimizer`` phase and 5 for the end of the
+            step (:func:`progress_position`); -1 if none.
         has_gpu: True when the rank's host samples report a GPU clock.
         groups: Process group name → its global ranks (from ``group`` rows; may be empty).
         seq_groups: Process group names indexed by ``seq_group``.
@@ -137,6 +141,7 @@ class RankStatus:
     exit_code: I64 = field(default_factory=_i64)
     last_seen_ns: I64 = field(default_factory=_i64)
     last_progress_ns: I64 = field(default_factory=_i64)
+    position: I64 = field(default_factory=_i64)
     has_gpu: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     groups: dict[str, I64] = field(default_factory=dict)
     seq_groups: tuple[str, ...] = ()
@@ -162,6 +167,12 @@ class Window:
     @property
     def phase_names(self) -> tuple[str, ...]:
         return PHASES
+
+
+def progress_position(step: NDArray[np.int64], phase: NDArray[np.int64] | None = None) -> I64:
+    """``step * 8 + k``: k = phase index + 1 for a phase end (phase indexes PHASES), 5 for a step end."""
+    k = np.full(step.shape, 5, np.int64) if phase is None else phase.astype(np.int64) + 1
+    return np.asarray(step, dtype=np.int64) * 8 + k
 
 
 def empty_window(job_id: str, start_ns: int, end_ns: int) -> Window:
