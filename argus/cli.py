@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="node agent socket (default %(default)s)",
     )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=config.DEFAULT_WINDOW_S,
+        help="kernel compression window of a node agent started for the job (default %(default)s)",
+    )
     _add_auth(p, server=False)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command to run")
 

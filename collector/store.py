@@ -13,6 +13,7 @@ URLs:
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,9 +24,16 @@ import pyarrow as pa
 
 from argus.config import DATABASE, DEFAULT_RETENTION_DAYS
 from argus.errors import ConfigError, StoreError, StoreLocked
-from argus.schema import create_statements
+from argus.schema import TABLES, create_statements
 
-__all__ = ["ChdbStore", "ClickHouseServerStore", "Store", "open_store"]
+__all__ = [
+    "ChdbStore",
+    "ClickHouseServerStore",
+    "Store",
+    "apply_retention",
+    "open_store",
+    "retention_statements",
+]
 
 
 class Store(Protocol):
@@ -80,6 +88,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
+        self._params_lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -103,8 +112,18 @@ class ChdbStore:
             return store
 
     def _run(self, sql: str, fmt: str = "CSV", parameters: Mapping[str, Any] | None = None) -> Any:
+        # chDB reads each value as ClickHouse's escaped text (tab, newline, backslash escaped;
+        # arrays as literals), as the HTTP interface does: format them as clickhouse-connect does.
+        from clickhouse_connect.driver.binding import format_bind_value
+
+        params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
-            return self._conn.query(sql, fmt, params=dict(parameters or {}))
+            if not params:
+                return self._conn.query(sql, fmt)
+            # chDB keeps query parameters in the connection's shared context: two threads'
+            # parameterized queries at once read each other's values (or none). One at a time.
+            with self._params_lock:
+                return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 
@@ -188,6 +207,64 @@ class ClickHouseServerStore:
         self._client.close()
 
 
+#: ClickHouse's normal form of our TTL clause in ``system.tables.engine_full``.
+_TTL_DAYS = re.compile(r"TTL stored_at \+ toIntervalDay\((\d+)\)")
+
+
+def retention_statements(
+    engine_full: Mapping[str, str],
+    *,
+    database: str = DATABASE,
+    retention_days: int = DEFAULT_RETENTION_DAYS,
+    cluster: str | None = None,
+) -> list[str]:
+    """``ALTER TABLE … MODIFY TTL`` for each table whose TTL is not ``retention_days``.
+
+    Args:
+        engine_full: ``system.tables.engine_full`` by table name, for the tables that
+            hold rows (``<name>_local`` with a cluster); absent tables and tables of
+            other engines (Distributed) are skipped.
+    """
+    on_cluster = f" ON CLUSTER {cluster}" if cluster else ""
+    statements = []
+    for name in TABLES:
+        local = f"{name}_local" if cluster else name
+        engine = engine_full.get(local)
+        if engine is None or "MergeTree" not in engine:
+            continue
+        found = _TTL_DAYS.search(engine)
+        if found is None or int(found.group(1)) != retention_days:
+            statements.append(
+                f"ALTER TABLE {database}.{local}{on_cluster} "
+                f"MODIFY TTL stored_at + INTERVAL {retention_days} DAY"
+            )
+    return statements
+
+
+def apply_retention(
+    store: Store, *, database: str = DATABASE, retention_days: int, cluster: str | None = None
+) -> list[str]:
+    """Make every table's TTL ``stored_at + retention_days``; return the ALTERs it ran.
+
+    Tables created earlier with another ``--retention-days`` keep their data; ClickHouse
+    applies the new TTL to existing parts as a mutation.
+
+    Raises:
+        StoreError: reading ``system.tables`` or an ALTER failed.
+    """
+    found = store.query(
+        "SELECT name, engine_full FROM system.tables WHERE database = {db:String}", {"db": database}
+    )
+    names, engine_full = found.column("name").to_pylist(), found.column("engine_full").to_pylist()
+    engines = {str(name): str(engine) for name, engine in zip(names, engine_full, strict=True)}
+    statements = retention_statements(
+        engines, database=database, retention_days=retention_days, cluster=cluster
+    )
+    for statement in statements:
+        store.command(statement)
+    return statements
+
+
 def open_store(
     url: str,
     *,
@@ -197,11 +274,17 @@ def open_store(
 ) -> Store:
     """Open the store at ``url`` and, with ``create``, create the schema if absent.
 
+    With ``create``, tables that exist already get their retention TTL set to
+    ``retention_days`` (see :func:`apply_retention`).
+
     Raises:
-        ConfigError: the URL's scheme is not chdb, clickhouse or clickhouses.
+        ConfigError: the URL's scheme is not chdb, clickhouse or clickhouses;
+            ``retention_days`` < 1.
         StoreLocked: a chDB data dir is held by another process.
         StoreError: the server cannot be reached or the DDL fails.
     """
+    if retention_days < 1:
+        raise ConfigError(f"retention must be at least 1 day, got {retention_days}")
     scheme, sep, rest = url.partition("://")
     store: Store
     database = DATABASE
@@ -217,6 +300,13 @@ def open_store(
             f"unknown store URL {url!r}: use chdb:///path or clickhouse://user:pass@host:port/db"
         )
     if create:
-        for statement in create_statements(database=database, retention_days=retention_days, cluster=cluster):
-            store.command(statement)
+        try:
+            for statement in create_statements(
+                database=database, retention_days=retention_days, cluster=cluster
+            ):
+                store.command(statement)
+            apply_retention(store, database=database, retention_days=retention_days, cluster=cluster)
+        except BaseException:
+            store.close()
+            raise
     return store

@@ -1,0 +1,1 @@
+"""Folder that `argus run` puts on PYTHONPATH: holds only ``sitecustomize``."""

@@ -1,0 +1,413 @@
+"""`argus agent`: the node agent (DESIGN §1, §4).
+
+Listens on a unix socket for the probes of this node (see
+:mod:`argus.agent.protocol`), shifts their timestamps onto the collector's
+clock, compresses kernel durations per window, and hands everything to the
+:class:`~argus.agent.uploader.Uploader` (spool, then gRPC). One agent serves
+any number of jobs and ranks.
+
+Threads: one accepting connections, one per probe connection, one for the
+clock offset, one closing kernel windows; the uploader has its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+from argus.agent.kernels import KernelWindows
+from argus.agent.protocol import (
+    FrameType,
+    ProtocolError,
+    decode_batch,
+    decode_json,
+    encode_frame,
+    read_frame,
+)
+from argus.agent.spool import Spool
+from argus.agent.uploader import Uploader
+
+from argus.errors import ConfigError
+from argus.schema import wire_schema
+
+__all__ = ["TIME_COLUMNS", "NodeAgent", "main", "new_agent_id", "shift_times"]
+
+log = logging.getLogger(__name__)
+
+#: Timestamp columns of each wire table: the agent adds its clock offset to these.
+TIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "jobs": ("start_ns",),
+    "ranks": ("time_ns",),
+    "steps": ("start_ns",),
+    "phases": ("start_ns",),
+    "collectives": ("issue_ns", "start_ns"),
+    "kernel_summaries": ("window_start_ns",),
+    "kernel_events": ("start_ns",),
+    "host_samples": ("time_ns",),
+}
+#: Seconds between clock offset estimates once one succeeded.
+CLOCK_EVERY_S = 300.0
+#: A new estimate replaces the old one only when they differ by more than this (ns).
+CLOCK_MIN_CHANGE_NS = 1_000_000
+#: Seconds between two lines of upload statistics in the log.
+STATS_EVERY_S = 60.0
+
+
+def new_agent_id() -> str:
+    """``<host>-<pid>-<start ns>``: unique per agent process, never reused with a reset sequence."""
+    return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+
+
+def shift_times(table: str, data: pa.Table, offset_ns: int) -> pa.Table:
+    """``data`` with ``offset_ns`` added to the timestamp columns of ``table``."""
+    if offset_ns == 0:
+        return data
+    for name in TIME_COLUMNS.get(table, ()):
+        i = data.schema.get_field_index(name)
+        data = data.set_column(i, name, pc.add(data[name], pa.scalar(offset_ns, pa.int64())))
+    return data
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+class NodeAgent:
+    """The node agent.
+
+    Args:
+        socket_path: Unix socket for probes.
+        collector: Collector address ``host:port``.
+        spool_dir: Spool folder.
+        spool_max_bytes: Spool bound.
+        window_s: Kernel compression window, seconds.
+        token: Bearer token for the collector.
+        tls_cert: PEM certificate of the collector (TLS).
+        flush_s: Seconds between batches to the collector.
+        grace_s: Seconds a kernel window waits for late events.
+    """
+
+    def __init__(
+        self,
+        socket_path: str,
+        collector: str,
+        spool_dir: str,
+        spool_max_bytes: int,
+        window_s: float,
+        *,
+        token: str | None = None,
+        tls_cert: str | None = None,
+        flush_s: float = 1.0,
+        grace_s: float = 5.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.agent_id = new_agent_id()
+        self.spool = Spool(spool_dir, spool_max_bytes)
+        self.uploader = Uploader(
+            collector, self.spool, self.agent_id, token=token, tls_cert=tls_cert, flush_s=flush_s
+        )
+        self.windows = KernelWindows(window_s, grace_s=grace_s)
+        self.offset_ns = 0
+        self._clock_known = False
+        self._jobs_seen: set[str] = set()
+        self._listener: socket.socket | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._late_reported = 0
+        #: Probe connections served so far.
+        self.connections = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the socket and start every thread.
+
+        Raises:
+            ConfigError: another agent listens on the socket, or it cannot be bound.
+        """
+        self._listener = _bind(self.socket_path)
+        self.uploader.start()
+        for target, name in (
+            (self._accept_loop, "argus-accept"),
+            (self._clock_loop, "argus-clock"),
+            (self._window_loop, "argus-windows"),
+        ):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info(
+            "argus agent %s: listening on %s, collector %s, spool %s",
+            self.agent_id,
+            self.socket_path,
+            self.uploader.target,
+            self.spool.root,
+        )
+
+    def stop(self, drain_s: float = 10.0) -> None:
+        """Stop taking probes, compress open windows, drain the uploader for at most ``drain_s``."""
+        self._stop.set()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            finally:
+                Path(self.socket_path).unlink(missing_ok=True)
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(timeout=2)
+        for job_id, summaries in self.windows.flush_all():
+            self.uploader.add(job_id, "kernel_summaries", summaries, self.offset_ns)
+        self.uploader.close(drain_s)
+        self._log_stats()
+
+    def wait(self) -> None:
+        """Block until :meth:`stop` is called (from a signal handler or another thread)."""
+        next_stats = time.monotonic() + STATS_EVERY_S
+        while not self._stop.wait(1.0):
+            if time.monotonic() >= next_stats:
+                self._log_stats()
+                next_stats += STATS_EVERY_S
+
+    # --- probes ----------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.1)
+                continue
+            with self._lock:
+                self._conns.add(conn)
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), name="argus-probe-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        hello: dict[str, Any] | None = None
+        clean = False
+        try:
+            while True:
+                frame = read_frame(conn)
+                if frame is None:
+                    break
+                kind, seq, payload = frame
+                if kind == FrameType.HELLO:
+                    hello = decode_json(payload)
+                    self._on_hello(hello)
+                elif kind == FrameType.BATCH:
+                    if hello is None:
+                        raise ProtocolError("BATCH before HELLO")
+                    table, data = decode_batch(payload)
+                    self._ingest(str(hello["job_id"]), table, data)
+                    conn.sendall(encode_frame(FrameType.ACK, seq))
+                elif kind == FrameType.BYE:
+                    clean = True
+                elif kind == FrameType.DUMP:
+                    doc = decode_json(payload)
+                    rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
+                    conn.sendall(encode_frame(FrameType.ACK, rows))
+                else:
+                    raise ProtocolError(f"unexpected frame {kind.name} from a probe")
+        except (ProtocolError, OSError, KeyError, ValueError) as exc:
+            if not self._stop.is_set():
+                log.warning("argus agent: dropping a probe connection: %s", exc)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+        if hello is not None and not clean and not self._stop.is_set():
+            self._maybe_lost(hello)
+
+    def _on_hello(self, hello: dict[str, Any]) -> None:
+        job_id = str(hello["job_id"])
+        log.info(
+            "argus agent: rank %s of job %s (pid %s) connected", hello.get("rank"), job_id, hello.get("pid")
+        )
+        with self._lock:
+            first = job_id not in self._jobs_seen
+            self._jobs_seen.add(job_id)
+        if first:
+            row: dict[str, list[Any]] = {
+                "world_size": [int(hello["world_size"])],
+                "start_ns": [int(hello["attach_ns"])],
+                "command": [str(hello.get("command", ""))],
+                "source": ["live"],
+            }
+            self._ingest(job_id, "jobs", pa.Table.from_pydict(row, schema=wire_schema("jobs")))
+
+    def _maybe_lost(self, hello: dict[str, Any]) -> None:
+        """A probe's connection ended without BYE: if its process is gone, record a crash exit."""
+        pid = int(hello["pid"])
+        time.sleep(0.5)
+        if not _pid_gone(pid):
+            return
+        log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.get("rank"), pid)
+        row: dict[str, list[Any]] = {
+            "rank": [int(hello["rank"])],
+            "event": ["exit"],
+            "time_ns": [time.time_ns()],
+            "local_rank": [int(hello.get("local_rank", 0))],
+            "world_size": [int(hello["world_size"])],
+            "host": [str(hello.get("host", ""))],
+            "pid": [pid],
+            "agent_id": [""],
+            "device": [str(hello.get("device", ""))],
+            "clock_offset_ns": [0],
+            "exit_code": [-1],
+            "group_name": [""],
+            "group_ranks": [[]],
+            "group_backend": [""],
+        }
+        self._ingest(str(hello["job_id"]), "ranks", pa.Table.from_pydict(row, schema=wire_schema("ranks")))
+
+    def _ingest(self, job_id: str, table: str, data: pa.Table) -> None:
+        offset = self.offset_ns
+        data = shift_times(table, data, offset)
+        if table == "ranks":
+            n = data.num_rows
+            data = data.set_column(
+                data.schema.get_field_index("agent_id"),
+                "agent_id",
+                pa.array([self.agent_id] * n, pa.string()),
+            )
+            data = data.set_column(
+                data.schema.get_field_index("clock_offset_ns"),
+                "clock_offset_ns",
+                pa.array([offset] * n, pa.int64()),
+            )
+        elif table == "host_samples":
+            dropped = pc.sum(data["dropped_events"]).as_py() or 0
+            if dropped:
+                log.warning("argus agent: probes of job %s report %d dropped events", job_id, dropped)
+                self.uploader.count_dropped(int(dropped))
+        elif table == "kernel_events":
+            self.windows.add(job_id, data)
+            return
+        self.uploader.add(job_id, table, data, offset)
+
+    def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:
+        """Queue the raw kernel events of ``job_id`` in ``[start_ns, end_ns)`` still held; returns rows."""
+        data = self.windows.raw(job_id, start_ns, end_ns)
+        self.uploader.add(job_id, "kernel_events", data, self.offset_ns)
+        return data.num_rows
+
+    # --- clock and windows -----------------------------------------------------------------------
+
+    def _clock_loop(self) -> None:
+        wait = 0.0
+        while not self._stop.wait(wait):
+            try:
+                est = self.uploader.clock()
+            except Exception as exc:
+                if not self._clock_known:
+                    log.info("argus agent: no clock offset yet (%s); using 0", type(exc).__name__)
+                wait = 5.0
+                continue
+            if not self._clock_known or abs(est.offset_ns - self.offset_ns) > CLOCK_MIN_CHANGE_NS:
+                log.info(
+                    "argus agent: clock offset to the collector %+d ns (round trip %d ns)",
+                    est.offset_ns,
+                    est.rtt_ns,
+                )
+                self.offset_ns = est.offset_ns
+            self._clock_known = True
+            wait = CLOCK_EVERY_S
+
+    def _window_loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                for job_id, summaries in self.windows.ready(time.time_ns() + self.offset_ns):
+                    self.uploader.add(job_id, "kernel_summaries", summaries, self.offset_ns)
+                late = self.windows.late_events
+                if late > self._late_reported:
+                    log.warning("argus agent: %d kernel events arrived after their window closed", late)
+                    self.uploader.count_dropped(late - self._late_reported)
+                    self._late_reported = late
+            except Exception:
+                log.warning("argus agent: compressing kernel windows failed", exc_info=True)
+
+    def _log_stats(self) -> None:
+        s = self.uploader.stats
+        log.info(
+            "argus agent: batches stored %d, duplicate %d, rejected %d (%d rows); spooled %d (%d bytes); "
+            "spool drops %d rows",
+            s.batches_stored,
+            s.batches_duplicate,
+            s.batches_rejected,
+            s.rows_rejected,
+            len(self.spool),
+            self.spool.size_bytes,
+            self.spool.dropped_rows,
+        )
+
+
+def _bind(path: str) -> socket.socket:
+    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            p.unlink(missing_ok=True)
+        else:
+            raise ConfigError(f"another node agent already listens on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {path}: {exc}") from exc
+    sock.listen(256)
+    return sock
+
+
+def main(args: argparse.Namespace) -> int:
+    """`argus agent`: run until SIGINT/SIGTERM, then drain to the collector for a few seconds."""
+    agent = NodeAgent(
+        args.socket,
+        args.collector,
+        args.spool,
+        args.spool_max_bytes,
+        args.window_s,
+        token=args.token,
+        tls_cert=args.tls_cert,
+    )
+    agent.start()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("argus agent: signal %d, stopping", signum)
+        agent._stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.wait()
+    agent.stop(drain_s=float(os.environ.get("ARGUS_AGENT_DRAIN_S", "10")))
+    return 0

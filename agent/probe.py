@@ -1,0 +1,435 @@
+"""The in-process probe of one rank (DESIGN §1, §2).
+
+Training threads only append tuples of numbers to bounded
+:class:`~argus.agent.buffers.RowBuffer`\\ s (through the step tracker, the
+collective wrappers and CUPTI's decoder). A daemon *shipper* thread, every
+:data:`FLUSH_S` seconds, takes the rows, builds Arrow batches of the wire
+schemas, samples host signals (the heartbeat), notes new process groups, and
+hands everything to the :class:`~argus.agent.sink.AgentLink`. At exit it
+records the rank's exit status and flushes for at most a few seconds.
+
+Nothing here may raise into training: every hook catches its own errors, and
+when the node agent is absent the probe keeps a bounded amount of data, then
+drops and counts (``host_samples.dropped_events``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+from argus.agent import collectives, identity
+from argus.agent.buffers import RowBuffer
+from argus.agent.cupti import CollectiveJoin, CuptiSource, Decoded
+from argus.agent.host import HostSampler
+from argus.agent.nvml import cuda_present
+from argus.agent.sink import AgentLink
+from argus.agent.steps import StepTracker
+from argus.agent.torch_hooks import TorchHooks
+
+from argus import config
+from argus.schema import PHASES, wire_schema
+
+__all__ = ["FLUSH_S", "SAMPLE_S", "Probe"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two shipments to the node agent.
+FLUSH_S = 0.5
+#: Seconds between two host samples (the heartbeat).
+SAMPLE_S = 1.0
+#: A step end held for another optimizer is closed after this long without activity.
+IDLE_STEP_NS = 1_000_000_000
+#: Rows each buffer holds between two shipments.
+CAPACITY = {"steps": 4096, "phases": 16384, "collectives": 65536, "ranks": 1024, "host_samples": 256}
+KERNEL_CAPACITY = 1 << 20
+#: Seconds the exit flush may take.
+EXIT_FLUSH_S = 3.0
+ENV_CUPTI = "ARGUS_CUPTI"
+
+
+class _Correlator:
+    """Pushes a fresh external correlation id around each GPU collective."""
+
+    def __init__(self, source: CuptiSource) -> None:
+        self._source = source
+        self._ids = itertools.count(1)
+        self._pushed = threading.local()
+
+    def push(self) -> int:
+        uid = next(self._ids)
+        try:
+            self._source.push(uid)
+            self._pushed.ok = True
+        except Exception:
+            self._pushed.ok = False
+            return 0
+        return uid
+
+    def pop(self) -> None:
+        if getattr(self._pushed, "ok", False):
+            self._pushed.ok = False
+            with contextlib.suppress(Exception):
+                self._source.pop()
+
+
+class Probe:
+    """Records one rank's telemetry and ships it to the node agent.
+
+    Args:
+        job_id: Explicit job id (else the DESIGN §6 rule, see :func:`identity.resolve_job_id`).
+        socket_path: The node agent's socket (default ``$ARGUS_SOCKET`` or the config default).
+        flush_s: Seconds between shipments.
+    """
+
+    def __init__(self, job_id: str | None = None, socket_path: str | None = None, flush_s: float = FLUSH_S):
+        self.pid = os.getpid()
+        self.attach_ns = time.time_ns()
+        self._explicit_job_id = job_id
+        self.socket_path = socket_path or os.environ.get(config.ENV_SOCKET) or config.DEFAULT_SOCKET
+        self.flush_s = flush_s
+        self.active = True
+        self.identity: identity.Identity | None = None
+        self.buffers = {name: RowBuffer(cap) for name, cap in CAPACITY.items()}
+        self.kernels = RowBuffer(KERNEL_CAPACITY)
+        self.tracker = StepTracker(self.buffers["steps"], self.buffers["phases"], self.attach_ns)
+        self._hooks = TorchHooks(self.tracker, lambda: self.active)
+        self._pg_info: dict[Any, tuple[str, Any]] = {}
+        self._groups_seen: set[str] = set()
+        self._ncollectives = 0
+        self.correlate: _Correlator | None = None
+        self._cupti: CuptiSource | None = None
+        self._join: CollectiveJoin | None = None
+        self._sampler: HostSampler | None = None
+        self._link: AgentLink | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_sample = 0.0
+        self._dropped_reported = 0
+        self._exit_code = 0
+        self._closed = False
+        self._errors = 0
+        self._device = "cpu"
+        self._lock = threading.Lock()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Install hooks, record attach, start the shipper thread."""
+        self._device = self._detect_device()
+        self._hooks.install()
+        collectives.install(self)
+        self._start_gpu()
+        self._sampler = HostSampler(self._gpu_reader())
+        self.buffers["ranks"].append(("attach", self.attach_ns, 0, "", [], ""))
+        self._resolve_identity()
+        self._install_exit_hooks()
+        self._thread = threading.Thread(target=self._run, name="argus-probe", daemon=True)
+        self._thread.start()
+
+    def mark_step(self) -> None:
+        """``argus.agent.step()``: end the current step now."""
+        if self.active:
+            self.tracker.mark_step(time.time_ns())
+
+    def shutdown(self, exit_code: int | None = None) -> None:
+        """Record the exit, flush to the agent (bounded time), stop recording. Idempotent."""
+        with self._lock:
+            if self._closed or os.getpid() != self.pid:
+                return
+            self._closed = True
+        code = self._exit_code if exit_code is None else exit_code
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        try:
+            self.tracker.finish()
+            if self._cupti is not None:
+                self._cupti.stop()
+            if self._join is not None:
+                for row in self._join.drain():
+                    self.buffers["collectives"].append(row)
+            self.buffers["ranks"].append(("exit", time.time_ns(), code, "", [], ""))
+            if self.identity is None:
+                self._resolve_identity(final=True)
+            self._ship(force_sample=True)
+            if self._link is not None:
+                self._link.close(code, EXIT_FLUSH_S)
+        except Exception:
+            log.warning("argus: probe shutdown failed", exc_info=True)
+        finally:
+            self.active = False
+            collectives.uninstall()
+            self._hooks.uninstall()
+            if self._sampler is not None:
+                self._sampler.close()
+
+    # --- recording (called from training threads) -----------------------------------------------
+
+    def collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0) -> None:
+        """See :class:`argus.agent.collectives.CollectiveRecorder`."""
+        if not self.active:
+            return
+        info = self._pg_info.get(pg)
+        if info is None:
+            info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
+        name, counter = info
+        seq = next(counter)
+        step = self.tracker.event_step()
+        self._ncollectives += 1
+        join = self._join if uid else None
+        fut = None
+        if work is not None:
+            try:
+                fut = work.get_future()
+            except Exception:
+                fut = None
+        buf = self.buffers["collectives"]
+        now = time.time_ns
+        if fut is None:
+            row = (step, name, seq, op, nbytes, issue_ns, issue_ns, now() - issue_ns)
+            if join is not None:
+                join.expect(uid, row)
+            else:
+                buf.append(row)
+            return
+
+        def done(_fut: Any) -> None:
+            row = (step, name, seq, op, nbytes, issue_ns, issue_ns, now() - issue_ns)
+            if join is not None:
+                join.expect(uid, row)
+            else:
+                buf.append(row)
+
+        fut.add_done_callback(done)
+
+    def collective_count(self) -> int:
+        return self._ncollectives
+
+    # --- GPU -------------------------------------------------------------------------------------
+
+    def _detect_device(self) -> str:
+        if not cuda_present() or torch.version.cuda is None:
+            return "cpu"
+        try:
+            if not torch.cuda.is_available():
+                return "cpu"
+            if torch.cuda.is_initialized():
+                return f"cuda:{torch.cuda.current_device()}"
+            local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+            return f"cuda:{local % max(torch.cuda.device_count(), 1)}"
+        except Exception:
+            return "cpu"
+
+    def _start_gpu(self) -> None:
+        if not self._device.startswith("cuda") or os.environ.get(ENV_CUPTI, "1") == "0":
+            return
+        join = CollectiveJoin()
+
+        def on_rows(decoded: Decoded) -> None:
+            for row in decoded.rows:
+                self.kernels.append(row)
+            join.feed(decoded)
+
+        source = CuptiSource(on_rows)
+        if source.start():
+            self._cupti, self._join = source, join
+            self.correlate = _Correlator(source)
+
+    def _gpu_reader(self) -> Any:
+        if not self._device.startswith("cuda"):
+            return None
+        try:
+            from argus.agent.nvml import GpuReader
+
+            index = int(self._device.split(":")[1])
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            return GpuReader(uuid)
+        except Exception as exc:
+            log.info("argus: no NVML GPU signals (%s)", exc)
+            return None
+
+    # --- identity and exit -----------------------------------------------------------------------
+
+    def _resolve_identity(self, final: bool = False) -> None:
+        info = identity.rank_info(dist)
+        if info is None:
+            if not final and self.tracker.step < 1:
+                return
+            info = (0, 0, 1)
+        rank, local_rank, world_size = info
+        self.identity = identity.Identity(
+            job_id=identity.resolve_job_id(self._explicit_job_id, dist),
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            host=identity.hostname(),
+            pid=self.pid,
+            device=self._device,
+            command=identity.command_line(),
+            attach_ns=self.attach_ns,
+        )
+        self._link = AgentLink(self.socket_path, self.identity.hello())
+
+    def _install_exit_hooks(self) -> None:
+        prev_hook = sys.excepthook
+        prev_exit = sys.exit
+
+        def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            self._exit_code = 130 if issubclass(kind, KeyboardInterrupt) else 1
+            prev_hook(kind, value, tb)
+
+        def exit_(status: Any = None) -> Any:
+            if status is None:
+                self._exit_code = 0
+            elif isinstance(status, int):
+                self._exit_code = status
+            else:
+                self._exit_code = 1
+            return prev_exit(status)
+
+        sys.excepthook = excepthook
+        sys.exit = exit_
+        atexit.register(self.shutdown)
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        # A forked child (DataLoader worker) is not a rank: record nothing there.
+        self.active = False
+        self._closed = True
+
+    # --- shipping (shipper thread) ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            try:
+                self._ship()
+            except Exception:
+                self._errors += 1
+                if self._errors <= 3:
+                    log.warning("argus: probe shipment failed", exc_info=True)
+
+    def _ship(self, force_sample: bool = False) -> None:
+        if self.identity is None:
+            self._resolve_identity()
+            if self.identity is None:
+                return
+        now = time.time_ns()
+        self.tracker.flush_idle(now, IDLE_STEP_NS)
+        if self._cupti is not None:
+            self._cupti.flush()
+        if self._join is not None:
+            for row in self._join.ready(now):
+                self.buffers["collectives"].append(row)
+        self._scan_groups()
+        mono = time.monotonic()
+        if (force_sample or mono >= self._next_sample) and self._sampler is not None:
+            self._next_sample = mono + SAMPLE_S
+            self.buffers["host_samples"].append((*self._sampler.sample(), self._take_dropped()))
+        link = self._link
+        assert link is not None
+        for table, buf in self.buffers.items():
+            rows = buf.take()
+            if rows:
+                link.enqueue(table, self._batch(table, rows))
+        rows = self.kernels.take()
+        if rows:
+            link.enqueue("kernel_events", self._batch("kernel_events", rows))
+        link.pump()
+
+    def _take_dropped(self) -> int:
+        total = sum(b.dropped for b in self.buffers.values()) + self.kernels.dropped
+        if self._link is not None:
+            total += self._link.dropped_rows
+        if self._cupti is not None:
+            total += self._cupti.dropped
+        new = total - self._dropped_reported
+        self._dropped_reported = total
+        return new
+
+    def _scan_groups(self) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        names = dist.distributed_c10d._world.pg_names
+        if len(names) == len(self._groups_seen):
+            return
+        for pg, name in list(names.items()):
+            if name in self._groups_seen:
+                continue
+            self._groups_seen.add(name)
+            try:
+                ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+                backend = str(dist.get_backend(pg))
+            except Exception:
+                continue
+            self.buffers["ranks"].append(("group", time.time_ns(), 0, str(name), ranks, backend))
+
+    def _batch(self, table: str, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+        ident = self.identity
+        assert ident is not None
+        n = len(rows)
+        cols = list(zip(*rows, strict=True))
+        rank = [ident.rank] * n
+        if table == "steps":
+            arrays: list[Any] = [rank, *cols]
+        elif table == "phases":
+            step, code, start, dur = cols
+            arrays = [rank, step, [PHASES[c] for c in code], start, dur]
+        elif table == "collectives":
+            arrays = [rank, *cols]
+        elif table == "ranks":
+            event, time_ns, exit_code, group_name, group_ranks, backend = cols
+            arrays = [
+                rank,
+                event,
+                time_ns,
+                [ident.local_rank] * n,
+                [ident.world_size] * n,
+                [ident.host] * n,
+                [ident.pid] * n,
+                [""] * n,
+                [ident.device] * n,
+                [0] * n,
+                exit_code,
+                group_name,
+                group_ranks,
+                backend,
+            ]
+        elif table == "host_samples":
+            (t, interval, cpu, host_pct, gc_ns, gc_n, rss, sm, temp, power, util, throttle, dropped) = cols
+            arrays = [
+                rank,
+                [ident.host] * n,
+                t,
+                interval,
+                cpu,
+                host_pct,
+                gc_ns,
+                gc_n,
+                rss,
+                dropped,
+                sm,
+                temp,
+                power,
+                util,
+                throttle,
+            ]
+        elif table == "kernel_events":
+            kind, name, stream, device, corr, start, dur = cols
+            arrays = [rank, kind, name, stream, device, corr, start, dur]
+        else:
+            raise KeyError(table)
+        schema = wire_schema(table)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(a, type=f.type) for a, f in zip(arrays, schema, strict=True)], schema=schema
+        )

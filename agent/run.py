@@ -1,0 +1,170 @@
+"""`argus run [--collector H:P] [--job-id ID] -- COMMAND...`: run a job with the probe in every rank.
+
+- The job id is ``--job-id``, else ``$TORCHELASTIC_RUN_ID``, else a new one; it
+  reaches every rank as ``$ARGUS_JOB_ID`` (a multi-node job needs the same id
+  on every node: pass ``--job-id`` or use torchrun's ``--rdzv-id``).
+- :mod:`argus.agent._bootstrap` goes first on ``PYTHONPATH``, so each Python
+  process of COMMAND (torchrun's children included) attaches the probe when it
+  initialises ``torch.distributed`` (see :mod:`argus.agent.autoattach`).
+- When no node agent listens on the socket, one is started for the duration
+  of the job (its log goes to ``$ARGUS_AGENT_LOG``, default next to the spool)
+  and stopped after COMMAND exits, once it has drained to the collector (or
+  kept what it could not send in its spool).
+- COMMAND's exit status is returned; SIGINT and SIGTERM are passed on to it.
+  If the agent cannot start, COMMAND still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from argus.agent import _bootstrap
+from argus.agent.identity import ENV_COMMAND, new_job_id
+
+from argus import config
+
+__all__ = ["agent_listening", "bootstrap_dir", "main"]
+
+log = logging.getLogger(__name__)
+
+ENV_AUTOATTACH = "ARGUS_AUTOATTACH"
+ENV_AGENT_LOG = "ARGUS_AGENT_LOG"
+#: Seconds to wait for a started agent to listen.
+AGENT_START_S = 15.0
+#: Seconds a started agent may take to drain after the job.
+AGENT_DRAIN_S = 10.0
+
+
+def bootstrap_dir() -> str:
+    """The folder holding the automatic-attach ``sitecustomize``."""
+    return str(Path(_bootstrap.__file__).resolve().parent)
+
+
+def agent_listening(path: str) -> bool:
+    """True when something accepts connections on unix socket ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(path)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
+
+
+def _job_id(args: argparse.Namespace) -> str:
+    if args.job_id:
+        return str(args.job_id)
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic and elastic.lower() != "none":
+        return elastic
+    return new_job_id()
+
+
+def _start_agent(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "argus.cli",
+        "agent",
+        "--socket",
+        args.socket,
+        "--collector",
+        args.collector,
+        "--window-s",
+        str(getattr(args, "window_s", config.DEFAULT_WINDOW_S)),
+    ]
+    if args.token:
+        cmd += ["--token", args.token]
+    if args.tls_cert:
+        cmd += ["--tls-cert", args.tls_cert]
+    log_path = Path(os.environ.get(ENV_AGENT_LOG) or config.default_spool_dir().parent / "agent.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != ENV_AUTOATTACH}
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + AGENT_START_S
+    while time.monotonic() < deadline:
+        if agent_listening(args.socket):
+            print(f"argus: started a node agent (pid {proc.pid}, log {log_path})", file=sys.stderr)
+            return proc
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    print(f"argus: the node agent did not start (see {log_path}); running without it", file=sys.stderr)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=AGENT_DRAIN_S + 10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run COMMAND with automatic attach; returns its exit status."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("argus run: no command given (argus run [options] -- COMMAND...)", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    agent: subprocess.Popen[bytes] | None = None
+    if not config.env_flag(config.ENV_DISABLE):
+        job_id = _job_id(args)
+        env[config.ENV_JOB_ID] = job_id
+        env[config.ENV_SOCKET] = args.socket
+        env[ENV_COMMAND] = shlex.join(cmd)
+        env[ENV_AUTOATTACH] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), env.get("PYTHONPATH", "")) if p)
+        if not agent_listening(args.socket):
+            agent = _start_agent(args)
+        print(f"argus: job {job_id}", file=sys.stderr)
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        print(f"argus run: cannot run {cmd[0]}: {exc}", file=sys.stderr)
+        if agent is not None:
+            _stop_agent(agent)
+        return 127
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if agent is not None:
+            _stop_agent(agent)
+    return 128 - rc if rc < 0 else rc

@@ -1,0 +1,217 @@
+"""The probe's sink: its connection to the node agent's unix socket.
+
+Used by the shipper thread only, never by training threads. Batches wait in a
+bounded queue until the agent acknowledges them; while the agent is absent or
+restarting they are kept (up to ``max_pending_bytes``) and resent on
+reconnect, and past the bound the oldest are dropped and counted. Nothing here
+ever blocks for longer than the socket timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from argus.agent.protocol import (
+    HEADER,
+    FrameType,
+    ProtocolError,
+    encode_batch,
+    encode_json,
+)
+
+__all__ = ["AgentLink"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between connection attempts while the agent is unreachable.
+RETRY_S = 2.0
+#: Socket send timeout, seconds.
+SEND_TIMEOUT_S = 2.0
+#: Default bound on batches kept for the agent.
+MAX_PENDING_BYTES = 32 * 1024 * 1024
+#: At most one loss warning per this many seconds.
+WARN_EVERY_S = 30.0
+
+
+@dataclass
+class _Msg:
+    seq: int
+    frame: bytes
+    rows: int
+
+
+class AgentLink:
+    """Sends batches to the node agent and tracks its acknowledgements.
+
+    Args:
+        path: The agent's unix socket.
+        hello: Identity of this rank, sent first on every connection.
+        max_pending_bytes: Bound on batches waiting to be sent or acknowledged.
+    """
+
+    def __init__(self, path: str, hello: dict[str, Any], max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
+        self.path = path
+        self.hello = hello
+        self.max_pending_bytes = max_pending_bytes
+        self._sock: socket.socket | None = None
+        self._unsent: deque[_Msg] = deque()
+        self._unacked: deque[_Msg] = deque()
+        self._bytes = 0
+        self._seq = 0
+        self._next_try = 0.0
+        self._rx = bytearray()
+        self._warned_down = False
+        self._last_warn = 0.0
+        self._dropped_unlogged = 0
+        #: Rows dropped because the queue was full (monotonic).
+        self.dropped_rows = 0
+        #: Rows acknowledged by an agent (monotonic).
+        self.acked_rows = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def pending_rows(self) -> int:
+        return sum(m.rows for m in self._unsent) + sum(m.rows for m in self._unacked)
+
+    def enqueue(self, table: str, batch: pa.RecordBatch | pa.Table) -> None:
+        """Queue one batch of ``table`` (wire schema); drops the oldest batches past the bound."""
+        self._seq += 1
+        msg = _Msg(self._seq, encode_batch(self._seq, table, batch), batch.num_rows)
+        self._unsent.append(msg)
+        self._bytes += len(msg.frame)
+        while self._bytes > self.max_pending_bytes and len(self._unsent) > 1:
+            old = self._unsent.popleft()
+            self._bytes -= len(old.frame)
+            self.dropped_rows += old.rows
+            self._dropped_unlogged += old.rows
+        self._warn_losses()
+
+    def pump(self) -> None:
+        """Connect if due, send what is queued, read acknowledgements; never raises."""
+        try:
+            if self._sock is None and not self._connect():
+                return
+            self._read_acks()
+            while self._unsent and self._sock is not None:
+                msg = self._unsent[0]
+                self._sock.sendall(msg.frame)
+                self._unsent.popleft()
+                self._unacked.append(msg)
+            self._read_acks()
+        except (OSError, ProtocolError) as exc:
+            self._disconnect(f"{type(exc).__name__}: {exc}")
+
+    def flush(self, timeout_s: float) -> bool:
+        """Pump until every batch is acknowledged or ``timeout_s`` passes; True when all are."""
+        deadline = time.monotonic() + timeout_s
+        self._next_try = 0.0
+        while True:
+            self.pump()
+            if not self._unsent and not self._unacked:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or (self._sock is None and time.monotonic() < self._next_try and left < RETRY_S):
+                return False
+            if self._sock is not None:
+                select.select([self._sock], [], [], min(left, 0.05))
+            else:
+                time.sleep(min(left, 0.05))
+
+    def close(self, exit_code: int, timeout_s: float) -> None:
+        """Flush, say BYE with the exit status, close; counts unsent rows as dropped."""
+        self.flush(timeout_s)
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.sendall(encode_json(FrameType.BYE, 0, {"exit_code": exit_code}))
+        lost = self.pending_rows
+        if lost:
+            self.dropped_rows += lost
+            log.warning("argus: %d rows not delivered to the node agent at %s at exit", lost, self.path)
+        self._disconnect(None)
+        self._unsent.clear()
+        self._unacked.clear()
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _connect(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_try:
+            return False
+        self._next_try = now + RETRY_S
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            sock.connect(self.path)
+            sock.sendall(encode_json(FrameType.HELLO, 0, self.hello))
+        except OSError as exc:
+            sock.close()
+            if not self._warned_down:
+                log.warning(
+                    "argus: no node agent at %s (%s); keeping up to %d MiB of data, then dropping",
+                    self.path,
+                    exc.strerror or exc,
+                    self.max_pending_bytes >> 20,
+                )
+                self._warned_down = True
+            return False
+        self._sock = sock
+        self._rx.clear()
+        if self._warned_down:
+            log.info("argus: connected to the node agent at %s", self.path)
+        self._warned_down = False
+        # Batches sent to a previous connection but never acknowledged go again, in order.
+        self._unsent.extendleft(reversed(self._unacked))
+        self._unacked.clear()
+        return True
+
+    def _disconnect(self, why: str | None) -> None:
+        if self._sock is not None:
+            if why:
+                log.warning("argus: lost the node agent at %s (%s); will reconnect", self.path, why)
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+        self._next_try = time.monotonic() + (RETRY_S if why else 0.0)
+
+    def _read_acks(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while select.select([sock], [], [], 0)[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ProtocolError("the node agent closed the connection")
+            self._rx += chunk
+        while len(self._rx) >= HEADER.size:
+            length, kind, seq = HEADER.unpack_from(self._rx)
+            if len(self._rx) < HEADER.size + length:
+                break
+            del self._rx[: HEADER.size + length]
+            if kind != FrameType.ACK:
+                raise ProtocolError(f"unexpected frame type {kind} from the agent")
+            while self._unacked and self._unacked[0].seq <= seq:
+                msg = self._unacked.popleft()
+                self._bytes -= len(msg.frame)
+                self.acked_rows += msg.rows
+
+    def _warn_losses(self) -> None:
+        now = time.monotonic()
+        if self._dropped_unlogged and now - self._last_warn >= WARN_EVERY_S:
+            log.warning(
+                "argus: dropped %d rows (node agent unreachable, %d MiB buffered)",
+                self._dropped_unlogged,
+                self._bytes >> 20,
+            )
+            self._dropped_unlogged = 0
+            self._last_warn = now

@@ -1,0 +1,389 @@
+"""The node agent's upload path: coalesce rows, spool, stream batches over gRPC, handle acks.
+
+- :meth:`Uploader.add` queues Arrow rows per (job, table, clock offset);
+  every ``flush_s`` they become ``argus.v1.Batch``\\ es of at most
+  ``max_message_bytes`` (split by rows), each with the next sequence number of
+  this agent, and go to the :class:`~argus.agent.spool.Spool` *before* being sent.
+- One :class:`_Sender` per agent id streams its spooled batches in sequence
+  order over ``argus.v1.Collector/Stream`` with a bounded number in flight.
+  STORED and DUPLICATE acks delete the batch; REJECTED deletes it too (it
+  would be rejected again), logs the reason and counts the rows as dropped.
+- When the stream breaks (collector down, restarted, network), the sender
+  reconnects with exponential back-off and resends every batch still spooled;
+  the collector deduplicates by (agent id, seq). ``RESOURCE_EXHAUSTED`` halves
+  the size limit and re-splits the spooled batches above it.
+- Batches left in the spool by an earlier agent process are replayed on their
+  own stream, under their original agent id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+from argus.agent.clock import ClockEstimate, estimate_offset
+from argus.agent.protocol import ipc_bytes, table_code
+from argus.agent.spool import Spool
+
+from argus.config import MAX_MESSAGE_BYTES
+from argus.proto import collector_pb2, collector_pb2_grpc
+
+__all__ = ["UploadStats", "Uploader", "split_rows"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes kept free in a message for the Batch fields around the Arrow payload.
+_HEADROOM = 64 * 1024
+_STREAM_METHOD = "/argus.v1.Collector/Stream"
+
+
+@dataclass
+class UploadStats:
+    """Counters of one uploader (monotonic)."""
+
+    batches_spooled: int = 0
+    batches_stored: int = 0
+    batches_duplicate: int = 0
+    batches_rejected: int = 0
+    rows_stored: int = 0
+    rows_rejected: int = 0
+    reconnects: int = 0
+    last_error: str = ""
+    rejections: deque[str] = field(default_factory=lambda: deque(maxlen=16))
+
+
+def split_rows(data: pa.Table, max_bytes: int) -> list[pa.Table]:
+    """Slices of ``data`` whose Arrow IPC stream is at most ``max_bytes`` each (halving by rows).
+
+    A single row larger than ``max_bytes`` is returned alone (the collector will refuse it).
+    """
+    if data.num_rows <= 1 or data.nbytes <= max_bytes // 2:
+        return [data]
+    if len(ipc_bytes(data)) <= max_bytes:
+        return [data]
+    half = data.num_rows // 2
+    return split_rows(data.slice(0, half), max_bytes) + split_rows(data.slice(half), max_bytes)
+
+
+class Uploader:
+    """Streams this agent's batches (and leftover spooled ones) to a collector.
+
+    Args:
+        target: Collector address ``host:port``.
+        spool: The spool (shared with nothing else).
+        agent_id: Unique per agent process (host, pid and start time).
+        token: Bearer token sent as ``authorization`` metadata.
+        tls_cert: PEM certificate of the collector to trust (TLS); None for plaintext.
+        flush_s: Seconds between turning queued rows into batches.
+        max_inflight: Batches sent but not yet acknowledged, per stream.
+        max_message_bytes: Largest message sent; larger batches are split.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        spool: Spool,
+        agent_id: str,
+        *,
+        token: str | None = None,
+        tls_cert: str | None = None,
+        flush_s: float = 1.0,
+        max_inflight: int = 64,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.target = target
+        self.spool = spool
+        self.agent_id = agent_id
+        self.flush_s = flush_s
+        self.max_inflight = max_inflight
+        self.max_message_bytes = max_message_bytes
+        self.stats = UploadStats()
+        self._metadata: tuple[tuple[str, str | bytes], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES + _HEADROOM),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES + _HEADROOM),
+        ]
+        if tls_cert:
+            creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_cert).read_bytes())
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = collector_pb2_grpc.CollectorStub(self._channel)
+        self._stream = self._channel.stream_stream(
+            _STREAM_METHOD,
+            request_serializer=lambda b: b,
+            response_deserializer=collector_pb2.Ack.FromString,
+        )
+        self._lock = threading.Lock()
+        self._queued: dict[tuple[str, str, int], list[pa.Table]] = {}
+        self._seq = itertools.count(1)
+        self._dropped_unreported = 0
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._senders: dict[str, _Sender] = {}
+
+    # --- public ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the flush thread and one sender per agent id in the spool (this one included)."""
+        self._flusher = threading.Thread(target=self._flush_loop, name="argus-flush", daemon=True)
+        self._flusher.start()
+        for agent_id in {self.agent_id, *self.spool.agent_ids()}:
+            self._sender(agent_id)
+
+    def add(self, job_id: str, table: str, data: pa.Table, clock_offset_ns: int = 0) -> None:
+        """Queue rows of ``table`` (wire schema, times already shifted by ``clock_offset_ns``)."""
+        if data.num_rows == 0:
+            return
+        with self._lock:
+            self._queued.setdefault((job_id, table, clock_offset_ns), []).append(data)
+
+    def count_dropped(self, rows: int) -> None:
+        """Add rows lost upstream (probes, windows) to the next batch's ``dropped_events``."""
+        if rows > 0:
+            with self._lock:
+                self._dropped_unreported += rows
+
+    def flush(self) -> int:
+        """Turn queued rows into spooled batches now; returns how many batches were made."""
+        with self._lock:
+            queued, self._queued = self._queued, {}
+        made = 0
+        for (job_id, table, offset), parts in queued.items():
+            data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+            for chunk in split_rows(data, self.max_message_bytes - _HEADROOM):
+                self._spool_batch(job_id, table, chunk, offset)
+                made += 1
+        return made
+
+    def pending_batches(self) -> int:
+        """Batches spooled and not yet acknowledged (all agent ids)."""
+        return len(self.spool)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Flush and wait until the spool is empty or ``timeout_s`` passes; True when empty."""
+        self.flush()
+        deadline = time.monotonic() + timeout_s
+        while len(self.spool) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.spool) == 0
+
+    def close(self, drain_s: float = 5.0) -> None:
+        """Drain for at most ``drain_s``, stop the threads; unsent batches stay spooled."""
+        with contextlib.suppress(Exception):
+            self.drain(drain_s)
+        self._stop.set()
+        for sender in list(self._senders.values()):
+            sender.stop()
+        if self._flusher is not None:
+            self._flusher.join(timeout=2)
+        for sender in list(self._senders.values()):
+            sender.join(2)
+        self._channel.close()
+        left = len(self.spool)
+        if left:
+            log.warning("argus agent: %d batches stay in the spool for the next agent", left)
+
+    def clock(self, samples: int = 8, timeout_s: float = 2.0) -> ClockEstimate:
+        """One NTP-style offset estimate through the ``Clock`` RPC.
+
+        Raises:
+            grpc.RpcError: the collector did not answer.
+        """
+
+        def ask(t0: int) -> int:
+            reply = self._stub.Clock(
+                collector_pb2.ClockRequest(agent_send_ns=t0), timeout=timeout_s, metadata=self._metadata
+            )
+            return int(reply.server_ns)
+
+        return estimate_offset(ask, samples)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _sender(self, agent_id: str) -> _Sender:
+        sender = self._senders.get(agent_id)
+        if sender is None:
+            sender = _Sender(self, agent_id, own=agent_id == self.agent_id)
+            self._senders[agent_id] = sender
+            sender.start()
+        return sender
+
+    def _spool_batch(self, job_id: str, table: str, data: pa.Table, offset: int) -> None:
+        agent_id = self.agent_id
+        with self._lock:
+            dropped, self._dropped_unreported = self._dropped_unreported, 0
+        seq = next(self._seq)
+        batch = collector_pb2.Batch(
+            agent_id=agent_id,
+            seq=seq,
+            job_id=job_id,
+            table=table_code(table),
+            arrow_ipc=ipc_bytes(data),
+            dropped_events=dropped,
+            clock_offset_ns=offset,
+        )
+        evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
+        self.stats.batches_spooled += 1
+        self.count_dropped(sum(e.rows for e in evicted))
+        self._senders[self.agent_id].notify(seq)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            try:
+                self.flush()
+            except Exception:
+                log.warning("argus agent: making batches failed", exc_info=True)
+
+    def _resplit(self, agent_id: str, limit: int) -> None:
+        """Re-split spooled batches of ``agent_id`` bigger than ``limit`` (after RESOURCE_EXHAUSTED)."""
+        for seq in self.spool.seqs(agent_id):
+            raw = self.spool.read(agent_id, seq)
+            if raw is None or len(raw) <= limit:
+                continue
+            batch = collector_pb2.Batch.FromString(raw)
+            data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
+            name = collector_pb2.Table.Name(batch.table).lower()
+            self.spool.remove(agent_id, seq)
+            for chunk in split_rows(data, limit - _HEADROOM):
+                self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns)
+
+
+class _Sender:
+    """Streams one agent id's spooled batches; a leftover id's sender ends when its spool is empty."""
+
+    def __init__(self, up: Uploader, agent_id: str, own: bool) -> None:
+        self.up = up
+        self.agent_id = agent_id
+        self.own = own
+        self._cond = threading.Condition()
+        self._queue: deque[int] = deque()
+        self._inflight: dict[int, float] = {}
+        self._stopping = False
+        self._generation = 0
+        self._thread = threading.Thread(target=self._run, name=f"argus-send-{agent_id[:24]}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def notify(self, seq: int) -> None:
+        with self._cond:
+            self._queue.append(seq)
+            self._cond.notify_all()
+
+    def _requests(self, generation: int) -> Iterator[bytes]:
+        """The request stream of one call (consumed by a gRPC thread); ends when the call is replaced."""
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopping or self._generation != generation:
+                        return
+                    if self._queue and len(self._inflight) < self.up.max_inflight:
+                        seq = self._queue.popleft()
+                        if seq in self._inflight:
+                            continue
+                        break
+                    self._cond.wait(0.25)
+                self._inflight[seq] = time.monotonic()
+            data = self.up.spool.read(self.agent_id, seq)
+            if data is None:
+                with self._cond:
+                    self._inflight.pop(seq, None)
+                continue
+            yield data
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                self._generation += 1
+                generation = self._generation
+                self._inflight.clear()
+                self._queue = deque(self.up.spool.seqs(self.agent_id))
+            if not self.own and not self._queue:
+                self.up.spool.prune_empty()
+                return
+            got_ack = False
+            try:
+                call = self.up._stream(self._requests(generation), metadata=self.up._metadata)
+                for ack in call:
+                    got_ack = True
+                    self._on_ack(ack)
+                    if not self.own and not len(self._queue) and not self._inflight:
+                        call.cancel()
+                        break
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                self._on_error(code, exc)
+            finally:
+                with self._cond:
+                    self._generation += 1
+                    self._cond.notify_all()
+            if got_ack:
+                backoff = 0.2
+            with self._cond:
+                if self._stopping:
+                    return
+                self._cond.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+            self.up.stats.reconnects += 1
+
+    def _on_error(self, code: grpc.StatusCode | None, exc: grpc.RpcError) -> None:
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        self.up.stats.last_error = f"{code}: {details}"
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self.up.max_message_bytes = max(self.up.max_message_bytes // 2, 64 * 1024)
+            log.warning(
+                "argus agent: collector refused a message size; splitting batches to %d bytes",
+                self.up.max_message_bytes,
+            )
+            self.up._resplit(self.agent_id, self.up.max_message_bytes)
+        elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            log.error(
+                "argus agent: the collector refused our credentials (%s); batches stay spooled", details
+            )
+        elif code != grpc.StatusCode.CANCELLED:
+            log.info("argus agent: collector stream to %s ended (%s: %s)", self.up.target, code, details)
+
+    def _on_ack(self, ack: collector_pb2.Ack) -> None:
+        stats = self.up.stats
+        with self._cond:
+            self._inflight.pop(ack.seq, None)
+            self._cond.notify_all()
+        if ack.status == collector_pb2.Ack.STORED:
+            stats.batches_stored += 1
+            stats.rows_stored += ack.rows
+        elif ack.status == collector_pb2.Ack.DUPLICATE:
+            stats.batches_duplicate += 1
+        else:
+            entry = self.up.spool.remove(self.agent_id, ack.seq)
+            rows = entry.rows if entry is not None else 0
+            stats.batches_rejected += 1
+            stats.rows_rejected += rows
+            reason = f"seq {ack.seq}: {ack.code or 'REJECTED'}: {ack.message}"
+            stats.rejections.append(reason)
+            log.warning("argus agent: collector rejected a batch (%d rows): %s", rows, reason)
+            self.up.count_dropped(rows)
+            return
+        self.up.spool.remove(self.agent_id, ack.seq)

@@ -1,0 +1,272 @@
+"""`argus demo`: the whole system on one machine against a real training job with a fault injected.
+
+It starts `argus server` on an embedded store, a node agent, and a real N-rank
+``torch.distributed`` job (gloo on the CPU, :mod:`argus.demo_job`) under
+`argus run`; after a healthy warm-up the chosen fault hits one rank. The demo
+polls the REST API until a diagnosis has held for two windows (or, for
+``--scenario none``, for a fixed time), stops the job cleanly, and prints the
+diagnoses: as a person reads them, or with ``--json`` as one JSON document.
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from argus.diagnosis import Diagnosis
+from argus.errors import ArgusError, ConfigError
+
+__all__ = ["main"]
+
+#: Analysis and compression window of the demo, seconds (short, so it ends quickly).
+WINDOW_S = 2.0
+#: Healthy training before the fault starts, seconds (the analyzer's baseline).
+WARMUP_S = 12.0
+#: With a fault, give up waiting for a diagnosis after this long, seconds.
+FAULT_TIMEOUT_S = 60.0
+#: With no fault, train this long after the warm-up, seconds.
+CLEAN_RUN_S = 16.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get_json(url: str, timeout_s: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.load(response)
+
+
+def _wait(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ArgusError(f"{what}: the process exited with status {proc.returncode}")
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            if predicate():
+                return
+        time.sleep(0.2)
+    raise ArgusError(f"{what}: not ready after {timeout_s:.0f} s")
+
+
+def _argus(*args: str) -> list[str]:
+    return [sys.executable, "-m", "argus.cli", *args]
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` with output to ``log``; SIGTERM (then SIGKILL) it on the way out."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def _diagnoses(http: str, job_id: str) -> list[Diagnosis]:
+    body = _get_json(f"{http}/api/v1/jobs/{job_id}/diagnoses")
+    return [Diagnosis.from_dict(item) for item in body["items"]]
+
+
+def _settled(diagnoses: list[Diagnosis], window_ns: int) -> bool:
+    """A diagnosis that has stayed open for two windows: the demo has its answer."""
+    return any(d.state == "open" and d.last_window_ns - d.first_window_ns >= window_ns for d in diagnoses)
+
+
+def _print_human(console: Console, job_id: str, http: str, diagnoses: list[Diagnosis], trace: Path) -> None:
+    if not diagnoses:
+        console.print(f"\n[bold green]No diagnosis[/]: the ranks of job {job_id} ran like their peers.")
+    for d in diagnoses:
+        where = ", ".join(
+            part
+            for part in (
+                f"phase {d.phase}" if d.phase else "",
+                f"kernel {d.kernel}" if d.kernel else "",
+                f"group {d.group}" if d.group else "",
+            )
+            if part
+        )
+        who = f"rank {d.rank}" if d.rank is not None else f"ranks {d.ranks}"
+        console.print(
+            f"\n[bold red]{d.state.upper()}[/] {who}: [bold]{d.cause}[/]"
+            + (f" ({where})" if where else "")
+            + f" — costs the job about {d.slowdown_pct:.0f}% of its throughput (score {d.score:.1f})"
+        )
+        table = Table("evidence", "value", show_header=False, box=None, pad_edge=False)
+        for key, value in d.evidence.items():
+            table.add_row(f"  {key}", json.dumps(value) if not isinstance(value, str) else value)
+        console.print(table)
+    console.print("\nWhere to look next:")
+    console.print(f"  trace of the job (open in https://ui.perfetto.dev): {trace}")
+    console.print(f"  while a server runs on the store: {http}/api/v1/jobs/{job_id}/diagnoses")
+    console.print(f"  argus diagnose --job {job_id} --server {http}")
+
+
+def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
+    scenario: str = args.scenario
+    slow_rank = (
+        None if scenario == "none" else (args.slow_rank if args.slow_rank is not None else args.ranks - 1)
+    )
+    grpc_addr = f"127.0.0.1:{_free_port()}"
+    http = f"http://127.0.0.1:{_free_port()}"
+    sock = work / "agent.sock"
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    job_id = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stop_file = work / "stop"
+    window_ns = int(WINDOW_S * 1e9)
+
+    server_cmd = _argus(
+        "server",
+        "--store",
+        f"chdb://{work / 'store'}",
+        "--grpc-listen",
+        grpc_addr,
+        "--http-listen",
+        http.removeprefix("http://"),
+        "--window-s",
+        str(WINDOW_S),
+    )
+    agent_cmd = _argus(
+        "agent",
+        "--collector",
+        grpc_addr,
+        "--socket",
+        str(sock),
+        "--spool",
+        str(work / "spool"),
+        "--window-s",
+        str(WINDOW_S),
+    )
+    job_cmd = _argus(
+        "run",
+        "--collector",
+        grpc_addr,
+        "--socket",
+        str(sock),
+        "--job-id",
+        job_id,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.ranks}",
+        "-m",
+        "argus.demo_job",
+        f"--scenario={scenario}",
+        f"--fault-after-s={WARMUP_S}",
+        f"--stop-file={stop_file}",
+    )
+    if slow_rank is not None:
+        job_cmd.append(f"--slow-rank={slow_rank}")
+    if args.steps is not None:
+        job_cmd.append(f"--steps={args.steps}")
+
+    with _process(server_cmd, logs / "server.log") as server:
+        with console.status("starting argus server (embedded ClickHouse)"):
+            _wait(lambda: _get_json(f"{http}/healthz", 1.0), 90, "argus server", server)
+        console.print(f"[green]✓[/] argus server: gRPC {grpc_addr}, REST {http}, store {work / 'store'}")
+        with _process(agent_cmd, logs / "agent.log") as agent:
+            _wait(sock.exists, 60, "node agent", agent)
+            console.print(f"[green]✓[/] node agent on {sock}")
+            with _process(job_cmd, logs / "job.log") as job:
+                fault = f"{scenario} on rank {slow_rank}" if slow_rank is not None else "no fault"
+                console.print(
+                    f"[green]✓[/] training job {job_id}: {args.ranks} ranks, DDP over gloo; "
+                    f"{WARMUP_S:.0f} s healthy, then {fault}"
+                )
+                started = time.monotonic()
+                limit = WARMUP_S + (FAULT_TIMEOUT_S if slow_rank is not None else CLEAN_RUN_S)
+                found: list[Diagnosis] = []
+                with console.status("training") as status:
+                    while job.poll() is None and time.monotonic() - started < limit:
+                        time.sleep(1.0)
+                        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                            found = _diagnoses(http, job_id)
+                        elapsed = time.monotonic() - started
+                        phase = (
+                            "warm-up"
+                            if elapsed < WARMUP_S
+                            else ("fault" if slow_rank is not None else "clean")
+                        )
+                        status.update(f"training ({phase}, {elapsed:.0f} s): {len(found)} diagnoses so far")
+                        if args.steps is None and _settled(found, window_ns):
+                            break
+                    stop_file.touch()
+                    status.update("stopping the job")
+                    try:
+                        job.wait(timeout=60)
+                    except subprocess.TimeoutExpired as exc:
+                        raise ArgusError(f"the training job did not stop; see {logs / 'job.log'}") from exc
+                if job.returncode != 0:
+                    raise ArgusError(
+                        f"the training job failed (status {job.returncode}); see {logs / 'job.log'}"
+                    )
+            with console.status("final analysis"):
+                time.sleep(WINDOW_S * 2)
+                found = _diagnoses(http, job_id)
+            trace = Path(tempfile.gettempdir()) / f"argus-{job_id}.trace.json"
+            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"
+                urllib.request.urlretrieve(f"{http}/api/v1/jobs/{job_id}/trace?ranks={ranks}", trace)
+            if not args.json:
+                _print_human(console, job_id, http, found, trace)
+                if keep_data:
+                    console.print(f"  the data stays in {work}: argus server --store chdb://{work / 'store'}")
+    return {
+        "job_id": job_id,
+        "scenario": scenario,
+        "slow_rank": slow_rank,
+        "diagnoses": [d.to_dict() for d in found],
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo; returns 0 when it ran (whatever it found), 1 when a part failed."""
+    if args.ranks < 2:
+        raise ConfigError("--ranks must be at least 2: a straggler needs peers")
+    if args.slow_rank is not None and not 0 <= args.slow_rank < args.ranks:
+        raise ConfigError(f"--slow-rank must be in 0..{args.ranks - 1}")
+    console = Console(stderr=True)
+    keep = args.data_dir is not None
+    work = Path(args.data_dir) if keep else Path(tempfile.mkdtemp(prefix="argus-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        result = _run(args, console, work, keep)
+    except BaseException:
+        console.print(f"[red]the demo failed[/]; its logs are in {work / 'logs'}")
+        raise
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,258 @@
+"""The ``argus.v1.Collector`` gRPC service: a thin servicer over :mod:`argus.collector.ingest`.
+
+The servicer only moves messages: each ``Batch`` goes to :func:`ingest.ingest`
+and each outcome becomes one ``Ack``. Errors of :mod:`argus.errors` map to gRPC
+status codes in one place, :data:`GRPC_CODES`:
+
+- ``InvalidBatch`` → a REJECTED ``Ack`` with ``INVALID_ARGUMENT``; the stream stays open.
+- ``StoreError`` → the stream ends with ``UNAVAILABLE`` and the batch is *not*
+  acknowledged, so the agent keeps it in its spool and sends it again later.
+- a missing or wrong bearer token → the call ends with ``UNAUTHENTICATED`` before
+  any batch is read.
+- a message over :data:`argus.config.MAX_MESSAGE_BYTES` → gRPC itself ends the
+  stream with ``RESOURCE_EXHAUSTED``; the server keeps serving other streams.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+from argus.collector import ingest
+from argus.collector.metrics import Metrics
+from argus.collector.store import Store
+
+from argus.config import MAX_MESSAGE_BYTES
+from argus.errors import (
+    ArgusError,
+    ConfigError,
+    InvalidBatch,
+    NotFound,
+    StoreError,
+    Unauthenticated,
+)
+from argus.proto import collector_pb2 as pb
+from argus.proto import collector_pb2_grpc as pb_grpc
+
+__all__ = ["GRPC_CODES", "CollectorServer", "CollectorServicer", "grpc_code", "start_collector"]
+
+log = logging.getLogger(__name__)
+
+#: The one map from Argus errors to gRPC status codes; the first matching class wins.
+GRPC_CODES: tuple[tuple[type[ArgusError], grpc.StatusCode], ...] = (
+    (InvalidBatch, grpc.StatusCode.INVALID_ARGUMENT),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (StoreError, grpc.StatusCode.UNAVAILABLE),
+    (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+#: Threads serving RPCs; each open agent stream holds one.
+DEFAULT_MAX_WORKERS = 128
+
+
+def grpc_code(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status code for ``exc``: from :data:`GRPC_CODES`, else ``INTERNAL``."""
+    for kind, code in GRPC_CODES:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
+    context.abort(grpc_code(exc), str(exc))
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+class _Gate:
+    """Counts batches being stored, so shutdown can wait until every one is done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self.closed = False
+
+    def enter(self) -> bool:
+        with self._cond:
+            if self.closed:
+                return False
+            self._active += 1
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Refuse new batches; wait up to ``timeout`` s for the ones in flight. True when none is left."""
+        with self._cond:
+            self.closed = True
+            return self._cond.wait_for(lambda: self._active == 0, timeout)
+
+
+class CollectorServicer(pb_grpc.CollectorServicer):
+    """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self.store = store
+        self.metrics = metrics
+        self._gate = _Gate()
+
+    def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
+        if not self._gate.enter():
+            _abort(context, StoreError("the collector is shutting down; send this batch again later"))
+        try:
+            return ingest.ingest(self.store, batch, self.metrics)
+        except InvalidBatch as exc:
+            code = grpc_code(exc).name
+            self.metrics.ingest_batches.labels(
+                ingest.TABLE_BY_ENUM.get(batch.table, "unknown"), "rejected"
+            ).inc()
+            self.metrics.ingest_rejected.labels(code).inc()
+            log.info("rejected batch %s:%d: %s", batch.agent_id, batch.seq, exc)
+            return pb.Ack(seq=batch.seq, status=pb.Ack.REJECTED, code=code, message=str(exc))
+        except ArgusError as exc:
+            log.warning("batch %s:%d not stored: %s", batch.agent_id, batch.seq, exc)
+            _abort(context, exc)
+        except Exception as exc:
+            log.exception("batch %s:%d failed", batch.agent_id, batch.seq)
+            _abort(context, exc)
+        finally:
+            self._gate.leave()
+
+    def Stream(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
+        for batch in request_iterator:
+            yield self._answer(batch, context)
+
+    def Clock(self, request: pb.ClockRequest, context: grpc.ServicerContext) -> pb.ClockReply:  # noqa: N802
+        return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse further batches and wait for those being stored. True when all finished."""
+        return self._gate.close(timeout)
+
+
+class _BearerToken(grpc.ServerInterceptor):
+    """Ends every call without ``authorization: Bearer TOKEN`` metadata with UNAUTHENTICATED."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        sent = metadata.get("authorization", "")
+        sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)
+        if hmac.compare_digest(sent_bytes, self._expected):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        error = Unauthenticated("missing or wrong 'authorization: Bearer TOKEN' metadata")
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            _abort(context, error)
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the TLS {what} {path}: {exc}") from exc
+
+
+@dataclass
+class CollectorServer:
+    """A started gRPC collector: the server, its servicer and the port it bound."""
+
+    server: grpc.Server
+    servicer: CollectorServicer
+    host: str
+    port: int
+    tls: bool
+
+    @property
+    def address(self) -> str:
+        """``host:port`` it listens on (the real port when asked for port 0)."""
+        return f"{self.host}:{self.port}"
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop taking batches, let each stream finish the batch it is storing, then close.
+
+        Every batch acknowledged before this returns is stored; a batch that arrives
+        later ends its stream with UNAVAILABLE unacknowledged, so its agent resends it.
+        """
+        drained = self.servicer.drain(grace_s)
+        self.server.stop(grace_s).wait()
+        if not drained and not self.servicer.drain(grace_s):
+            log.warning("batches still being stored after %.1f s", 2 * grace_s)
+
+
+def start_collector(
+    store: Store,
+    metrics: Metrics,
+    listen: str,
+    *,
+    token: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    max_workers: int = DEFAULT_MAX_WORKERS,
+) -> CollectorServer:
+    """Start serving ``argus.v1.Collector`` on ``listen`` (``host:port``; port 0 picks a free one).
+
+    Raises:
+        ConfigError: only one of ``tls_cert``/``tls_key``, an unreadable file, or
+            the address cannot be bound (in use, bad host).
+    """
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    host, _, _ = listen.rpartition(":")
+    interceptors: list[grpc.ServerInterceptor[Any, Any]] = [_BearerToken(token)] if token else []
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="argus-grpc"),
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # Fail on a port in use instead of silently sharing it with another server.
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ],
+    )
+    servicer = CollectorServicer(store, metrics)
+    pb_grpc.add_CollectorServicer_to_server(servicer, server)
+    try:
+        if tls_cert is not None and tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(_read(tls_key, "key"), _read(tls_cert, "certificate"))]
+            )
+            port = server.add_secure_port(listen, credentials)
+        else:
+            port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise ConfigError(f"cannot listen for gRPC on {listen}: {exc}") from exc
+    if port == 0:
+        raise ConfigError(f"cannot listen for gRPC on {listen}: address in use or not local")
+    server.start()
+    return CollectorServer(server, servicer, host, port, tls=tls_cert is not None)

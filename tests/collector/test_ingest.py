@@ -1,0 +1,96 @@
+"""The ingest path against a real store: stored, duplicate, the token safety net, metrics, rejections."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from argus.collector import ingest
+from argus.collector.metrics import Metrics
+from argus.collector.store import Store
+
+from argus.errors import InvalidBatch
+from argus.proto import collector_pb2 as pb
+from tests.collector.bad_batches import bad_batches
+from tests.collector.wire import batch, sample
+
+
+def _count(store: Store, table: str) -> int:
+    return int(store.query(f"SELECT count() AS n FROM {table}").column("n")[0].as_py())
+
+
+def _metric(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_stored_then_duplicate(store: Store) -> None:
+    metrics = Metrics()
+    b = batch("steps", sample("steps", n=6), seq=3, dropped_events=11)
+    first = ingest.ingest(store, b, metrics)
+    again = ingest.ingest(store, b, metrics)
+    assert (first.seq, first.status, first.rows) == (3, pb.Ack.STORED, 6)
+    assert (again.seq, again.status, again.rows) == (3, pb.Ack.DUPLICATE, 6)
+    assert _count(store, "steps") == 6
+    assert _count(store, "ingest_batches") == 1
+    # Drops count once, with the stored batch, not again for its duplicate.
+    assert _metric(metrics, "argus_agent_dropped_events_total") == 11
+    assert _metric(metrics, "argus_ingest_rows_total", {"table": "steps"}) == 6
+    assert _metric(metrics, "argus_ingest_batches_total", {"table": "steps", "status": "stored"}) == 1
+    assert _metric(metrics, "argus_ingest_batches_total", {"table": "steps", "status": "duplicate"}) == 1
+    assert _metric(metrics, "argus_ingest_bytes_total") == len(b.arrow_ipc)
+
+
+def test_job_id_comes_from_the_header(store: Store) -> None:
+    ingest.ingest(store, batch("phases", sample("phases", n=3), seq=1, job_id="job-α"), None)
+    got = store.query("SELECT DISTINCT job_id FROM phases").column("job_id").to_pylist()
+    assert got == ["job-α"]
+
+
+def test_a_crash_between_data_and_record_stores_the_retry_once(store: Store) -> None:
+    b = batch("kernel_events", sample("kernel_events", n=5), seq=9)
+    decoded = ingest.decode(b)
+    store.insert(decoded.table, decoded.data, dedup_token=decoded.dedup_token)  # ...and no record
+    ack = ingest.ingest(store, b, None)
+    assert ack.status == pb.Ack.STORED
+    assert _count(store, "kernel_events") == 5
+    assert ingest.already_stored(store, b.agent_id, 9) == 5
+
+
+def test_new_sequence_numbers_and_new_agents_are_not_duplicates(store: Store) -> None:
+    data = sample("steps", n=2)
+    acks = [
+        ingest.ingest(store, batch("steps", data, seq=0, agent_id="node-a-100"), None),
+        ingest.ingest(store, batch("steps", data, seq=1, agent_id="node-a-100"), None),
+        # The same node's agent restarted: a new start time in its id, seq from 0 again.
+        ingest.ingest(store, batch("steps", data, seq=0, agent_id="node-a-200"), None),
+        # An agent that keeps its sequence in its spool goes on under the same id.
+        ingest.ingest(store, batch("steps", data, seq=2, agent_id="node-a-100"), None),
+    ]
+    assert [a.status for a in acks] == [pb.Ack.STORED] * 4
+    assert _count(store, "steps") == 8
+
+
+@pytest.mark.parametrize("case", [c for c, _, _ in bad_batches(0)])
+def test_bad_batches_write_nothing(store: Store, case: str) -> None:
+    _, b, fragment = next(x for x in bad_batches(0) if x[0] == case)
+    with pytest.raises(InvalidBatch) as raised:
+        ingest.ingest(store, b, None)
+    assert fragment in str(raised.value)
+    for table in ("steps", "kernel_events", "ingest_batches"):
+        assert _count(store, table) == 0
+
+
+def test_columns_in_another_order_are_accepted() -> None:
+    data = sample("steps", n=2)
+    shuffled = data.select(list(reversed(data.column_names)))
+    decoded = ingest.decode(batch("steps", shuffled, seq=1))
+    assert decoded.data.column_names == [*data.column_names, "job_id"]
+    assert decoded.data.drop_columns(["job_id"]).equals(data)
+
+
+def test_null_inside_a_list_column_is_rejected() -> None:
+    data = sample("ranks", n=2)
+    i = data.column_names.index("group_ranks")
+    data = data.set_column(i, "group_ranks", pa.array([[0, None], [1]], pa.list_(pa.uint32())))
+    with pytest.raises(InvalidBatch, match=r"ranks.group_ranks: 1 null value"):
+        ingest.decode(batch("ranks", data, seq=1))

@@ -1,0 +1,60 @@
+"""`argus server` as a process: ready line, signals, option and store errors."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_ready_line_names_grpc_http_and_store(argus_server_factory) -> None:
+    server = argus_server_factory("--no-analyzer")
+    line = server.stdout_path.read_text().splitlines()[0]
+    assert line == (
+        f"argus server: gRPC on {server.grpc_target}, HTTP on {server.http_url}, store {server.store_url}"
+    )
+    with urllib.request.urlopen(f"{server.http_url}/healthz", timeout=10) as reply:
+        assert reply.status == 200
+
+
+def test_sigint_stops_it_cleanly_with_the_analyzer_running(argus_server_factory) -> None:
+    server = argus_server_factory("--window-s", "1")
+    assert server.stop(sig=signal.SIGINT) == 0
+    assert "argus server: stopped" in server.stderr_path.read_text()
+
+
+def test_a_second_server_on_the_same_data_dir_says_it_is_locked(argus_server_factory) -> None:
+    first = argus_server_factory("--no-analyzer")
+    second = argus_server_factory("--no-analyzer", data_dir=first.data_dir, start=False)
+    with pytest.raises(RuntimeError, match="another process holds it"):
+        second.start()
+    assert second.proc is not None and second.proc.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--grpc-listen", "nowhere"], "--grpc-listen 'nowhere': expected HOST:PORT"),
+        (["--http-listen", "127.0.0.1:99999"], "--http-listen '127.0.0.1:99999': expected HOST:PORT"),
+        (["--retention-days", "0"], "--retention-days must be >= 1"),
+        (["--store", "mysql://x"], "unknown store URL"),
+    ],
+)
+def test_bad_options_exit_1_with_a_message(args: list[str], message: str, tmp_path) -> None:
+    command = [sys.executable, "-m", "argus.cli", "server", "--no-analyzer"]
+    command += [
+        "--store",
+        f"chdb://{tmp_path / 'd'}",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ]
+    done = subprocess.run([*command, *args], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert message in done.stderr

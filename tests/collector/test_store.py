@@ -1,0 +1,125 @@
+"""The store backends on a real engine: schema, inserts, parameters, deduplication, retention."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from argus.collector.store import Store, apply_retention, open_store, retention_statements
+
+from argus.errors import ConfigError, StoreError, StoreLocked
+from argus.schema import TABLES, WIRE_TABLES, wire_schema
+from tests.collector.wire import sample
+
+
+def _with_job(data: pa.Table, job_id: str) -> pa.Table:
+    return data.append_column("job_id", pa.array([job_id] * data.num_rows))
+
+
+def _database(store: Store) -> str:
+    return str(store.query("SELECT currentDatabase() AS db").column("db")[0].as_py())
+
+
+def test_schema_has_every_table_and_column(store: Store) -> None:
+    found = store.query(
+        "SELECT table, name FROM system.columns WHERE database = currentDatabase() ORDER BY table, position"
+    )
+    columns: dict[str, list[str]] = {}
+    for table, name in zip(found.column("table").to_pylist(), found.column("name").to_pylist(), strict=True):
+        columns.setdefault(table, []).append(name)
+    for name, table in TABLES.items():
+        assert columns[name] == ["job_id", *table.column_names, "stored_at"]
+
+
+@pytest.mark.parametrize("table", sorted(WIRE_TABLES))
+def test_insert_and_query_every_wire_table(store: Store, table: str) -> None:
+    sent = sample(table, n=4, salt=3)
+    store.insert(table, _with_job(sent, "job-s"))
+    names = ", ".join(f"`{n}`" for n in sent.column_names)
+    got = store.query(
+        f"SELECT {names} FROM {table} WHERE job_id = {{job:String}} ORDER BY {names}", {"job": "job-s"}
+    )
+    assert got.cast(wire_schema(table)).equals(sent)
+    assert (
+        store.query(f"SELECT count() AS n FROM {table} WHERE stored_at > now() - 60").column("n")[0].as_py()
+        == 4
+    )
+
+
+def test_dedup_token_drops_a_repeated_insert(store: Store) -> None:
+    data = _with_job(sample("steps", n=3), "job-d")
+    store.insert("steps", data, dedup_token="agent-1:5")
+    store.insert("steps", data, dedup_token="agent-1:5")
+    assert store.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 3
+    # Same rows under another token (another agent or seq) are new rows.
+    store.insert("steps", data, dedup_token="agent-1:6")
+    assert store.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 6
+
+
+def test_bad_sql_is_a_store_error(store: Store) -> None:
+    with pytest.raises(StoreError):
+        store.query("SELECT no_such_column FROM steps")
+    with pytest.raises(StoreError):
+        store.insert("no_such_table", _with_job(sample("steps"), "j"))
+
+
+def test_retention_is_a_ttl_on_stored_at_and_follows_the_option(store_url: str) -> None:
+    store = open_store(store_url, retention_days=30)
+    db = _database(store)
+
+    def ttl_days() -> set[str]:
+        engines = store.query(
+            "SELECT engine_full FROM system.tables WHERE database = {db:String}", {"db": db}
+        ).column("engine_full")
+        return {e.split(" TTL ", 1)[1].split(" SETTINGS", 1)[0] for e in engines.to_pylist()}
+
+    try:
+        store.insert("steps", _with_job(sample("steps", n=2), "job-r"))
+        assert ttl_days() == {"stored_at + toIntervalDay(30)"}
+        assert apply_retention(store, database=db, retention_days=30) == []
+        changed = apply_retention(store, database=db, retention_days=7)
+        assert len(changed) == len(TABLES)
+        assert ttl_days() == {"stored_at + toIntervalDay(7)"}
+        # The rows stored a moment ago are well inside 7 days: nothing dropped.
+        assert store.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 2
+    finally:
+        store.close()
+
+
+def test_reopening_with_another_retention_alters_the_ttl(store_url: str) -> None:
+    open_store(store_url, retention_days=30).close()
+    store = open_store(store_url, retention_days=3)
+    try:
+        sql = "SELECT engine_full FROM system.tables WHERE database = currentDatabase() AND name = {t:String}"
+        engine = store.query(sql, {"t": "kernel_events"}).column("engine_full")[0].as_py()
+        assert "TTL stored_at + toIntervalDay(3)" in engine
+    finally:
+        store.close()
+
+
+def test_retention_statements_for_a_cluster_alter_the_local_tables() -> None:
+    replicated = "ReplicatedMergeTree(...) ORDER BY (job_id) TTL stored_at + toIntervalDay({}) SETTINGS x"
+    engines = {
+        "steps_local": replicated.format(30),
+        "steps": "Distributed(prod, argus, steps_local, cityHash64(job_id))",
+        "jobs_local": replicated.format(9),
+    }
+    assert retention_statements(engines, retention_days=9, cluster="prod") == [
+        "ALTER TABLE argus.steps_local ON CLUSTER prod MODIFY TTL stored_at + INTERVAL 9 DAY"
+    ]
+    assert retention_statements(engines, retention_days=9) == []  # a Distributed table has no TTL
+
+
+def test_bad_store_urls() -> None:
+    with pytest.raises(ConfigError, match="unknown store URL"):
+        open_store("postgres://x/y")
+    with pytest.raises(ConfigError, match="names no data dir"):
+        open_store("chdb://")
+    with pytest.raises(ConfigError, match="retention"):
+        open_store("chdb:///tmp/never-created", retention_days=0)
+
+
+@pytest.mark.slow
+def test_a_data_dir_held_by_a_running_server_is_locked(argus_server_factory) -> None:
+    server = argus_server_factory("--no-analyzer")
+    with pytest.raises(StoreLocked, match="another process holds it"):
+        open_store(server.store_url)

@@ -1,0 +1,182 @@
+"""Fixtures every test folder may use.
+
+``argus_server_factory`` starts real `argus server` processes (chDB allows one
+data dir per process, so the server always runs in its own process) on free
+loopback ports with a data dir under ``tmp_path``, and stops each at teardown,
+also when the test fails::
+
+    def test_x(argus_server_factory):
+        server = argus_server_factory("--no-analyzer")
+        ...  # server.grpc_target, server.http_url, server.data_dir
+        server.restart()  # same data dir, same ports
+
+``argus_server`` is one such server with the analyzer on and a 1 s window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["ArgusServer"]
+
+_READY = re.compile(r"^argus server: gRPC on (?P<grpc>\S+?)(?: \(TLS\))?, HTTP on (?P<http>\S+), store ")
+
+
+class ArgusServer:
+    """One `argus server` subprocess; see the module docstring.
+
+    Args:
+        data_dir: The chDB data dir (``store_url`` is ``chdb://<data_dir>``).
+        args: Extra command-line options (``--no-analyzer``, ``--token T``, ...).
+        log_dir: Where the process's stdout and stderr go (``server-N.out/.err``).
+        env: Extra environment variables.
+    """
+
+    def __init__(
+        self, data_dir: Path, args: tuple[str, ...], log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.args = args
+        self.log_dir = log_dir
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.grpc_target = ""  # host:port
+        self.http_url = ""  # http(s)://host:port
+        self.starts = 0
+        self._grpc_listen = "127.0.0.1:0"
+        self._http_listen = "127.0.0.1:0"
+
+    @property
+    def store_url(self) -> str:
+        return f"chdb://{self.data_dir}"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.log_dir / f"server-{self.starts}.out"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.log_dir / f"server-{self.starts}.err"
+
+    def logs(self) -> str:
+        """stdout and stderr of the latest start, for assertion messages."""
+        return "".join(
+            p.read_text(errors="replace") for p in (self.stdout_path, self.stderr_path) if p.exists()
+        )
+
+    def start(self, timeout_s: float = 60.0) -> ArgusServer:
+        """Start the process; return once it printed its ready line and /healthz answers.
+
+        The first start picks free ports; later starts reuse them.
+        """
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        command = [
+            sys.executable,
+            "-m",
+            "argus.cli",
+            "server",
+            "--store",
+            self.store_url,
+            "--grpc-listen",
+            self._grpc_listen,
+            "--http-listen",
+            self._http_listen,
+            *self.args,
+        ]
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env={**os.environ, **self.env}
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            match = _READY.match(self.stdout_path.read_text(errors="replace"))
+            if match:
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"argus server exited with {self.proc.returncode}:\n{self.logs()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"argus server not ready after {timeout_s} s:\n{self.logs()}")
+            time.sleep(0.05)
+        self.grpc_target, self.http_url = match["grpc"], match["http"]
+        self._grpc_listen = self.grpc_target
+        self._http_listen = self.http_url.split("://", 1)[1]
+        self._wait_healthy(deadline)
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=2, context=context) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"{self.http_url}/healthz never answered 200:\n{self.logs()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout_s: float = 30.0, sig: int = signal.SIGTERM) -> int:
+        """Send ``sig`` (SIGTERM) and wait; kill after ``timeout_s``. Returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc is not None else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the process (a crash) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, timeout_s: float = 60.0) -> ArgusServer:
+        """Stop cleanly and start again on the same data dir and ports."""
+        status = self.stop()
+        assert status == 0, f"argus server exited with {status}:\n{self.logs()}"
+        return self.start(timeout_s)
+
+
+@pytest.fixture
+def argus_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ArgusServer]]:
+    """``(*args, data_dir=None, env=None, start=True) -> ArgusServer``; every one is stopped at teardown."""
+    servers: list[ArgusServer] = []
+
+    def make(
+        *args: str, data_dir: Path | None = None, env: dict[str, str] | None = None, start: bool = True
+    ) -> ArgusServer:
+        root = tmp_path_factory.mktemp("argus-server")
+        server = ArgusServer(data_dir or root / "data", args, root, env)
+        servers.append(server)
+        return server.start() if start else server
+
+    yield make
+    for server in servers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.stop(timeout_s=15)
+
+
+@pytest.fixture
+def argus_server(argus_server_factory: Callable[..., ArgusServer]) -> ArgusServer:
+    """A running `argus server` with the analyzer on a 1 s window, on a fresh data dir."""
+    return argus_server_factory("--window-s", "1")
