@@ -55,6 +55,8 @@ MAX_INDIVIDUAL = 4
 CLOCK_DROP = 0.05
 #: Extra CPU time below this share of the extra self time means the extra time was not CPU work.
 CPU_SHARE = 0.5
+#: With fewer healthy ranks than this as the reference, one window cannot open a diagnosis.
+MIN_REFERENCE = 3
 #: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
 SPIKY_SHARE = 0.75
 _COMPUTE_PHASES = ("forward", "backward", "optimizer")
@@ -174,6 +176,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         cause = _stall_or_compute(ctx, rank, i, pos, total, extra_self_frac, l3_score, ev)
     phase = _phase(cause, comp)
     slowdown = l2.slowdown_pct(l2.rank == rank) if i is not None else _kernel_slowdown(ctx, rank)
+    thin = l2_score >= l3_score and int(np.sum(l2.healthy)) < MIN_REFERENCE
     return Finding(
         cause=cause.value,
         rank=rank,
@@ -185,6 +188,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         slowdown_pct=slowdown,
         subject=f"rank:{rank}",
         evidence=ev,
+        needs_confirmation=thin,
     )
 
 
@@ -313,6 +317,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
                 score=top[0].score,
                 slowdown_pct=slowdown,
                 subject="many",
+                needs_confirmation=any(f.needs_confirmation for f in fs),
                 member_scores={int(f.rank): f.score for f in fs if f.rank is not None},
                 evidence={
                     "ranks_slow": len(ranks),

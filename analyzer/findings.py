@@ -35,6 +35,8 @@ class Finding:
     #: For a many-rank finding, every candidate rank's score (the lifecycle keeps members down
     #: to the keep score and admits new ones at the open score).
     member_scores: dict[int, float] = field(default_factory=dict)
+    #: True when one window is not enough to open a diagnosis (see :mod:`argus.analyzer.lifecycle`).
+    needs_confirmation: bool = False
 
     @property
     def family(self) -> str:

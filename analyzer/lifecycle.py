@@ -5,6 +5,11 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 ``ranks:...``; see :class:`argus.analyzer.findings.Finding`).
 
 * **Open** when a finding with no open diagnosis scores >= :data:`OPEN_SCORE`.
+  A finding that ``needs_confirmation`` (its peers' reference was thin: fewer
+  than three healthy ranks) opens only when the same fault was already seen
+  (>= :data:`KEEP_SCORE`) in the window before, or scores >= :data:`STRONG_SCORE`:
+  a real fault persists, a burst of CPU contention on an oversubscribed host
+  does not.
 * **Update** every window a finding for it scores >= :data:`KEEP_SCORE`
   (hysteresis: a fault hovering around the threshold stays one diagnosis).
   A straggler's cause is the one most windows named (ties: the latest), so one
@@ -30,12 +35,14 @@ from argus.analyzer.findings import STRAGGLER_CAUSES, Finding
 
 from argus.diagnosis import Diagnosis, State
 
-__all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "Tracker", "diagnosis_id"]
+__all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]
 
 #: A new fault opens a diagnosis at this score.
 OPEN_SCORE = 1.0
 #: An open diagnosis is kept by findings down to this score.
 KEEP_SCORE = 0.5
+#: A fault this strong opens a diagnosis without a confirming window before.
+STRONG_SCORE = 2.0
 #: Clean windows (its ranks reported, nothing kept it) before a diagnosis is resolved.
 RESOLVE_WINDOWS = 3
 
@@ -80,6 +87,9 @@ class Tracker:
         self.job_id = job_id
         self.resolve_windows = resolve_windows
         self._open: dict[tuple[str, str], _Open] = {}
+        self._window = 0
+        #: Faults seen (>= KEEP_SCORE) but not open: key → index of the last window they were seen in.
+        self._seen: dict[tuple[str, str], int] = {}
 
     @property
     def open(self) -> list[Diagnosis]:
@@ -106,13 +116,21 @@ class Tracker:
             Diagnoses opened, updated or resolved in this window (to be written).
         """
         findings = self._fold_into_many(findings)
+        self._window += 1
+        seen_before = self._seen
+        self._seen = {(f.family, f.subject): self._window for f in findings if f.score >= KEEP_SCORE}
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
         for f in sorted(findings, key=lambda f: -f.score):
             key = (f.family, f.subject)
             o = self._open.get(key)
             if o is None:
-                if f.score < OPEN_SCORE:
+                confirmed = (
+                    not f.needs_confirmation
+                    or f.score >= STRONG_SCORE
+                    or seen_before.get(key) == self._window - 1
+                )
+                if f.score < OPEN_SCORE or not confirmed:
                     continue
                 d = self._new(window_ns, f)
                 o = self._open[key] = _Open(d)

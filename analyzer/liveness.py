@@ -1,8 +1,9 @@
 """Unresponsive ranks: stopped reporting, or alive but hung (DESIGN §5).
 
-*Stopped reporting*: a rank that has not exited and whose newest row of any
-kind (the ~1 s host samples are its heartbeat) is older than ``silence_ns`` at
-the window's end, while other ranks of the job still report. When every
+*Stopped reporting*: a rank that has not exited, has completed a step or
+phase, and whose newest row of any kind (the ~1 s host samples are its
+heartbeat) is older than ``silence_ns`` at the window's end, while other ranks
+of the job still report. When every
 rank is silent together nothing is said: that is the whole job (or the
 collector's feed) stopping, not one rank failing, and a later window will show
 which. A rank that recorded an ``exit`` is finished, whatever its code.
@@ -38,7 +39,7 @@ HANG_STEPS = 10
 #: Shortest stall that can be a hang, ns.
 HANG_MIN_NS = 3_000_000_000
 #: Shortest silence that can be a stopped rank, ns.
-SILENCE_MIN_NS = 4_000_000_000
+SILENCE_MIN_NS = 6_000_000_000
 
 
 def silence_threshold_ns(window_ns: int) -> int:
@@ -85,7 +86,8 @@ def find_unresponsive(
     live = ~status.exited & (seen >= 0)
     if not np.any(live):
         return []
-    silent = live & (window_end_ns - seen >= silence_ns)
+    # Before its first step a rank may be slow to start reporting (imports, rendezvous).
+    silent = live & (window_end_ns - seen >= silence_ns) & (status.position >= 0)
     fresh = live & ~silent
     out: list[Unresponsive] = []
     if np.any(silent) and np.any(fresh):
@@ -122,6 +124,10 @@ def _hung(
     newest = int(prog[cand].max())
     stalled = window_end_ns - newest
     if stalled < stall_ns:
+        return []
+    # Hung ranks and their blocked peers stay alive: they kept reporting long after progress stopped.
+    # (When everything stops at once, the job or its feed stopped: that is not a hang.)
+    if int(np.sort(status.last_seen_ns[cand])[-2]) < newest + stall_ns // 2:
         return []
     # Who stopped first: the ranks whose (step, phase) position is behind everyone else's.
     pos = status.position

@@ -57,7 +57,7 @@ __all__ = ["COMPONENTS", "REL_FLOOR", "WARMUP_STEPS", "PhaseResult", "compare_ph
 COMPONENTS = (*PHASES, "untracked")
 _UNTRACKED = len(PHASES)
 #: Steps numbered below this are warm-up (allocation, compilation, first batches) and not compared.
-WARMUP_STEPS = 3
+WARMUP_STEPS = 5
 #: Smallest excess per step worth a diagnosis, as a fraction of the reference step time.
 REL_FLOOR = 0.04
 #: Fewest compared steps a rank needs in a window.
