@@ -88,7 +88,9 @@ def find_unresponsive(
         return []
     # Before its first step a rank may be slow to start reporting (imports, rendezvous).
     silent = live & (window_end_ns - seen >= silence_ns) & (status.position >= 0)
-    fresh = live & ~silent
+    # Peers count as still reporting only when clearly fresh: when the whole feed stops, ranks
+    # cross the threshold a few ms apart and must not be called silent one by one.
+    fresh = live & (window_end_ns - seen < silence_ns // 2)
     out: list[Unresponsive] = []
     if np.any(silent) and np.any(fresh):
         newest_peer = int(seen[fresh].max())
@@ -109,7 +111,7 @@ def find_unresponsive(
         return out
     if np.any(silent):
         return []
-    return _hung(status, fresh, window_end_ns, typical_step_ns)
+    return _hung(status, live & ~silent, window_end_ns, typical_step_ns)
 
 
 def _hung(

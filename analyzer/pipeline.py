@@ -66,6 +66,7 @@ class JobAnalysis:
         self._steps: deque[float] = deque(maxlen=HISTORY_STEPS)
         self._links: dict[tuple[str, int], deque[float]] = {}
         self._excess: dict[int, deque[float]] = {}
+        self._suspects: list[tuple[int, float]] = []
 
     @property
     def typical_step_ns(self) -> float | None:
@@ -109,13 +110,26 @@ class JobAnalysis:
             for key, value in transfer_medians(d, c.group_names).items():
                 if key[0] not in slow:
                     self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
-        return WindowResult(findings, changed, _suspects(l2.rank, l2.score, l3.rank, l3.score, findings))
+        if l2.rank.size or l3.rank.size or findings:
+            self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
+        # A window without comparable data (the job paused or ended) keeps the last suspects.
+        return WindowResult(findings, changed, self._suspects)
 
 
 def _suspects(
-    r2: np.ndarray, s2: np.ndarray, r3: np.ndarray, s3: np.ndarray, findings: list[Finding], top: int = 5
+    r2: np.ndarray,
+    s2: np.ndarray,
+    r3: np.ndarray,
+    s3: np.ndarray,
+    findings: list[Finding],
+    open_: list[Diagnosis],
+    top: int = 5,
 ) -> list[tuple[int, float]]:
+    """The ``top`` ranks by score over L2, L3, this window's findings and the open diagnoses."""
     best: dict[int, float] = {}
+    for d in open_:
+        for r in d.ranks[:top]:
+            best[r] = max(best.get(r, 0.0), d.score)
     for ranks, scores in ((r2, s2), (r3, s3)):
         ok = np.isfinite(scores)
         if not np.any(ok):

@@ -54,7 +54,7 @@ from argus.schema import PHASES, wire_schema
 __all__ = ["FAULT_CAUSE", "Fault", "JobSpec", "Simulation", "simulate"]
 
 #: The diagnosis cause each fault kind must get.
-FAULT_CAUSE = {
+FAULT_CAUSE: dict[str, str | None] = {
     "compute": "compute",
     "host_stall": "host_stall",
     "dataloader": "dataloader",
@@ -62,6 +62,7 @@ FAULT_CAUSE = {
     "throttling": "throttling",
     "hung": "unresponsive",
     "dead": "unresponsive",
+    "exit": None,
 }
 NS = 1_000_000_000
 _T0 = 1_700_000_000 * NS
@@ -75,7 +76,9 @@ class Fault:
     of forward and backward (0.1 = 10 % slower, 2.0 = 3×); ``host_stall`` — the
     average share of a step lost to a sleep taken every ``period`` steps;
     ``dataloader`` — share of a step added to the data phase; ``communication`` —
-    transfer time multiplier of ``group``'s collectives; ``hung``/``dead`` — unused.
+    transfer time multiplier of ``group``'s collectives; ``hung``/``dead``/``exit``
+    (the rank leaves with exit code 0 and the others go on) — unused. A fault
+    with ``end_s`` stops then.
     """
 
     kind: str
@@ -84,9 +87,10 @@ class Fault:
     onset_s: float = 0.0
     group: str | None = None
     period: int = 3
+    end_s: float | None = None
 
     @property
-    def cause(self) -> str:
+    def cause(self) -> str | None:
         return FAULT_CAUSE[self.kind]
 
 
@@ -177,7 +181,10 @@ class _Sim:
             self.tp_group = np.zeros(n, np.int64) - 1
 
     def _fault_active(self, f: Fault, t: NDArray[np.int64]) -> NDArray[np.bool_]:
-        return t >= self.first_window + int(f.onset_s * NS)
+        on = t >= self.first_window + int(f.onset_s * NS)
+        if f.end_s is not None:
+            on &= t < self.first_window + int(f.end_s * NS)
+        return on
 
     def run(self) -> Simulation:
         s, rng, n = self.spec, self.rng, self.n
@@ -191,8 +198,12 @@ class _Sim:
         cpu_trace: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]] = []
         step = 0
         blocked_from: NDArray[np.int64] | None = None
+        self.left = np.full(n, np.iinfo(np.int64).max)
+        for f in s.faults:
+            if f.kind == "exit":
+                self.left[list(f.ranks)] = self.first_window + int(f.onset_s * NS)
         while True:
-            live = t < self.t_end_all
+            live = (t < self.t_end_all) & (t < self.left)
             if stop:
                 live &= t < stop
             if not np.any(live) or blocked_from is not None:
@@ -360,6 +371,7 @@ class _Sim:
             last_end = np.zeros(n, np.int64)
             np.maximum.at(last_end, cat["s_rank"], cat["s_start"] + cat["s_dur"])
             exit_at = last_end + int(0.5 * NS)
+        exit_at = np.minimum(exit_at, self.left)
         # Host samples: every second per rank, CPU from the step trace.
         phase0 = self.rng.integers(0, NS, n)
         times = np.arange(self.t_start, self.t_end_all + NS, NS)
@@ -393,7 +405,7 @@ class _Sim:
         for flt in s.faults:
             if flt.kind == "throttling":
                 on = np.zeros(sample_t.shape, bool)
-                on[list(flt.ranks)] = sample_t[list(flt.ranks)] >= self.first_window + int(flt.onset_s * NS)
+                on[list(flt.ranks)] = self._fault_active(flt, sample_t[list(flt.ranks)])
                 clock = np.where(on, int(1410 / (1 + flt.magnitude)), clock)
                 reason = np.where(on, 0x20 | 0x40, reason)
         host = {
@@ -414,7 +426,8 @@ class _Sim:
             windows.append(self._window(cat, host, w0, w1, exit_at, dead_at, blocked_from))
             tr: dict[int, str] = {}
             for fault in s.faults:
-                if self.first_window + int(fault.onset_s * NS) < w1:
+                ended = fault.end_s is not None and self.first_window + int(fault.end_s * NS) <= w0
+                if self.first_window + int(fault.onset_s * NS) < w1 and not ended and fault.cause:
                     members = fault.ranks
                     if fault.kind == "communication" and fault.group is not None:
                         g = int(fault.group)
@@ -424,7 +437,7 @@ class _Sim:
                             else tuple(range(n))
                         )
                     for r in members:
-                        tr[int(r)] = fault.cause
+                        tr[int(r)] = str(fault.cause)
             truth.append(tr)
         return Simulation(
             s, windows, truth, onset_window, lambda: self._tables(cat, host, windows, exit_at, dead_at)
@@ -726,7 +739,7 @@ class _Sim:
         for f in s.faults:
             if (
                 f.kind in ("compute", "throttling")
-                and self.first_window + int(f.onset_s * NS) < w0 + s.window_ns
+                and self._fault_active(f, np.array([w0 + s.window_ns // 2]))[0]
             ):
                 slow[list(f.ranks)] *= 1 + f.magnitude
         k_base = np.geomspace(20e3, 3e6, s.kernels)

@@ -62,7 +62,7 @@ U_POINTS = 0.5 * (U_EDGES[1:] + U_EDGES[:-1])
 U_WEIGHTS = np.diff(U_EDGES)
 _Z = ndtri(U_POINTS)
 #: Log-grid points per mixture of several clusters when inverting its CDF numerically.
-GRID_POINTS = 96
+GRID_POINTS = 192
 
 
 def mixture_quantiles(
