@@ -329,7 +329,7 @@ def compress(
         raise ValueError("durations must be finite and >= 0 ns")
     raw = np.sort(raw)
     cuts: list[float] = []
-    if raw.size >= min_kde:
+    if raw.size >= min_kde and raw[-1] > raw[0]:
         # spread() keeps sorted input sorted, so x is sorted too.
         x = np.log(np.maximum(spread(raw, resolution_ns), _FLOOR_NS))
         need = min_count if min_count is not None else max(8, raw.size // 1000)
