@@ -52,6 +52,7 @@ __all__ = [
     "kernel_summaries_table",
     "ranks_table",
     "steps_table",
+    "summary_window",
 ]
 
 #: Name of the default process group (torch.distributed's WORLD) when a trace names none.
@@ -165,12 +166,36 @@ def collectives_table(rt: RankTrace) -> pa.Table:
     )
 
 
+def summary_window(t: ParsedTrace, window_ns: int) -> NDArray[np.int64]:
+    """Start, ns, of the summary window of each GPU event of ``t``, shape ``(n,)``.
+
+    The window where the ``ProfilerStep`` in which the event was launched ends
+    (the step by the CPU launch time, else by the GPU start). Ranks of a
+    synchronous job end a step within milliseconds of each other, so a window
+    boundary splits no step's kernels between windows differently on different
+    ranks, as cutting by kernel start would: a rank running 1 % behind would
+    hold one more call of a kernel in one window and one fewer in the next, and
+    look different from its peers for no reason. Events outside every step (before
+    the first, after the last one's end) fall in the window of their start.
+    """
+    when = np.where(t.launch_ns >= 0, t.launch_ns, t.start_ns)
+    own = t.start_ns // window_ns * window_ns
+    if t.step.size == 0:
+        return own
+    idx = np.searchsorted(t.step_start_ns, when, side="right") - 1
+    step_end = t.step_start_ns + t.step_dur_ns
+    inside = (idx >= 0) & (when < step_end[np.maximum(idx, 0)])
+    by_step = step_end[np.maximum(idx, 0)] // window_ns * window_ns
+    return np.where(inside, by_step, own)
+
+
 def kernel_summaries_table(rt: RankTrace, window_ns: int) -> pa.Table:
     """``kernel_summaries`` rows: KDE clusters per (window, kind, kernel, stream).
 
-    Windows start at epoch multiples of ``window_ns``; a kernel belongs to the
-    window of its start. Durations are compressed at the trace's resolution
-    (1000 ns for integer-µs traces).
+    Windows start at epoch multiples of ``window_ns``. A kernel belongs to the
+    window in which the step that launched it ends (:func:`summary_window`), so
+    that every rank's window holds the kernels of the same steps. Durations are
+    compressed at the trace's resolution (1000 ns for integer-µs traces).
 
     Raises:
         ValueError: ``window_ns`` < 1.
@@ -178,7 +203,7 @@ def kernel_summaries_table(rt: RankTrace, window_ns: int) -> pa.Table:
     if window_ns < 1:
         raise ValueError(f"window_ns must be >= 1, got {window_ns}")
     t = rt.trace
-    window = t.start_ns // window_ns * window_ns
+    window = summary_window(t, window_ns)
     order = np.lexsort((t.stream, t.kernel_code, t.kind, window))
     keys = np.stack([window[order], t.kind[order], t.kernel_code[order], t.stream[order]])
     bounds = np.flatnonzero(np.any(keys[:, 1:] != keys[:, :-1], axis=0)) + 1

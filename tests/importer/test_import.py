@@ -249,3 +249,19 @@ def test_cpu_only_trace_without_kernels(store: Store, tmp_path: Path) -> None:
         {"event": "group"},
         {"event": "exit"},
     ]
+
+
+def test_kernels_are_summarized_in_the_window_where_their_step_ends(store: Store, tmp_path: Path) -> None:
+    # Step 7 runs from 0.95 s to 1.05 s past a whole second; its kernels start on both sides
+    # of the window boundary but all belong to the window where the step ends.
+    t0 = T0_US + 950_000
+    events = [step(7, t0, 100_000)]
+    events += [kernel(t0 + 1000 + i * 10_000, 500, correlation=i + 1) for i in range(9)]
+    events.append(kernel(t0 + 1_100_000, 500, name="void after_the_steps()"))
+    import_traces(store, [write_trace(tmp_path / "w.json", events)], job_id="w", window_s=1.0)
+    rows = _query(store, "SELECT kernel, window_start_ns, sum(count) AS n FROM kernel_summaries GROUP BY ALL")
+    second = T0_US * 1000 + 10**9
+    assert sorted((r["kernel"][:9], r["window_start_ns"], r["n"]) for r in rows) == [
+        ("void afte", second + 10**9, 1),
+        ("void gemm", second, 9),
+    ]

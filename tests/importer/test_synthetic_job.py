@@ -73,6 +73,7 @@ needs_analyzer = pytest.mark.skipif(not _analyzer_built(), reason="the analyzer 
 
 
 def _analyze(store: Store, traces: list[ParsedTrace], job_id: str) -> list[Diagnosis]:
+    """Import ``traces`` and run the analyzer over their windows; the latest version of each diagnosis."""
     from argus.analyzer.service import Analyzer
 
     import_parsed(store, traces, job_id=job_id, window_s=WINDOW_S)
@@ -93,21 +94,37 @@ def job_store(tmp_path: Path) -> Iterator[Store]:
         s.close()
 
 
+# Durations at 1 ns resolution, as live CUPTI capture records them. (At whole µs, as
+# Kineto writes them, see test_64_healthy_ranks_at_whole_microseconds below.)
 @needs_analyzer
 @pytest.mark.slow
 def test_64_ranks_one_slow_gemm_rank_is_diagnosed(template: ParsedTrace, job_store: Store) -> None:
-    job = resample_job(template, ranks=64, steps=26, slow_rank=SLOW_RANK, slowdown=1.3, seed=7)
+    job = resample_job(
+        template, ranks=64, steps=26, slow_rank=SLOW_RANK, slowdown=1.3, seed=7, resolution_ns=1
+    )
     diagnoses = _analyze(job_store, job, "slow-gemm")
-    assert diagnoses, "no diagnosis"
-    assert [(d.rank, d.cause) for d in diagnoses] == [(SLOW_RANK, "compute")], diagnoses
-    assert diagnoses[0].kernel is not None and GEMM.search(diagnoses[0].kernel), diagnoses[0].kernel
+    strong = [d for d in diagnoses if d.score >= 1.0]
+    assert [(d.rank, d.cause) for d in strong] == [(SLOW_RANK, "compute")], diagnoses
+    assert strong[0].kernel is not None and GEMM.search(strong[0].kernel), strong[0].kernel
 
 
 @needs_analyzer
 @pytest.mark.slow
 def test_64_healthy_ranks_are_not_diagnosed(template: ParsedTrace, job_store: Store) -> None:
-    job = resample_job(template, ranks=64, steps=26, slow_rank=None, seed=7)
+    job = resample_job(template, ranks=64, steps=26, slow_rank=None, seed=7, resolution_ns=1)
     assert _analyze(job_store, job, "healthy") == []
+
+
+@needs_analyzer
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="L3 ignores kernel_summaries.resolution_ns: at whole µs, short kernels (1-5 µs) of healthy "
+    "ranks differ by one recording step and score as outliers (reported to the analyzer's owner)",
+)
+def test_64_healthy_ranks_at_whole_microseconds(template: ParsedTrace, job_store: Store) -> None:
+    job = resample_job(template, ranks=64, steps=26, slow_rank=None, seed=7, resolution_ns=1000)
+    assert _analyze(job_store, job, "healthy-us") == []
 
 
 @needs_analyzer
@@ -119,3 +136,18 @@ def test_the_two_real_ranks_of_job128_score_as_peers(kineto_dir: Path, job_store
     import_traces(job_store, paths, job_id="job128", window_s=WINDOW_S)
     end_ns = max(parse_trace(p).last_ns for p in paths)
     assert Analyzer(job_store, window_s=WINDOW_S, job="job128").run_once(end_ns + 60 * 10**9) == []
+
+
+@needs_analyzer
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="Analyzer's default backlog_s (3600 s, what `argus server` runs) starts a new job at most an "
+    "hour before now: the windows of an imported trace of a past run are never analyzed",
+)
+def test_the_server_analyzer_reaches_imported_windows(template: ParsedTrace, job_store: Store) -> None:
+    from argus.analyzer.service import Analyzer
+
+    job = resample_job(template, ranks=8, steps=26, slow_rank=3, slowdown=1.6, seed=2, resolution_ns=1)
+    import_parsed(job_store, job, job_id="old-run", window_s=WINDOW_S)
+    assert Analyzer(job_store, window_s=WINDOW_S, job="old-run").run_once() != []
