@@ -56,7 +56,7 @@ CLOCK_DROP = 0.05
 #: Extra CPU time below this share of the extra self time means the extra time was not CPU work.
 CPU_SHARE = 0.5
 #: With fewer healthy ranks than this as the reference, one window cannot open a diagnosis.
-MIN_REFERENCE = 3
+MIN_REFERENCE = 4
 #: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
 SPIKY_SHARE = 0.75
 _COMPUTE_PHASES = ("forward", "backward", "optimizer")

@@ -62,7 +62,7 @@ class JobAnalysis:
     def __init__(self, job_id: str, window_ns: int) -> None:
         self.job_id = job_id
         self.window_ns = window_ns
-        self.tracker = Tracker(job_id)
+        self.tracker = Tracker(job_id, window_ns=window_ns)
         self._steps: deque[float] = deque(maxlen=HISTORY_STEPS)
         self._links: dict[tuple[str, int], deque[float]] = {}
         self._excess: dict[int, deque[float]] = {}
