@@ -19,11 +19,11 @@ backward, for the last of them, whose wait is about the whole delay.
 Comparison: per step, the reference of every component is the median over the
 healthy ranks at *that step*, so anything that hits every rank at once (a slow
 batch everywhere, a checkpoint, a GC storm) cancels. A rank's excess is its
-mean excess over the window's steps after dropping its worst sixth of steps, at
-least one (isolated hiccups are not a fail-slow fault; periodic stalls every
-few steps survive the trim), scored with the one-sided rule of
-:mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
-reference step time, and shrunk toward 0 when the rank has fewer than
+mean excess over the window's steps after dropping its few worst steps (one per
+ten, at most :data:`MAX_TRIM`): isolated hiccups are not a fail-slow fault,
+while a stall every few steps survives the trim. It is scored with the one-
+sided rule of :mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR`
+of the reference step time, and shrunk toward 0 when the rank has fewer than
 :data:`CONFIDENT_STEPS` steps left (a job's first, partial window). The healthy
 set is first estimated from per-rank medians, so the per-step references stay
 correct with up to half the ranks slow. Ranks are compared with every other
@@ -64,8 +64,10 @@ REL_FLOOR = 0.04
 MIN_STEPS = 2
 #: Below this many kept steps a rank's score is scaled by ``kept / CONFIDENT_STEPS``.
 CONFIDENT_STEPS = 8
-#: The worst ``ceil(steps / TRIM_DIVISOR)`` steps of a rank are left out of its score.
-TRIM_DIVISOR = 6
+#: The worst ``min(max(1, ceil(steps / TRIM_DIVISOR)), MAX_TRIM)`` steps of a rank are left out
+#: of its score: a few isolated hiccups are dropped, a stall every few steps is not.
+TRIM_DIVISOR = 10
+MAX_TRIM = 3
 
 
 @dataclass(frozen=True)
@@ -316,13 +318,15 @@ def _compare_phases(w: Window, d: Decomposition | None, baseline: Mapping[int, f
     else:
         excess = self_t - np.nanmedian(self_t[healthy], axis=0)[None, :]
 
-    # Mean excess without each rank's worst sixth of steps (at least one).
+    # Mean excess without each rank's few worst steps (see MAX_TRIM).
     ex0 = np.where(valid, excess, np.nan)
     ex0 = np.where(valid & np.isnan(ex0), 0.0, ex0)  # a step no healthy rank reported: no evidence
     total = np.nansum(ex0, axis=1)
-    drop = np.maximum(1, np.ceil(n_steps / TRIM_DIVISOR)).astype(np.int64)
+    drop = np.minimum(np.maximum(1, np.ceil(n_steps / TRIM_DIVISOR)), MAX_TRIM).astype(np.int64)
     kept = np.maximum(n_steps - drop, 1)
-    ascending = np.cumsum(np.sort(np.where(valid, ex0, np.inf), axis=1), axis=1)
+    # Only the time a rank made the others wait counts: being early at one step gives nothing
+    # back at another (each step waits for its slowest rank).
+    ascending = np.cumsum(np.sort(np.where(valid, np.maximum(ex0, 0.0), np.inf), axis=1), axis=1)
     ascending = np.where(np.isfinite(ascending), ascending, 0.0)
     kept_sum = ascending[np.arange(n_r), np.minimum(kept, max(n_s, 1)) - 1] if n_s else np.zeros(n_r)
     trimmed = np.where(enough, kept_sum / kept, np.nan)
