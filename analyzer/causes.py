@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from argus.analyzer.collectives import Decomposition, LinkFinding
+from argus.analyzer.collectives import LinkFinding
 from argus.analyzer.findings import Finding
 from argus.analyzer.host import HostResult
 from argus.analyzer.iteration import IterationResult
@@ -329,9 +329,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
     return out
 
 
-def _links(
-    w: Window, links: list[LinkFinding], l1: IterationResult, stragglers: set[int], d: Decomposition | None
-) -> list[Finding]:
+def _links(w: Window, links: list[LinkFinding], l1: IterationResult, stragglers: set[int]) -> list[Finding]:
     out = []
     for link in links:
         if link.score < KEEP_SCORE:
@@ -414,7 +412,6 @@ def attribute(
     host: HostResult,
     links: list[LinkFinding],
     unresponsive: list[Unresponsive],
-    decomposition: Decomposition | None = None,
 ) -> list[Finding]:
     """Turn one window's level results into findings, one cause each (rules in the module doc).
 
@@ -451,7 +448,7 @@ def attribute(
             found.append(f)
     out.extend(_merge_many(found, l2))
     stragglers = {f.rank for f in found if f.rank is not None and f.score >= 1.0}
-    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers, decomposition)]
+    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers)]
     out.extend(comm)
     if not stragglers and w.collectives.rank.size == 0:
         out.extend(_kernel_links(ctx, l1, {f.subject for f in comm}))

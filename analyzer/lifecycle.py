@@ -6,9 +6,9 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 
 * **Open** when a finding with no open diagnosis scores >= :data:`OPEN_SCORE`
   and the fault has been seen (>= :data:`KEEP_SCORE`) in consecutive windows
-  spanning at least :data:`CONFIRM_NS` (one 10 s window; two 2 s windows): on an
-  oversubscribed host a rank can lose a fair share of a 2 s window to the
-  scheduler, and that is no fault. A finding that ``needs_confirmation`` (its
+  spanning at least :data:`CONFIRM_NS` (one 10 s window; two 6 s or five 2 s
+  windows): on an oversubscribed host the scheduler can slow a rank by 10 % or
+  more for several seconds, and that is no fail-slow fault. A finding that ``needs_confirmation`` (its
   peers' reference was thin: fewer than four healthy ranks) needs two windows
   in any case unless it scores >= :data:`STRONG_SCORE`. ``unresponsive`` opens
   at once: its thresholds are durations already.
@@ -46,7 +46,7 @@ KEEP_SCORE = 0.5
 #: A finding that needs confirmation opens at once when it is this strong.
 STRONG_SCORE = 2.0
 #: A fault must be seen for this long (in consecutive windows) before it opens, ns.
-CONFIRM_NS = 4_000_000_000
+CONFIRM_NS = 10_000_000_000
 #: Clean windows (its ranks reported, nothing kept it) before a diagnosis is resolved.
 RESOLVE_WINDOWS = 3
 

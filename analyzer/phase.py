@@ -2,28 +2,41 @@
 
 Every rank of a synchronous job ends each step at about the same time, so the
 step time itself cannot tell the straggler apart: its peers spend the time it
-loses waiting for it inside their collectives. What differs is each rank's
-**self time**: a step's time minus the time the rank was blocked waiting for
-late peers. Per (rank, step) this module splits the step into
+loses waiting for it inside their collectives.
+
+**Who.** Per (rank, step), how late the rank issued the step's last collective
+of its widest process group (the last gradient bucket's all-reduce, say),
+against the healthy ranks' arrival at that same collective instance
+(clock offsets removed, :mod:`argus.analyzer.collectives`). By then a rank has
+been delayed by everything it did slower since the previous synchronisation —
+a slow forward or backward, a slow batch, a host stall — and its peers waited
+exactly that long. Only the positive part counts: a rank that is early at one
+step gives nothing back at another, because every step waits for its slowest
+rank. Jobs without collective records fall back to **self time**: the step's
+time minus the time the rank was blocked in collectives.
+
+**Which phase.** Per (rank, step) the step splits into
 
 * the four phases ``data``, ``forward``, ``backward``, ``optimizer``, each minus
   the blocked wait of the collectives issued inside it, and
 * *untracked* host time (the step not covered by phases), minus the blocked
   wait of collectives issued outside any phase.
 
-A phase's blocked wait is the largest wait (:mod:`argus.analyzer.collectives`)
-of the collectives issued in it: data-parallel all-reduces are issued
-asynchronously bucket by bucket and the rank blocks once, at the end of
-backward, for the last of them, whose wait is about the whole delay.
+A phase's blocked wait is the largest wait of the collectives issued in it:
+data-parallel all-reduces are issued asynchronously bucket by bucket and the
+rank blocks once, at the end of backward, for the last of them, whose wait is
+about the whole delay. Each component is compared with the healthy ranks' at
+the same step; the components whose excess carries the rank's lateness name
+the phase (and feed the cause, :mod:`argus.analyzer.causes`).
 
-Comparison: per step, the reference of every component is the median over the
-healthy ranks at *that step*, so anything that hits every rank at once (a slow
-batch everywhere, a checkpoint, a GC storm) cancels. A rank's excess is its
-mean excess over the window's steps after dropping its few worst steps (one per
-ten, at most :data:`MAX_TRIM`): isolated hiccups are not a fail-slow fault,
-while a stall every few steps survives the trim. It is scored with the one-
-sided rule of :mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR`
-of the reference step time, and shrunk toward 0 when the rank has fewer than
+Comparison: per step, the reference is the median over the healthy ranks at
+*that step*, so anything that hits every rank at once (a slow batch everywhere,
+a checkpoint, a GC storm) cancels. A rank's score is its mean positive excess
+over the window's steps after dropping its few worst steps (one per ten, at
+most :data:`MAX_TRIM`): isolated hiccups are not a fail-slow fault, while a
+stall every few steps survives the trim. It is scored with the one-sided rule
+of :mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
+reference step time, and shrunk toward 0 when the rank has fewer than
 :data:`CONFIDENT_STEPS` steps left (a job's first, partial window). The healthy
 set is first estimated from per-rank medians, so the per-step references stay
 correct with up to half the ranks slow. Ranks are compared with every other

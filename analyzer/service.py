@@ -197,7 +197,9 @@ class Analyzer:
 
     def run_forever(self) -> None:
         """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried."""
-        poll = min(max(self.window_s / 5, 0.2), 5.0)
+        # A window completes every window_s; checking twice as often bounds the lag to half a window
+        # (plus the grace) without querying the store more than needed.
+        poll = min(max(self.window_s / 2, 0.5), 5.0)
         while not self._stop.is_set():
             try:
                 self.run_once()
