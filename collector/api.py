@@ -1,26 +1,142 @@
-"""REST API (DESIGN §6) — stub: /healthz only. Owned by issue 5, which replaces this module."""
+"""The HTTP side of an `argus server` (DESIGN §6): REST API, ``/metrics``, ``/healthz`` and the page.
+
+    /api/v1/...        JSON endpoints (api_routes), OpenAPI at /openapi.json, docs at /docs
+    /healthz           liveness, never needs the token
+    /metrics           Prometheus exposition of the server's registry
+    /, /page/{asset}   the web page (plain HTML + JS, no build step)
+
+With a token, every path but ``/healthz`` needs ``Authorization: Bearer TOKEN``
+(a browser showing the page needs a proxy or extension that adds the header).
+"""
 
 from __future__ import annotations
 
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from argus.collector.api_errors import ERROR_RESPONSES, error_response, install_error_handlers
+from argus.collector.api_jobs import recent_job_status_counts
+from argus.collector.api_models import Health
+from argus.collector.api_routes import build_router
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response, Security
+from fastapi.responses import HTMLResponse
+from fastapi.security import HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-__all__ = ["create_app"]
+from argus import __version__
+from argus.config import DEFAULT_WINDOW_S
+from argus.errors import StoreError, Unauthenticated
+
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "create_app"]
+
+log = logging.getLogger(__name__)
+
+#: A job whose ranks sent nothing for this long is no longer `running` (three windows).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 3 * DEFAULT_WINDOW_S
+#: `argus_jobs` counts jobs active within this many seconds.
+_RECENT_S = 3600
+_AUTH_RESPONSE: dict[int | str, dict[str, Any]] = {401: ERROR_RESPONSES[401]}
+_PAGE = Path(__file__).with_name("page")
+_ASSET_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+
+_DESCRIPTION = """\
+Jobs, ranks, diagnoses and timelines of the training jobs Argus watches.
+
+Lists are `{"items": [...], "next": cursor|null}`: pass `next` back as `cursor`
+for the following page. Times are integer ns since the epoch; in queries, epoch
+ns or RFC 3339. Rank sets are `0,1,5-7`. Errors are `{"detail": ...}`.
+When the server has a token, send `Authorization: Bearer TOKEN`.
+"""
 
 
-def create_app(store: Store, *, metrics: Metrics, token: str | None = None) -> FastAPI:
+def create_app(
+    store: Store,
+    *,
+    metrics: Metrics,
+    token: str | None = None,
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+) -> FastAPI:
     """The FastAPI app of an `argus server` over ``store``.
 
     Args:
         store: The server's store (the process owns it; the app never closes it).
         metrics: The server's metrics; ``/metrics`` exposes ``metrics.registry``.
         token: When set, every endpoint but ``/healthz`` requires ``Authorization: Bearer TOKEN``.
+        heartbeat_timeout_s: A rank silent this long (no host sample) is not ``running``.
     """
-    app = FastAPI(title="Argus")
+    timeout_ns = int(heartbeat_timeout_s * 1e9)
+    # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
+    bearer = HTTPBearer(auto_error=False, description="Only when the server runs with --token")
+    secured = [Security(bearer)] if token else []
+    app = FastAPI(title="Argus", version=__version__, description=_DESCRIPTION)
+    install_error_handlers(app)
 
-    @app.get("/healthz")
+    if token:
+        expected = f"Bearer {token}".encode()
+
+        @app.middleware("http")
+        async def require_token(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            if request.url.path != "/healthz":
+                sent = request.headers.get("authorization", "").encode()
+                if not hmac.compare_digest(sent, expected):
+                    reason = "wrong bearer token" if sent else "missing Authorization: Bearer header"
+                    return error_response(Unauthenticated(reason))
+            return await call_next(request)
+
+    app.include_router(build_router(store, heartbeat_timeout_ns=timeout_ns), dependencies=secured)
+
+    @app.get("/healthz", response_model=Health, summary="Liveness (no token needed)")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        summary="Prometheus metrics",
+        dependencies=secured,
+        responses={
+            200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text exposition format"},
+            **_AUTH_RESPONSE,
+        },
+    )
+    def prometheus_metrics() -> Response:
+        now = time.time_ns()
+        try:
+            counts = recent_job_status_counts(
+                store, since_ns=now - _RECENT_S * 1_000_000_000, now_ns=now, timeout_ns=timeout_ns
+            )
+            for status in ("running", "finished", "unknown"):
+                metrics.jobs.labels(status).set(counts.get(status, 0))
+        except StoreError as exc:
+            log.warning("argus_jobs not updated: %s", exc)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get(
+        "/",
+        response_class=HTMLResponse,
+        summary="The web page: jobs, heatmap, diagnoses",
+        dependencies=secured,
+        responses=_AUTH_RESPONSE,
+    )
+    def page() -> HTMLResponse:
+        return HTMLResponse((_PAGE / "index.html").read_text(encoding="utf-8"))
+
+    @app.get(
+        "/page/{asset}",
+        response_class=Response,
+        summary="The web page's script and style",
+        dependencies=secured,
+        responses={**_AUTH_RESPONSE, 422: {"description": "No such asset"}},
+    )
+    def page_asset(asset: Literal["app.js", "style.css"]) -> Response:
+        return Response((_PAGE / asset).read_bytes(), media_type=_ASSET_TYPES[asset])
 
     return app

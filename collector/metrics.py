@@ -7,6 +7,10 @@ and the REST API (which serves ``/metrics``) share it. Label values are bounded:
 
 from __future__ import annotations
 
+import heapq
+import threading
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 __all__ = ["TOP_SUSPECTS", "Metrics"]
@@ -54,3 +58,45 @@ class Metrics:
         self.last_ingest = Gauge(
             "argus_last_ingest_timestamp_seconds", "Unix time of the last stored batch.", registry=r
         )
+        self.jobs = Gauge(
+            "argus_jobs",
+            "Jobs with a lifecycle event or heartbeat in the last hour, by status (set on each scrape).",
+            ["status"],
+            registry=r,
+        )
+        self._lock = threading.Lock()
+        self._suspects: dict[str, set[str]] = {}
+        self._causes: dict[str, set[str]] = {}
+
+    def set_straggler_scores(self, job_id: str, scores: Mapping[int, float]) -> None:
+        """Export the :data:`TOP_SUSPECTS` highest of ``scores`` (rank → score) for ``job_id``.
+
+        Replaces the job's previous series, so a job never has more than
+        TOP_SUSPECTS series however many ranks it has.
+        """
+        top = heapq.nlargest(TOP_SUSPECTS, scores.items(), key=lambda item: item[1])
+        with self._lock:
+            keep = {str(rank) for rank, _ in top}
+            for stale in self._suspects.get(job_id, set()) - keep:
+                self.straggler_score.remove(job_id, stale)
+            for rank, score in top:
+                self.straggler_score.labels(job_id, str(rank)).set(score)
+            self._suspects[job_id] = keep
+
+    def set_active_diagnoses(self, job_id: str, counts: Mapping[str, int]) -> None:
+        """Export ``counts`` (cause → open diagnoses) for ``job_id``; causes left out are removed."""
+        with self._lock:
+            keep = {cause for cause, n in counts.items() if n > 0}
+            for cause in self._causes.get(job_id, set()) - keep:
+                self.diagnosis_active.remove(job_id, cause)
+            for cause in keep:
+                self.diagnosis_active.labels(job_id, cause).set(counts[cause])
+            self._causes[job_id] = keep
+
+    def forget_job(self, job_id: str) -> None:
+        """Remove every series of ``job_id`` (when it finished or left retention)."""
+        self.set_straggler_scores(job_id, {})
+        self.set_active_diagnoses(job_id, {})
+        with self._lock:
+            self._suspects.pop(job_id, None)
+            self._causes.pop(job_id, None)

@@ -78,7 +78,14 @@ def _columns(data: pa.Table) -> str:
 
 
 class ChdbStore:
-    """Embedded ClickHouse through chDB; one instance per data dir per process."""
+    """Embedded ClickHouse through chDB; one instance per data dir per process.
+
+    Calls are serialized by a Python lock. chDB's connection takes a native mutex
+    while holding the GIL, and a query reading Python objects (``Python(data)``)
+    takes the GIL while holding that mutex: two threads calling at once deadlock
+    (seen with chDB 4.4 under concurrent gRPC streams). Waiting on a Python lock
+    releases the GIL, so serializing here is safe; chDB serializes per connection anyway.
+    """
 
     _open: ClassVar[dict[Path, ChdbStore]] = {}
     _open_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -88,6 +95,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
+        self._lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -111,8 +119,18 @@ class ChdbStore:
             return store
 
     def _run(self, sql: str, fmt: str = "CSV", parameters: Mapping[str, Any] | None = None) -> Any:
+        # chDB reads each value as ClickHouse's escaped text (tab, newline, backslash escaped;
+        # arrays as literals), as the HTTP interface does: format them as clickhouse-connect does.
+        from clickhouse_connect.driver.binding import format_bind_value
+
+        params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
-            return self._conn.query(sql, fmt, params=dict(parameters or {}))
+            # One call at a time (see the class docstring). This also keeps two threads'
+            # parameters apart: chDB holds them in the connection's shared context.
+            with self._lock:
+                if not params:
+                    return self._conn.query(sql, fmt)
+                return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 

@@ -1,0 +1,144 @@
+"""Response bodies of the REST API, as pydantic models (they make the OpenAPI schema).
+
+Times are integer ns since the epoch; ``None`` where not known yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "DiagnosisModel",
+    "DiagnosisPage",
+    "Health",
+    "Heatmap",
+    "HeatmapRow",
+    "ImportOut",
+    "Job",
+    "JobPage",
+    "JobStatus",
+    "ProcessGroup",
+    "Rank",
+    "RankPage",
+    "TraceDocument",
+]
+
+JobStatus = Literal["running", "finished", "unknown"]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Job(BaseModel):
+    """One job; see :mod:`argus.collector.api_jobs` for how ``status`` is derived."""
+
+    job_id: str
+    status: JobStatus
+    world_size: int = Field(description="largest world size any rank or node reported")
+    start_ns: int | None = Field(description="first attach (or trace start)")
+    end_ns: int | None = Field(description="last exit, once finished")
+    last_seen_ns: int | None = Field(description="newest heartbeat (host sample or attach)")
+    ranks_attached: int
+    ranks_exited: int
+    ranks_failed: int = Field(description="ranks that exited with a non-zero status")
+    hosts: int
+    source: str = Field(description="'live', 'import', or '' when no node reported it")
+    command: str
+    open_diagnoses: int
+
+
+class JobPage(BaseModel):
+    items: list[Job]
+    next: str | None = Field(description="cursor of the next page; null on the last")
+
+
+class ProcessGroup(BaseModel):
+    name: str
+    backend: str
+    size: int
+
+
+class Rank(BaseModel):
+    """One rank of a job, from its lifecycle events and heartbeats."""
+
+    rank: int
+    status: JobStatus
+    host: str
+    pid: int
+    local_rank: int
+    device: str
+    world_size: int
+    clock_offset_ns: int = Field(description="offset its node agent added to its times")
+    attach_ns: int | None
+    exit_ns: int | None
+    exit_code: int | None
+    last_seen_ns: int | None
+    groups: list[ProcessGroup]
+
+
+class RankPage(BaseModel):
+    items: list[Rank]
+    next: str | None
+
+
+class DiagnosisModel(BaseModel):
+    """The DESIGN §5 diagnosis object (``argus.diagnosis.Diagnosis.to_dict()``)."""
+
+    id: str
+    job_id: str
+    rank: int | None
+    ranks: list[int]
+    group: str | None
+    cause: Literal["compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive"]
+    phase: str | None
+    kernel: str | None
+    score: float = Field(description="0 = like its peers, >= 1 = past the detection threshold")
+    slowdown_pct: float = Field(description="estimated loss of the job's throughput, percent")
+    first_window_ns: int
+    last_window_ns: int
+    state: Literal["open", "resolved"]
+    evidence: dict[str, Any]
+
+
+class DiagnosisPage(BaseModel):
+    items: list[DiagnosisModel]
+    next: str | None
+
+
+class HeatmapRow(BaseModel):
+    rank_lo: int
+    rank_hi: int
+
+
+class Heatmap(BaseModel):
+    """Rank × time matrix of one metric; rows are ranks (or rank ranges), columns time bins.
+
+    ``dur_ms[i][j]`` is the mean duration of row i in bin j (the slowest rank of a
+    rank range); ``slowdown_pct[i][j]`` is how much longer that is than the median
+    row of bin j, percent. ``null`` where a row has no data in a bin.
+    """
+
+    metric: str
+    start_ns: int
+    bin_ns: int
+    times_ns: list[int]
+    rows: list[HeatmapRow]
+    dur_ms: list[list[float | None]]
+    slowdown_pct: list[list[float | None]]
+
+
+class ImportOut(BaseModel):
+    job_id: str
+    ranks: list[int]
+    rows: dict[str, int]
+
+
+class TraceDocument(BaseModel):
+    """Chrome trace JSON (the JSON Object Format that Perfetto and chrome://tracing open)."""
+
+    traceEvents: list[dict[str, Any]]  # noqa: N815 - the format's own key
+    displayTimeUnit: str  # noqa: N815
+    otherData: dict[str, Any]  # noqa: N815

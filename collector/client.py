@@ -1,0 +1,224 @@
+"""Client side of the REST API: a small HTTP client for commands, and `argus diagnose`.
+
+:class:`ArgusClient` maps HTTP answers to :mod:`argus.errors` (404 → NotFound,
+401 → Unauthenticated, 422 → ConfigError or TraceError for uploads, 501 →
+NotBuiltYet, 503 → StoreError, an unreachable server → StoreError), so
+commands print one clear line. With ``tls_cert`` the server's certificate (or
+its CA) is trusted and ``http://`` URLs are upgraded to ``https://``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from argus.errors import (
+    ArgusError,
+    ConfigError,
+    NotBuiltYet,
+    NotFound,
+    StoreError,
+    TraceError,
+    Unauthenticated,
+)
+
+__all__ = ["ArgusClient", "diagnose_main", "render_diagnoses"]
+
+_ERRORS: dict[int, type[ArgusError]] = {
+    401: Unauthenticated,
+    404: NotFound,
+    422: ConfigError,
+    501: NotBuiltYet,
+    503: StoreError,
+}
+
+
+class ArgusClient:
+    """JSON over HTTP to an `argus server`.
+
+    Args:
+        server: Base URL, e.g. ``http://127.0.0.1:7471``.
+        token: Sent as ``Authorization: Bearer TOKEN``.
+        tls_cert: PEM file of the server's certificate or CA: use TLS and trust it.
+        timeout_s: Per-request timeout, seconds.
+    """
+
+    def __init__(
+        self, server: str, *, token: str | None = None, tls_cert: str | None = None, timeout_s: float = 30.0
+    ) -> None:
+        base = server.rstrip("/")
+        if "://" not in base:
+            base = f"http://{base}"
+        verify: ssl.SSLContext | bool = True
+        if tls_cert:
+            if base.startswith("http://"):
+                base = "https://" + base[len("http://") :]
+            try:
+                verify = ssl.create_default_context(cafile=tls_cert)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"--tls-cert {tls_cert}: {exc}") from exc
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.server = base
+        self._http = httpx.Client(base_url=base, headers=headers, verify=verify, timeout=timeout_s)
+
+    def __enter__(self) -> ArgusClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, *, upload: bool = False, **kwargs: Any) -> httpx.Response:
+        """Send a request; a non-2xx answer raises the matching ArgusError with the server's detail.
+
+        Raises:
+            NotFound, Unauthenticated, ConfigError (TraceError when ``upload``), NotBuiltYet,
+            StoreError (also when the server cannot be reached), ArgusError for other statuses.
+        """
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise StoreError(f"cannot reach the argus server at {self.server}: {exc}") from exc
+        if response.is_success:
+            return response
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        kind = (
+            TraceError
+            if upload and response.status_code == 422
+            else _ERRORS.get(response.status_code, ArgusError)
+        )
+        raise kind(f"{response.status_code} from {self.server}{path}: {detail}")
+
+    def get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        """GET ``path`` (under the server root) and return its JSON."""
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        return self.request("GET", path, params=clean).json()
+
+    def items(self, path: str, params: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Every item of a paginated list, following ``next`` cursors."""
+        query = dict(params or {})
+        while True:
+            page = self.get(path, query)
+            yield from page["items"]
+            if not page.get("next"):
+                return
+            query["cursor"] = page["next"]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self.get(f"/api/v1/jobs/{_quote(job_id)}"))
+
+    def diagnoses(self, job_id: str, *, state: str | None = None) -> list[dict[str, Any]]:
+        """Every diagnosis of ``job_id`` (DESIGN §5 objects), newest first."""
+        return list(self.items(f"/api/v1/jobs/{_quote(job_id)}/diagnoses", {"state": state, "limit": 1000}))
+
+    def upload_traces(self, job_id: str, paths: Sequence[Path], *, rank: int | None = None) -> dict[str, Any]:
+        """POST trace files to ``/api/v1/jobs/{job_id}/traces``; returns the import result.
+
+        Raises:
+            TraceError: the server could not import a file.
+        """
+        handles = [p.open("rb") for p in paths]
+        try:
+            files = [
+                ("file", (p.name, h, "application/octet-stream")) for p, h in zip(paths, handles, strict=True)
+            ]
+            params = {"rank": rank} if rank is not None else {}
+            response = self.request(
+                "POST", f"/api/v1/jobs/{_quote(job_id)}/traces", upload=True, files=files, params=params
+            )
+            return dict(response.json())
+        finally:
+            for h in handles:
+                h.close()
+
+
+def _quote(part: str) -> str:
+    return quote(part, safe="")
+
+
+def _time(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _evidence(evidence: dict[str, Any], width: int = 80) -> str:
+    parts = [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in evidence.items()]
+    text = ", ".join(parts)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> Any:
+    """A rich renderable: the job's line and a table of its diagnoses (open first)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text.assemble(
+        ("job ", "bold"),
+        (job["job_id"], "bold cyan"),
+        f"  {job['status']}, {job['ranks_attached']}/{job['world_size']} ranks, "
+        f"{job['open_diagnoses']} open diagnoses",
+    )
+    if not diagnoses:
+        return Group(head, Text("no diagnoses: every rank is like its peers", style="green"))
+    table = Table(show_lines=False, header_style="bold")
+    for name, justify in (
+        ("state", "left"),
+        ("cause", "left"),
+        ("rank(s)", "left"),
+        ("phase / kernel", "left"),
+        ("score", "right"),
+        ("slowdown", "right"),
+        ("first seen", "left"),
+        ("last seen", "left"),
+        ("evidence", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    ordered = sorted(diagnoses, key=lambda d: (d["state"] != "open", -d["last_window_ns"]))
+    for d in ordered:
+        who = str(d["rank"]) if d["rank"] is not None else ",".join(map(str, d["ranks"]))
+        where = " / ".join(x for x in (d["phase"], d["kernel"]) if x) or "-"
+        table.add_row(
+            Text(d["state"], style="bold red" if d["state"] == "open" else "dim"),
+            d["cause"],
+            who,
+            where,
+            f"{d['score']:.2f}",
+            f"{d['slowdown_pct']:.1f}%",
+            _time(d["first_window_ns"]),
+            _time(d["last_window_ns"]),
+            _evidence(d["evidence"]),
+        )
+    return Group(head, table)
+
+
+def diagnose_main(args: argparse.Namespace) -> int:
+    """`argus diagnose --job ID [--server URL] [--json] [--token T] [--tls-cert F]`.
+
+    Prints the job's diagnoses as a table, or with ``--json`` a JSON array of
+    DESIGN §5 objects on stdout. Returns 0; errors raise ArgusError (the CLI prints them).
+    """
+    with ArgusClient(args.server, token=args.token, tls_cert=getattr(args, "tls_cert", None)) as client:
+        job = client.job(args.job)
+        diagnoses = client.diagnoses(args.job)
+    if args.json:
+        json.dump(diagnoses, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+
+    Console().print(render_diagnoses(job, diagnoses))
+    return 0

@@ -1,0 +1,222 @@
+// The Argus page: jobs, and for the chosen job a rank x time heatmap of slowdown and its
+// open diagnoses with their evidence. Plain DOM + SVG over the REST API; no build step.
+"use strict";
+
+const API = "/api/v1";
+const REFRESH_MS = 10000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+const state = { job: null };
+
+function $(id) { return document.getElementById(id); }
+
+async function api(path) {
+  const response = await fetch(API + path, { headers: { Accept: "application/json" } });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = (await response.json()).detail; } catch (_) { /* not JSON */ }
+    throw new Error(`${response.status} ${detail}`);
+  }
+  return response.json();
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+function when(ns) {
+  if (ns == null) return "";
+  return new Date(Number(ns) / 1e6).toLocaleString([], { dateStyle: "short", timeStyle: "medium" });
+}
+
+function clock(ns) {
+  return new Date(Number(ns) / 1e6).toLocaleTimeString();
+}
+
+function seconds(ns) {
+  const s = Number(ns) / 1e9;
+  return s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(1)} s`;
+}
+
+function jobFromHash() {
+  const match = /(?:^#|&)job=([^&]*)/.exec(location.hash);
+  return match ? decodeURIComponent(match[1]) : null;
+}
+
+async function loadJobs() {
+  const page = await api("/jobs?limit=200");
+  const body = $("jobs").querySelector("tbody");
+  body.replaceChildren();
+  for (const job of page.items) {
+    const row = el(
+      "tr",
+      { "data-job": job.job_id },
+      el("td", {}, job.job_id),
+      el("td", {}, el("span", { class: `status status-${job.status}` }, job.status)),
+      el("td", {}, `${job.ranks_attached}/${job.world_size}`),
+      el("td", {}, String(job.open_diagnoses)),
+      el("td", {}, when(job.start_ns)),
+    );
+    if (job.job_id === state.job) row.classList.add("selected");
+    row.addEventListener("click", () => { location.hash = "job=" + encodeURIComponent(job.job_id); });
+    body.append(row);
+  }
+  $("jobs-empty").hidden = page.items.length > 0;
+  return page.items;
+}
+
+// Slowdown percent -> fill: white at or below the median, through amber to red at +50% and more.
+function color(pct) {
+  if (pct == null) return "#f3f4f6";
+  const t = Math.max(0, Math.min(1, pct / 50));
+  const hue = 50 - 50 * t;
+  const light = 96 - 50 * t;
+  return `hsl(${hue}, 90%, ${light}%)`;
+}
+
+function drawHeatmap(h) {
+  const figure = $("heatmap");
+  figure.replaceChildren();
+  const rows = h.rows.length;
+  const bins = h.times_ns.length;
+  figure.dataset.rows = String(rows);
+  figure.dataset.bins = String(bins);
+  if (rows === 0 || bins === 0) {
+    figure.setAttribute("viewBox", "0 0 400 30");
+    figure.setAttribute("width", "400");
+    const text = svg("text", { x: "0", y: "20" });
+    text.textContent = "no timings in this range yet";
+    figure.append(text);
+    $("heatmap-caption").textContent = "";
+    return;
+  }
+  const left = 70, top = 8, bottom = 28, plotW = 860;
+  const cellW = plotW / bins;
+  const cellH = Math.max(3, Math.min(18, 420 / rows));
+  const width = left + plotW + 10, height = top + rows * cellH + bottom;
+  figure.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  figure.setAttribute("width", "100%");
+  figure.setAttribute("style", `max-width: ${width}px`);
+  let worst = null;
+  for (let i = 0; i < rows; i++) {
+    const r = h.rows[i];
+    const label = r.rank_lo === r.rank_hi ? `rank ${r.rank_lo}` : `ranks ${r.rank_lo}-${r.rank_hi}`;
+    if (rows <= 40 || i % Math.ceil(rows / 40) === 0) {
+      const text = svg("text", { x: String(left - 4), y: String(top + i * cellH + cellH * 0.75), "text-anchor": "end" });
+      text.textContent = label;
+      figure.append(text);
+    }
+    for (let j = 0; j < bins; j++) {
+      const pct = h.slowdown_pct[i][j];
+      const ms = h.dur_ms[i][j];
+      const cell = svg("rect", {
+        class: "cell",
+        x: (left + j * cellW).toFixed(2),
+        y: (top + i * cellH).toFixed(2),
+        width: Math.max(cellW - 0.5, 0.5).toFixed(2),
+        height: Math.max(cellH - 0.5, 0.5).toFixed(2),
+        fill: color(pct),
+        "data-rank-lo": String(r.rank_lo),
+        "data-slowdown-pct": pct == null ? "" : String(pct),
+      });
+      const tip = svg("title");
+      tip.textContent = pct == null ? `${label}: no data`
+        : `${label} at ${clock(h.times_ns[j])}: ${ms} ms, ${pct >= 0 ? "+" : ""}${pct}% vs median`;
+      cell.append(tip);
+      figure.append(cell);
+      if (pct != null && (worst == null || pct > worst.pct)) worst = { pct, label };
+    }
+  }
+  for (const j of [0, Math.floor(bins / 2), bins - 1]) {
+    const anchor = j === 0 ? "start" : j === bins - 1 ? "end" : "middle";
+    const x = j === bins - 1 ? left + plotW : left + j * cellW;
+    const text = svg("text", { x: String(x), y: String(top + rows * cellH + 16), "text-anchor": anchor });
+    text.textContent = j === 0 ? clock(h.times_ns[0]) : `+${seconds(h.times_ns[j] - h.times_ns[0])}`;
+    figure.append(text);
+  }
+  const metric = { busy: "busy time", step: "step time" }[h.metric] || `${h.metric} phase time`;
+  $("heatmap-caption").textContent = `${metric}: slowdown against the median rank, ${seconds(h.bin_ns)} bins`
+    + (worst ? `; worst ${worst.label} at +${worst.pct.toFixed(1)}%` : "");
+}
+
+function evidenceValue(value) {
+  if (value !== null && typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+
+function drawDiagnoses(items) {
+  const box = $("diagnoses");
+  box.replaceChildren();
+  if (items.length === 0) {
+    box.append(el("p", { class: "muted", id: "no-diagnoses" }, "No open diagnoses: every rank is like its peers."));
+    return;
+  }
+  for (const d of items) {
+    const who = d.rank != null ? `rank ${d.rank}` : `ranks ${d.ranks.join(",")}`;
+    const where = [d.phase && `phase ${d.phase}`, d.kernel && `kernel ${d.kernel}`, d.group && `group ${d.group}`]
+      .filter(Boolean).join(", ");
+    const facts = el("dl");
+    const add = (k, v) => facts.append(el("dt", {}, k), el("dd", {}, v));
+    add("score", d.score.toFixed(2));
+    add("slowdown", `${d.slowdown_pct.toFixed(1)}% of throughput`);
+    add("seen", `${when(d.first_window_ns)} to ${when(d.last_window_ns)}`);
+    for (const [k, v] of Object.entries(d.evidence)) add(k, evidenceValue(v));
+    // The timeline of the ranks involved (and rank 0 as a reference) over the diagnosis's windows.
+    const ranks = [...new Set([0, ...d.ranks])].join(",");
+    const trace = `${API}/jobs/${encodeURIComponent(d.job_id)}/trace?start=${d.first_window_ns}`
+      + `&end=${d.last_window_ns + 60e9}&ranks=${ranks}`;
+    box.append(el(
+      "article",
+      { class: "diagnosis", "data-id": d.id, "data-cause": d.cause },
+      el("h4", {}, `${d.cause}: ${who}${where ? " (" + where + ")" : ""}`),
+      facts,
+      el("a", { href: trace }, "timeline of these ranks (Chrome trace JSON)"),
+    ));
+  }
+}
+
+async function loadJob(jobId) {
+  const metric = $("metric").value;
+  const q = encodeURIComponent(jobId);
+  const [job, heat, diagnoses] = await Promise.all([
+    api(`/jobs/${q}`),
+    api(`/jobs/${q}/heatmap?metric=${metric}&bins=60&max_rows=128`),
+    api(`/jobs/${q}/diagnoses?state=open&limit=100`),
+  ]);
+  $("job-panel").hidden = false;
+  $("job-title").textContent = `Job ${job.job_id}`;
+  $("job-summary").textContent = `${job.status}, ${job.ranks_attached} of ${job.world_size} ranks attached on `
+    + `${job.hosts} host(s), ${job.ranks_exited} exited (${job.ranks_failed} failed); last seen ${when(job.last_seen_ns)}`;
+  $("trace-link").href = `${API}/jobs/${q}/trace?max_events=200000`;
+  drawHeatmap(heat);
+  drawDiagnoses(diagnoses.items);
+}
+
+async function refresh() {
+  try {
+    const jobs = await loadJobs();
+    state.job = jobFromHash() || (jobs.length ? jobs[0].job_id : null);
+    for (const row of $("jobs").querySelectorAll("tbody tr")) {
+      row.classList.toggle("selected", row.dataset.job === state.job);
+    }
+    if (state.job) await loadJob(state.job);
+    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    document.body.dataset.loaded = "true";
+  } catch (err) {
+    $("updated").textContent = "error: " + err.message;
+    document.body.dataset.loaded = "error";
+  }
+}
+
+window.addEventListener("hashchange", refresh);
+$("metric").addEventListener("change", refresh);
+refresh();
+setInterval(refresh, REFRESH_MS);

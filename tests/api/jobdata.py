@@ -1,0 +1,215 @@
+"""A synthetic training job's timings as wire tables, and two ways to store them.
+
+``synthetic_job`` makes what node agents would send for a job of ``world_size``
+ranks: attach/group events, steps with the four phases, one allreduce per
+step, a few kernels, and host samples (heartbeats); one rank can be slow in a
+phase. ``insert_direct`` writes them with ``Store.insert``; ``send_grpc`` sends
+them to a real collector as Arrow IPC batches through the generated stubs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pyarrow as pa
+from argus.collector.store import Store
+
+from argus.proto import collector_pb2, collector_pb2_grpc
+from argus.schema import TABLES, wire_schema
+
+__all__ = ["diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
+
+_PHASE_MS = {"data": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 3.0}
+
+
+def _table(name: str, columns: dict[str, list[object]]) -> pa.Table:
+    schema = wire_schema(name)
+    return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in schema}, schema=schema)
+
+
+def synthetic_job(
+    *,
+    world_size: int = 4,
+    steps: int = 20,
+    start_ns: int | None = None,
+    slow_rank: int | None = None,
+    slow_phase: str = "forward",
+    slow_factor: float = 3.0,
+    exited: bool = False,
+    host_prefix: str = "node",
+) -> dict[str, pa.Table]:
+    """Wire tables (no job_id) of one job; ``start_ns`` defaults to ``steps`` × step time ago.
+
+    Every rank's step is data+forward+backward+optimizer+allreduce; ``slow_rank``'s
+    ``slow_phase`` takes ``slow_factor`` × as long, and its peers wait for it in the allreduce.
+    """
+    phase_ns = {p: int(ms * 1e6) for p, ms in _PHASE_MS.items()}
+    slow_extra = int(phase_ns[slow_phase] * (slow_factor - 1)) if slow_rank is not None else 0
+    step_ns = sum(phase_ns.values()) + slow_extra + 1_000_000
+    t0 = start_ns if start_ns is not None else time.time_ns() - steps * step_ns - 1_000_000_000
+    ranks = range(world_size)
+    hosts = [f"{host_prefix}{r // 2}" for r in ranks]
+    r_cols: dict[str, list[object]] = {c: [] for c in wire_schema("ranks").names}
+
+    def rank_event(rank: int, event: str, t: int, **extra: object) -> None:
+        row = {
+            "rank": rank,
+            "event": event,
+            "time_ns": t,
+            "local_rank": rank % 2,
+            "world_size": world_size,
+            "host": hosts[rank],
+            "pid": 1000 + rank,
+            "agent_id": f"agent-{hosts[rank]}",
+            "device": "cpu",
+            "clock_offset_ns": 0,
+            "exit_code": 0,
+            "group_name": "",
+            "group_ranks": [],
+            "group_backend": "",
+        }
+        row.update(extra)
+        for k, v in row.items():
+            r_cols[k].append(v)
+
+    for r in ranks:
+        rank_event(r, "attach", t0 - 1000)
+        rank_event(
+            r, "group", t0 - 500, group_name="default_pg", group_ranks=list(ranks), group_backend="gloo"
+        )
+    s_cols: dict[str, list[object]] = {c: [] for c in wire_schema("steps").names}
+    p_cols: dict[str, list[object]] = {c: [] for c in wire_schema("phases").names}
+    c_cols: dict[str, list[object]] = {c: [] for c in wire_schema("collectives").names}
+    k_cols: dict[str, list[object]] = {c: [] for c in wire_schema("kernel_events").names}
+    h_cols: dict[str, list[object]] = {c: [] for c in wire_schema("host_samples").names}
+    for step in range(steps):
+        begin = t0 + step * step_ns
+        for r in ranks:
+            t = begin
+            for phase, base_dur in phase_ns.items():
+                dur = base_dur + (slow_extra if r == slow_rank and phase == slow_phase else 0)
+                for k, v in zip(p_cols, (r, step, phase, t, dur), strict=True):
+                    p_cols[k].append(v)
+                if phase in ("forward", "backward"):
+                    row = (r, "kernel", f"gemm_{phase}", 7, 0, step * 10 + r, t + 100_000, dur // 2)
+                    for k, v in zip(k_cols, row, strict=True):
+                        k_cols[k].append(v)
+                t += dur
+            issue = t
+            last_arrival = begin + step_ns - 1_000_000
+            end = last_arrival + 800_000
+            row = (r, step, "default_pg", step, "allreduce", 4 << 20, issue, last_arrival, end - last_arrival)
+            for k, v in zip(c_cols, row, strict=True):
+                c_cols[k].append(v)
+            for k, v in zip(s_cols, (r, step, begin, end - begin), strict=True):
+                s_cols[k].append(v)
+    last = t0 + steps * step_ns
+    for r in ranks:
+        for beat in itertools.count():
+            t = t0 + beat * 1_000_000_000
+            if t > last:
+                break
+            h_cols["rank"].append(r)
+            h_cols["host"].append(hosts[r])
+            h_cols["time_ns"].append(t)
+            h_cols["interval_ns"].append(1_000_000_000)
+            for name, values in h_cols.items():
+                if name not in ("rank", "host", "time_ns", "interval_ns"):
+                    values.append(0)
+        if exited:
+            rank_event(r, "exit", last + 1000)
+    return {
+        "ranks": _table("ranks", r_cols),
+        "steps": _table("steps", s_cols),
+        "phases": _table("phases", p_cols),
+        "collectives": _table("collectives", c_cols),
+        "kernel_events": _table("kernel_events", k_cols),
+        "host_samples": _table("host_samples", h_cols),
+    }
+
+
+def insert_direct(store: Store, job_id: str, tables: dict[str, pa.Table]) -> None:
+    """Write ``tables`` into ``store`` under ``job_id`` (what the collector does for a batch)."""
+    for name, data in tables.items():
+        store.insert(name, data.add_column(0, "job_id", pa.array([job_id] * data.num_rows, pa.string())))
+
+
+def _ipc(data: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write_table(data)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def send_grpc(
+    address: str,
+    job_id: str,
+    tables: dict[str, pa.Table],
+    *,
+    agent_id: str | None = None,
+    token: str | None = None,
+    dropped_events: int = 0,
+) -> list[collector_pb2.Ack]:
+    """Send ``tables`` to the collector at ``address`` as one stream of batches; return the acks.
+
+    Raises:
+        AssertionError: a batch was not stored.
+    """
+    agent = agent_id or f"test-agent-{time.time_ns()}"
+    batches = [
+        collector_pb2.Batch(
+            agent_id=agent,
+            seq=seq,
+            job_id=job_id,
+            table=collector_pb2.Table.Value(name.upper()),
+            arrow_ipc=_ipc(data),
+            dropped_events=dropped_events if seq == 0 else 0,
+        )
+        for seq, (name, data) in enumerate(tables.items())
+    ]
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+    def requests() -> Iterator[collector_pb2.Batch]:
+        yield from batches
+
+    with grpc.insecure_channel(address) as channel:
+        stub = collector_pb2_grpc.CollectorStub(channel)
+        acks = list(stub.Stream(requests(), metadata=metadata, timeout=60))
+    stored = {collector_pb2.Ack.Status.STORED, collector_pb2.Ack.Status.DUPLICATE}
+    assert [a.seq for a in acks] == [b.seq for b in batches], acks
+    assert all(a.status in stored for a in acks), [(a.seq, a.code, a.message) for a in acks]
+    return acks
+
+
+def diagnosis_row(
+    job_id: str, did: str, *, state: str, updated_ns: int, first_ns: int, **extra: Any
+) -> pa.Table:
+    """One ``diagnoses`` row as the analyzer writes it (rank 2, compute, forward); ``extra`` overrides."""
+    row = {
+        "job_id": job_id,
+        "id": did,
+        "rank": 2,
+        "ranks": [2],
+        "process_group": None,
+        "cause": "compute",
+        "phase": "forward",
+        "kernel": None,
+        "score": 2.5,
+        "slowdown_pct": 31.0,
+        "first_window_ns": first_ns,
+        "last_window_ns": first_ns + 60 * 10**9,
+        "state": state,
+        "evidence": json.dumps({"forward_ms": {"rank": 30.0, "peers_median": 10.0}}),
+        "updated_ns": updated_ns,
+    }
+    row.update(extra)
+    schema = pa.schema(
+        [pa.field("job_id", pa.string())]
+        + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
+    )
+    return pa.Table.from_pylist([row], schema=schema)

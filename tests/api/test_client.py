@@ -1,0 +1,90 @@
+"""`argus diagnose`: the rich table and the DESIGN §5 JSON objects, over real HTTP (and TLS)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from argus.collector.store import Store
+
+from argus.diagnosis import Diagnosis
+from tests.api.conftest import LiveApp
+from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
+from tests.collector.test_auth_tls import self_signed
+from tests.conftest import ArgusServer
+
+
+def _diagnose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "argus.cli", "diagnose", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None:
+    now = time.time_ns()
+    insert_direct(store, "job-cli", synthetic_job(world_size=4, steps=2))
+    store.insert(
+        "diagnoses",
+        diagnosis_row(
+            "job-cli", "d-open", state="open", updated_ns=now, first_ns=now - 10**10, rank=3, ranks=[3]
+        ),
+    )
+    store.insert(
+        "diagnoses",
+        diagnosis_row(
+            "job-cli",
+            "d-link",
+            state="resolved",
+            updated_ns=now,
+            first_ns=now - 10**11,
+            rank=None,
+            ranks=[0, 1],
+            cause="communication",
+            phase=None,
+            kernel="ncclDevKernel_AllReduce",
+            slowdown_pct=12.5,
+        ),
+    )
+    result = _diagnose("--job", "job-cli", "--server", live_app.url, "--json")
+    assert result.returncode == 0, result.stderr
+    objects = json.loads(result.stdout)
+    assert [d["id"] for d in objects] == ["d-open", "d-link"]
+    for obj in objects:
+        assert Diagnosis.from_dict(obj).to_dict() == obj  # exactly the DESIGN §5 shape
+    assert objects[1]["ranks"] == [0, 1] and objects[1]["rank"] is None
+
+    table = _diagnose("--job", "job-cli", "--server", live_app.url)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "job-cli" in lines[0] and "1 open diagnoses" in lines[0]
+    open_row = next(line for line in lines if "compute" in line)
+    assert "open" in open_row and " 3 " in open_row and "forward" in open_row and "2.50" in open_row
+    link_row = next(line for line in lines if "communication" in line)
+    assert "resolved" in link_row and "0,1" in link_row and "12.5%" in link_row
+    assert lines.index(open_row) < lines.index(link_row)  # open first
+
+
+@pytest.mark.slow
+def test_diagnose_over_tls(argus_server_factory: Callable[..., ArgusServer], tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    server = argus_server_factory("--no-analyzer", "--tls-cert", str(cert), "--tls-key", str(key))
+    assert server.http_url.startswith("https://")
+    plain = server.http_url.replace("https://", "http://")
+    trusted = _diagnose("--job", "nope", "--server", plain, "--tls-cert", str(cert))
+    assert trusted.returncode == 1 and "404" in trusted.stderr and "no job 'nope'" in trusted.stderr
+    untrusted = _diagnose("--job", "nope", "--server", server.http_url)
+    assert (
+        untrusted.returncode == 1
+        and "cannot reach" in untrusted.stderr
+        and "CERTIFICATE" in untrusted.stderr.upper()
+    )
