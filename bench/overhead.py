@@ -15,10 +15,11 @@ Each run reports rank 0's median step time over its last ``--steps`` steps
 (after ``--warmup``); a pair's ratio is B/A; runs alternate AB, BA, ... The
 result is the median ratio with a bootstrap 95 % interval over pairs.
 
-Also, inside one probed job, ``--inprocess-pairs`` alternating blocks of steps
-compare a DDP copy on DDP's built-in C++ all-reduce with the probe switched off
-(A) against the probed model (B): the probe's hot-path cost with the machine's
-load identical for both arms (``inprocess_ratio``, median of block ratios).
+Also, inside one probed job, ``--inprocess-pairs`` pairs of ``--block`` steps
+per arm, alternating step by step, compare a DDP copy on DDP's built-in C++
+all-reduce with the probe switched off (A) against the probed model (B): the
+probe's hot-path cost with the machine's load identical for both arms
+(``inprocess_ratio``, median of the pairs' ratios).
 
 Last line: ``step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=…
 inprocess_ratio=…`` (plus ``cupti=…`` and ``kernel_summary_rows=…`` with ``--cuda``).
@@ -134,12 +135,14 @@ def worker(args: argparse.Namespace) -> None:
             train(model_, opt_, args.warmup)
         ratios = []
         for i in range(args.inprocess_pairs):
-            got = {}
-            for arm in ("A", "B") if i % 2 == 0 else ("B", "A"):
+            # Within a pair the arms alternate step by step, so both see the same machine load.
+            got: dict[str, list[float]] = {"A": [], "B": []}
+            for k in range(2 * args.block):
+                arm = "AB"[(k + i) % 2]
                 model_, opt_, active = arms[arm]
                 probe.active = active
-                got[arm] = statistics.median(train(model_, opt_, args.block)[1:])
-            ratios.append(got["B"] / got["A"])
+                got[arm] += train(model_, opt_, 1)
+            ratios.append(statistics.median(got["B"]) / statistics.median(got["A"]))
         probe.active = True
         if rank == 0:
             Path(args.out).write_text(json.dumps(ratios))
