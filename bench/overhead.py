@@ -209,6 +209,7 @@ class Bench:
         self.env.update(XDG_STATE_HOME=str(work / "state"), OMP_NUM_THREADS="1")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.runs = 0
+        self.failures: list[str] = []
 
     def job(self) -> list[str]:
         out = self.work / f"times-{self.runs}.json"
@@ -253,10 +254,17 @@ class Bench:
         out = Path(cmd[cmd.index("--out") + 1])
         if sock is not None:
             cmd = [sys.executable, "-m", "argus.cli", "run", "--socket", sock, "--job-id", job_id, "--", *cmd]
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        return statistics.median(json.loads(out.read_text()))
+        for attempt in range(3):
+            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600, check=False)
+            if proc.returncode == 0:
+                return statistics.median(json.loads(out.read_text()))
+            self.failures.append(f"{'argus' if sock else 'plain'} run {job_id} attempt {attempt + 1}")
+            print(
+                f"overhead: a {'probed' if sock else 'plain'} job failed ({proc.returncode}); "
+                f"stderr tail:\n{proc.stderr[-1500:]}",
+                flush=True,
+            )
+        raise RuntimeError(f"job {job_id} failed three times")
 
     def inprocess(self, sock: str) -> list[float]:
         cmd = self.job()
@@ -408,6 +416,7 @@ def main() -> int:
     )
     if inproc:
         line += f" inprocess_ratio={statistics.median(inproc):.4f}"
+    line += f" failed_runs={len(bench.failures)}"
     if args.cuda:
         from argus.proto import collector_pb2
 
