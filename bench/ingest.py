@@ -228,6 +228,7 @@ def server_run(root: Path, args: argparse.Namespace) -> tuple[float, float]:
             p.start()
         server_ps = psutil.Process(server.pid)
         time.sleep(max(0.0, start_at - time.time()))
+        print(f"streaming for {args.seconds} s into argus server pid {server.pid}", flush=True)
         server_cpu_start = sum(server_ps.cpu_times()[:2])
         results = [queue.get(timeout=args.seconds + 300) for _ in procs]
         server_cpu = sum(server_ps.cpu_times()[:2]) - server_cpu_start

@@ -237,11 +237,17 @@ def start_collector(
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="argus-grpc"),
         interceptors=interceptors,
+        # Past this many open streams a new one fails at once with RESOURCE_EXHAUSTED
+        # (the agent retries later) instead of waiting unseen for a free thread.
+        maximum_concurrent_rpcs=max_workers,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             # Fail on a port in use instead of silently sharing it with another server.
             ("grpc.so_reuseport", 0),
+            # Ping idle connections so a stream whose agent vanished frees its thread.
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ],
