@@ -36,8 +36,10 @@ def test_streams_past_the_thread_limit_are_refused_not_parked(tmp_path: Path) ->
     try:
         for t in holders:
             t.start()
-        while len(acks) < 2:  # both streams are open and served
+        deadline = time.monotonic() + 60
+        while len(acks) < 2 and time.monotonic() < deadline:  # both streams open and served
             time.sleep(0.05)
+        assert len(acks) == 2
         with pytest.raises(grpc.RpcError) as raised:
             stream(
                 server.address, [batch("steps", sample("steps"), seq=1, agent_id="node-late")], timeout_s=20
