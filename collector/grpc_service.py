@@ -29,7 +29,7 @@ import grpc
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-from argus.collector.writer import BatchWriter
+from argus.collector.writer import SHUTTING_DOWN, BatchWriter
 
 from argus.config import MAX_MESSAGE_BYTES
 from argus.errors import (
@@ -107,14 +107,13 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     """
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
-        self.store = store
         self.metrics = metrics
         self.writer = BatchWriter(store, metrics)
         self._gate = _Gate()
 
     def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
         if not self._gate.enter():
-            _abort(context, StoreError("the collector is shutting down; send this batch again later"))
+            _abort(context, StoreError(SHUTTING_DOWN))
         try:
             return self.writer.write(ingest.decode(batch))
         except InvalidBatch as exc:

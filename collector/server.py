@@ -135,6 +135,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--retention-days must be >= 1, got {args.retention_days}")
     if args.window_s <= 0:
         raise ConfigError(f"--window-s must be > 0, got {args.window_s}")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
