@@ -12,18 +12,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.core.failures import FailureGroup
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from tests.api.jobdata import send_grpc, synthetic_job
 from tests.conftest import ArgusServer
 
 TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+EXCLUDED = [positive_data_acceptance, negative_data_rejection]
 JOB = "job-api"
 FINISHED = "job-done"
 ENDPOINTS = [
@@ -114,7 +119,7 @@ def test_trace_and_heatmap(http: httpx.Client) -> None:
 def test_trace_upload(http: httpx.Client) -> None:
     """POST /traces hands files to the importer: one it cannot read is a 422 (501 until it is built)."""
     response = http.post(
-        f"/api/v1/jobs/{JOB}-upload/traces", files=[("files", ("bad.json", b"{not json", "application/json"))]
+        f"/api/v1/jobs/{JOB}-upload/traces", files=[("file", ("bad.json", b"{not json", "application/json"))]
     )
     assert response.status_code in (422, 501), response.text
     assert "detail" in response.json()
@@ -208,33 +213,50 @@ def test_diagnose_command(server: ArgusServer) -> None:
     assert denied.returncode == 1 and "401" in denied.stderr
 
 
-def test_schemathesis_finds_no_server_error(server: ArgusServer, tmp_path: Path) -> None:
-    """Property-based requests over every operation of the OpenAPI schema: no 5xx, bounded examples."""
-    schema = schemathesis.openapi.from_url(
-        f"{server.http_url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}
-    )
+def test_schemathesis_finds_no_server_error(server: ArgusServer) -> None:
+    """Property-based requests over every operation of the OpenAPI schema, valid and invalid.
+
+    Schemathesis's checks run on every answer: no 5xx, status codes, content types and bodies
+    as the schema documents. Not "positive data acceptance": an opaque cursor, a range with
+    end < start or ranks ``5-1`` are schema-valid strings the API rightly answers with 422;
+    not "negative data rejection": unknown query parameters are ignored, as web APIs do.
+    Examples are bounded (25 per operation and mode) so CI stays short.
+    """
+    schema = schemathesis.openapi.from_url(f"{server.http_url}/openapi.json", headers=AUTH)
     failures: list[str] = []
     checked = 0
     for result in schema.get_all_operations():
         operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-        strategy = operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(
-            GenerationMode.NEGATIVE
-        )
+            @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @given(case=operation.as_strategy(mode))
+            def run(case: schemathesis.Case) -> None:
+                nonlocal checked
+                if "job_id" in (case.path_parameters or {}) and checked % 2 == 0:
+                    case.path_parameters["job_id"] = JOB  # half the examples hit a real job
+                checked += 1
+                try:
+                    response = case.call(base_url=server.http_url, headers=AUTH)
+                except requests.ConnectionError as exc:
+                    # uvicorn (h11) drops a request whose head passes its size limit (about 16 KiB):
+                    # a transport answer to an absurd URL, not an error of the API.
+                    if len(case.as_curl_command()) > 16_000:
+                        return
+                    failures.append(f"{case.method} {case.formatted_path}: {exc}")
+                    return
+                # Until the importer lands (issue 7) the upload answers 501 "not built yet".
+                if response.status_code == 501 and "not built yet" in response.text:
+                    return
+                try:
+                    case.validate_response(response, excluded_checks=EXCLUDED, headers=AUTH)
+                except (AssertionError, FailureGroup) as exc:  # recorded, not raised: no slow shrinking
+                    failures.append(f"{case.method} {case.operation.path} {case.query}: {str(exc)[:300]}")
 
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        @given(case=strategy)
-        def run(case: schemathesis.Case) -> None:
-            nonlocal checked
-            if "job_id" in (case.path_parameters or {}) and checked % 2 == 0:
-                case.path_parameters["job_id"] = JOB  # half the examples hit a real job
-            checked += 1
-            response = case.call(base_url=server.http_url, headers={"Authorization": f"Bearer {TOKEN}"})
-            # Until the importer lands (issue 7) the upload answers 501 "not built yet"; nothing else may.
-            unbuilt = response.status_code == 501 and "not built yet" in response.text
-            if response.status_code >= 500 and not unbuilt:
-                failures.append(f"{case.method} {case.formatted_path} {case.query}: {response.text[:200]}")
-
-        run()
-    assert checked >= 100
-    assert failures == [], "\n".join(failures[:10])
+            try:
+                run()
+            except Unsatisfiable:
+                assert mode is GenerationMode.NEGATIVE  # an operation with nothing to make invalid
+    assert checked >= 200
+    kinds = {f.split(":")[0].split(" {")[0]: f for f in failures}
+    assert failures == [], "\n\n".join(kinds.values())
