@@ -208,7 +208,9 @@ class CollectorServer:
         later ends its stream with UNAVAILABLE unacknowledged, so its agent resends it.
         """
         drained = self.servicer.drain(grace_s)
-        self.server.stop(grace_s).wait()
+        # Once drained, open streams only wait for batches they may no longer send: a short
+        # grace lets the last acks out, then they end (the agent reconnects elsewhere or later).
+        self.server.stop(1.0 if drained else grace_s).wait()
         if not drained and not self.servicer.drain(grace_s):
             log.warning("batches still being stored after %.1f s", 2 * grace_s)
 

@@ -168,12 +168,16 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if collector is not None:
             collector.stop(GRACE_S)
+            log.debug("collector stopped")
         if analyzer is not None:
             service, thread = analyzer
             service.stop()
             thread.join(GRACE_S)
+            log.debug("analyzer stopped")
         if http is not None:
             http.stop(GRACE_S)
+            log.debug("HTTP stopped")
         store.close()
+        log.debug("store closed")
     print("argus server: stopped", file=sys.stderr, flush=True)
     return 0
