@@ -88,7 +88,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
-        self._params_lock = threading.Lock()
+        self._lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -117,13 +117,12 @@ class ChdbStore:
         from clickhouse_connect.driver.binding import format_bind_value
 
         params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
+        # One statement at a time: chDB keeps query parameters in the connection's shared
+        # context (two threads' parameterized queries read each other's values, or none), and a
+        # parameterized query running while an insert reads its Python() data deadlocks both.
         try:
-            if not params:
-                return self._conn.query(sql, fmt)
-            # chDB keeps query parameters in the connection's shared context: two threads'
-            # parameterized queries at once read each other's values (or none). One at a time.
-            with self._params_lock:
-                return self._conn.query(sql, fmt, params=params)
+            with self._lock:
+                return self._conn.query(sql, fmt, params=params) if params else self._conn.query(sql, fmt)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 
