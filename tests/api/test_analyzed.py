@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.jobdata import send_grpc, synthetic_job
+from argus.diagnosis import Diagnosis
+from tests.api.jobdata import LiveFeed
 from tests.api.prom import CHROMIUM, PROMETHEUS, Prometheus, chromium, fast_rules
 from tests.conftest import ArgusServer
 
@@ -31,31 +32,29 @@ JOB = "job-straggler"
 SLOW_RANK = 2
 WORLD = 4
 pytestmark = pytest.mark.slow
+# The analyzer (issue 4) replaces the stub of analyzer/service.py; until it is on this branch,
+# nothing would ever be diagnosed.
+pytest.importorskip("argus.analyzer.pipeline", reason="the analyzer is not built on this branch yet")
 
 
 @pytest.fixture(scope="module")
 def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArgusServer]:
-    """A server with its analyzer on a 1 s window, once it has an open diagnosis of the slow rank."""
+    """A server with its analyzer on a 1 s window, fed a live job, once the slow rank is diagnosed."""
     root = tmp_path_factory.mktemp("analyzed")
     server = ArgusServer(root / "data", ("--window-s", "1"), root).start()
+    feed = LiveFeed(server.grpc_target, JOB, world_size=WORLD, slow_rank=SLOW_RANK)
     try:
-        now = time.time_ns()
-        step_ns = 56_000_000  # 35 ms of phases, +20 ms forward on the slow rank, 1 ms gap
-        steps = 12_000_000_000 // step_ns
-        tables = synthetic_job(
-            world_size=WORLD,
-            steps=steps,
-            slow_rank=SLOW_RANK,
-            slow_phase="forward",
-            start_ns=now - steps * step_ns,
-        )
-        send_grpc(server.grpc_target, JOB, tables)
+        feed.send_elapsed()  # 10 s of history, then the job goes on in real time
+        feed.start()
         deadline = time.monotonic() + 90
-        while not _open_diagnoses(server):
+        while not any(d["rank"] == SLOW_RANK for d in _open_diagnoses(server)):
+            assert not feed.errors, feed.errors
             assert time.monotonic() < deadline, f"no diagnosis after 90 s:\n{server.logs()[-3000:]}"
             time.sleep(0.5)
         yield server
+        assert not feed.errors, feed.errors
     finally:
+        feed.stop()
         server.stop(timeout_s=15)
 
 
@@ -89,8 +88,10 @@ def test_the_analyzer_names_the_slow_rank(analyzed: ArgusServer) -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    printed = json.loads(result.stdout)
-    assert [d for d in printed if d["state"] == "open"] == diagnoses
+    printed = {d["id"]: d for d in json.loads(result.stdout)}
+    assert top["id"] in printed  # the analyzer keeps updating it: compare identity and shape
+    for d in printed.values():
+        assert Diagnosis.from_dict(d).to_dict() == d
 
 
 @pytest.mark.skipif(
