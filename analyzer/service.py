@@ -1,20 +1,70 @@
-"""The analyzer as a service — stub. Owned by issue 4, which replaces this module.
+"""The analyzer as a service: windows from the store in, diagnoses and gauges out.
 
-`argus server` runs :class:`Analyzer` in a thread; `argus analyze` runs it alone.
+`argus server` runs :class:`Analyzer` in a thread (:meth:`Analyzer.run_forever`);
+`argus analyze` runs it alone (:func:`main`).
+
+Windows are aligned to epoch multiples of ``window_s``. A window ``[w0, w1)`` of
+a job is analysed once, when ``now >= w1 + grace`` (rows may arrive up to
+``grace`` late: node agents batch for about a second); rows arriving later
+than that are not in its analysis, and a window in which a rank's rows are
+missing neither opens nor resolves a diagnosis of that rank
+(:mod:`argus.analyzer.lifecycle`). A job's windows run from its first data to
+shortly after its last; the server starts at most ``backlog_s`` back
+(`argus analyze --once` starts at the beginning).
+
+Per window the service reads the job's rows (:mod:`argus.analyzer.store_io`),
+runs :class:`argus.analyzer.pipeline.JobAnalysis`, writes every diagnosis that
+was opened, updated or resolved as a new version of its row in ``diagnoses``
+(a ReplacingMergeTree on ``updated_ns``: read it with ``FINAL``), and updates
+``argus_straggler_score`` (the :data:`~argus.collector.metrics.TOP_SUSPECTS`
+highest-scoring ranks per job), ``argus_diagnosis_active`` and
+``argus_analysis_lag_seconds``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
+import time
+from dataclasses import dataclass, field
 
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
+from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.store_io import (
+    Liveness,
+    list_jobs,
+    read_diagnoses,
+    read_liveness,
+    read_window,
+    write_diagnoses,
+)
+from argus.collector.metrics import TOP_SUSPECTS, Metrics
+from argus.collector.store import Store, open_store
 
-from argus.diagnosis import Diagnosis
-from argus.errors import NotBuiltYet
+from argus.diagnosis import Cause, Diagnosis, State
+from argus.errors import ArgusError, ConfigError
 
-__all__ = ["Analyzer", "main"]
+__all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
+
+log = logging.getLogger(__name__)
+
+#: How far back a long-running analyzer starts on a job it has not seen yet, seconds.
+DEFAULT_BACKLOG_S = 3600.0
+#: Windows analysed after a job's newest row (enough to see a rank fall silent).
+TRAILING_WINDOWS = 3
+
+
+@dataclass
+class _Job:
+    analysis: JobAnalysis
+    cursor_ns: int
+    last_seen: dict[int, int] = field(default_factory=dict)
+    last_progress: dict[int, int] = field(default_factory=dict)
+    position: dict[int, int] = field(default_factory=dict)
+    max_seq: dict[tuple[str, int], int] = field(default_factory=dict)
+    gauge_ranks: set[str] = field(default_factory=set)
+    suspects: list[tuple[int, float]] = field(default_factory=list)
+    analysed_to_ns: int = 0
 
 
 class Analyzer:
@@ -22,28 +72,182 @@ class Analyzer:
 
     Args:
         store: Where timings are read and diagnoses written.
-        window_s: Analysis window, seconds.
-        metrics: Gauges to update (straggler scores, active diagnoses, lag).
+        window_s: Analysis window, seconds (> 0).
+        metrics: Gauges to update (straggler scores, active diagnoses, lag); None = no metrics.
+        job: Only this job (default: every job).
+        grace_s: How late rows may arrive; default ``max(2, window_s / 4)``.
+        backlog_s: Start at most this far before now on a new job; None = from its first row.
+
+    Raises:
+        ConfigError: ``window_s`` is not positive.
     """
 
-    def __init__(self, store: Store, *, window_s: float, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        window_s: float,
+        metrics: Metrics | None = None,
+        job: str | None = None,
+        grace_s: float | None = None,
+        backlog_s: float | None = DEFAULT_BACKLOG_S,
+    ) -> None:
+        if not window_s > 0:
+            raise ConfigError(f"--window-s must be > 0, got {window_s}")
         self.store = store
         self.window_s = window_s
         self.metrics = metrics
+        self.job = job
+        self.window_ns = round(window_s * 1e9)
+        self.grace_ns = int((grace_s if grace_s is not None else max(2.0, window_s / 4)) * 1e9)
+        self.backlog_ns = None if backlog_s is None else int(backlog_s * 1e9)
+        self._jobs: dict[str, _Job] = {}
         self._stop = threading.Event()
+        self._last_version = 0
 
     def run_once(self, now_ns: int | None = None) -> list[Diagnosis]:
-        """Analyze every complete window not analyzed yet; return the diagnoses written."""
-        return []
+        """Analyze every complete window not analyzed yet; return the diagnoses written.
+
+        Args:
+            now_ns: The present, ns since the epoch (default: the wall clock).
+
+        Returns:
+            Every diagnosis version written, in order (one id may appear several times).
+
+        Raises:
+            StoreError: the store failed (nothing past the failing window was analysed).
+        """
+        now = time.time_ns() if now_ns is None else int(now_ns)
+        horizon = now - self.grace_ns
+        written: list[Diagnosis] = []
+        newest_end = 0
+        for span in list_jobs(self.store, self.job):
+            job = self._job(span.job_id, span.first_ns, now)
+            end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
+            while job.cursor_ns + self.window_ns <= end:
+                written.extend(self._analyze_window(job, job.cursor_ns))
+                job.cursor_ns += self.window_ns
+                job.analysed_to_ns = job.cursor_ns
+            newest_end = max(newest_end, job.analysed_to_ns)
+            self._update_gauges(span.job_id, job)
+        if self.metrics is not None:
+            lag = (now - newest_end) / 1e9 if newest_end else 0.0
+            self.metrics.analysis_lag.set(max(lag, 0.0))
+        return written
+
+    def _job(self, job_id: str, first_ns: int, now: int) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            return job
+        start = first_ns if self.backlog_ns is None else max(first_ns, now - self.backlog_ns)
+        cursor = start - start % self.window_ns
+        job = _Job(JobAnalysis(job_id, self.window_ns), cursor)
+        job.analysis.tracker.load(read_diagnoses(self.store, job_id, state=State.OPEN.value))
+        self._jobs[job_id] = job
+        return job
+
+    def _analyze_window(self, job: _Job, w0: int) -> list[Diagnosis]:
+        w1 = w0 + self.window_ns
+        live = read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1)
+        for r, t in live.last_seen.items():
+            job.last_seen[r] = max(job.last_seen.get(r, -1), t)
+        for r, t in live.last_progress.items():
+            job.last_progress[r] = max(job.last_progress.get(r, -1), t)
+        for r, q in live.position.items():
+            job.position[r] = max(job.position.get(r, -1), q)
+        for k, q in live.max_seq.items():
+            job.max_seq[k] = max(job.max_seq.get(k, -1), q)
+        merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
+        window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
+        result = job.analysis.analyze(window)
+        job.suspects = result.suspects
+        if result.changed:
+            self._last_version = max(time.time_ns(), self._last_version + 1)
+            write_diagnoses(self.store, result.changed, self._last_version)
+            for d in result.changed:
+                log.info(
+                    "%s diagnosis %s job=%s cause=%s rank=%s phase=%s score=%.2f slowdown=%.1f%%",
+                    d.state,
+                    d.id,
+                    d.job_id,
+                    d.cause,
+                    d.rank if d.rank is not None else ",".join(map(str, d.ranks[:8])),
+                    d.phase,
+                    d.score,
+                    d.slowdown_pct,
+                )
+        return result.changed
+
+    def _update_gauges(self, job_id: str, job: _Job) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        suspects = job.suspects[:TOP_SUSPECTS]
+        now_ranks = {str(r) for r, _ in suspects}
+        for r in job.gauge_ranks - now_ranks:
+            m.straggler_score.remove(job_id, r)
+        for rank, score in suspects:
+            m.straggler_score.labels(job_id=job_id, rank=str(rank)).set(max(float(score), 0.0))
+        job.gauge_ranks = now_ranks
+        open_by_cause: dict[str, int] = {c.value: 0 for c in Cause}
+        for d in job.analysis.tracker.open:
+            open_by_cause[d.cause] += 1
+        for cause, n in open_by_cause.items():
+            m.diagnosis_active.labels(job_id=job_id, cause=cause).set(n)
 
     def run_forever(self) -> None:
-        """Call :meth:`run_once` every window until :meth:`stop`."""
-        while not self._stop.wait(self.window_s):
-            self.run_once()
+        """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried."""
+        poll = min(max(self.window_s / 5, 0.2), 5.0)
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except ArgusError as exc:
+                log.warning("analysis failed, retrying: %s", exc)
+            except Exception:
+                log.exception("analysis failed unexpectedly, retrying")
+            self._stop.wait(poll)
 
     def stop(self) -> None:
+        """Make :meth:`run_forever` return after the current pass."""
         self._stop.set()
 
 
 def main(args: argparse.Namespace) -> int:
-    raise NotBuiltYet("argus analyze is not built yet")
+    """`argus analyze --store URL [--window-s S] [--once] [--job ID]`.
+
+    With ``--once``, analyzes every complete window stored (from each job's first
+    row), prints the resulting diagnoses one per line, and exits 0. Without it,
+    runs until interrupted.
+    """
+    store = open_store(args.store)
+    analyzer = Analyzer(
+        store,
+        window_s=args.window_s,
+        job=args.job,
+        backlog_s=None if args.once else DEFAULT_BACKLOG_S,
+    )
+    if not args.once:
+        try:
+            analyzer.run_forever()
+        except KeyboardInterrupt:
+            analyzer.stop()
+        return 0
+    latest: dict[str, Diagnosis] = {}
+    for d in analyzer.run_once():
+        latest[d.id] = d
+    for d in sorted(latest.values(), key=lambda d: (d.job_id, d.first_window_ns)):
+        who = f"rank {d.rank}" if d.rank is not None else f"ranks {_ranks(d.ranks)}"
+        where = f" phase={d.phase}" if d.phase else ""
+        where += f" kernel={d.kernel}" if d.kernel else ""
+        where += f" group={d.group}" if d.group else ""
+        print(
+            f"{d.job_id} {d.id} {d.state} {d.cause} {who}{where} "
+            f"score={d.score:.2f} slowdown={d.slowdown_pct:.1f}%"
+        )
+    if not latest:
+        print("no diagnoses")
+    return 0
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks[:16])) + (f",... ({len(ranks)} ranks)" if len(ranks) > 16 else "")

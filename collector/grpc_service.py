@@ -29,6 +29,7 @@ import grpc
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
+from argus.collector.writer import BatchWriter
 
 from argus.config import MAX_MESSAGE_BYTES
 from argus.errors import (
@@ -100,18 +101,22 @@ class _Gate:
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
-    """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state."""
+    """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state.
+
+    Each stream's thread decodes its batches; a :class:`BatchWriter` stores them.
+    """
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store = store
         self.metrics = metrics
+        self.writer = BatchWriter(store, metrics)
         self._gate = _Gate()
 
     def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
         if not self._gate.enter():
             _abort(context, StoreError("the collector is shutting down; send this batch again later"))
         try:
-            return ingest.ingest(self.store, batch, self.metrics)
+            return self.writer.write(ingest.decode(batch))
         except InvalidBatch as exc:
             code = grpc_code(exc).name
             self.metrics.ingest_batches.labels(
@@ -137,8 +142,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())
 
     def drain(self, timeout: float) -> bool:
-        """Refuse further batches and wait for those being stored. True when all finished."""
-        return self._gate.close(timeout)
+        """Refuse further batches, wait for those being stored, stop the writer. True when all finished."""
+        drained = self._gate.close(timeout)
+        return self.writer.close(timeout) and drained
 
 
 class _BearerToken(grpc.ServerInterceptor):

@@ -78,7 +78,14 @@ def _columns(data: pa.Table) -> str:
 
 
 class ChdbStore:
-    """Embedded ClickHouse through chDB; one instance per data dir per process."""
+    """Embedded ClickHouse through chDB; one instance per data dir per process.
+
+    Calls are serialized by a Python lock. chDB's connection takes a native mutex
+    while holding the GIL, and a query reading Python objects (``Python(data)``)
+    takes the GIL while holding that mutex: two threads calling at once deadlock
+    (seen with chDB 4.4 under concurrent gRPC streams). Waiting on a Python lock
+    releases the GIL, so serializing here is safe; chDB serializes per connection anyway.
+    """
 
     _open: ClassVar[dict[Path, ChdbStore]] = {}
     _open_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -117,12 +124,13 @@ class ChdbStore:
         from clickhouse_connect.driver.binding import format_bind_value
 
         params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
-        # One statement at a time: chDB keeps query parameters in the connection's shared
-        # context (two threads' parameterized queries read each other's values, or none), and a
-        # parameterized query running while an insert reads its Python() data deadlocks both.
         try:
+            # One call at a time (see the class docstring). This also keeps two threads'
+            # parameters apart: chDB holds them in the connection's shared context.
             with self._lock:
-                return self._conn.query(sql, fmt, params=params) if params else self._conn.query(sql, fmt)
+                if not params:
+                    return self._conn.query(sql, fmt)
+                return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 

@@ -1,0 +1,476 @@
+"""Cause attribution: the levels' results of one window → findings with one cause each (DESIGN §5).
+
+Order of the rules, each applied to what the earlier ones left:
+
+1. ``unresponsive`` — from :mod:`argus.analyzer.liveness`; those ranks leave
+   every other comparison.
+2. Straggler ranks — L2 self-time score or L3 compute-kernel score >= 0.5 (the
+   lifecycle opens a diagnosis at 1 and keeps it down to 0.5). Each gets one of:
+
+   * ``throttling`` — it runs on a GPU whose SM clock is at least
+     :data:`CLOCK_DROP` below its peers', or that reports thermal/power-brake
+     reasons in most samples while its peers do not;
+   * ``dataloader`` — the ``data`` phase carries at least half of its excess;
+   * ``host_stall`` or ``compute`` — by a majority of three votes
+     (:func:`_stall_or_compute`): is the extra time spent on the CPU (process CPU
+     time, GC pauses), does it come in spikes on a few steps or evenly, and does
+     it sit in untracked host time or in the compute phases (and kernels).
+
+   When more than :data:`MAX_INDIVIDUAL` ranks share a cause, they become one
+   finding with ``rank = None`` and every rank listed.
+3. ``communication`` — a process group with long transfers and no late
+   arrival (:func:`argus.analyzer.collectives.slow_links`); L3 adds the
+   communication kernel of its ranks that is slowest against its peers. Only
+   when a window has no collective records at all (an imported kernel trace)
+   do slower communication kernels alone make the finding, and then only
+   while no rank is a compute straggler: a straggler makes its peers'
+   communication kernels *longer*, because they include the wait.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from argus.analyzer.collectives import Decomposition, LinkFinding
+from argus.analyzer.findings import Finding
+from argus.analyzer.host import HostResult
+from argus.analyzer.iteration import IterationResult
+from argus.analyzer.kernels import KernelScores
+from argus.analyzer.liveness import Unresponsive
+from argus.analyzer.phase import COMPONENTS, PhaseResult
+from argus.analyzer.window import Window
+
+from argus.diagnosis import Cause
+
+__all__ = ["CLOCK_DROP", "CPU_SHARE", "KEEP_SCORE", "MAX_INDIVIDUAL", "attribute"]
+
+#: Findings below this score are dropped; the lifecycle keeps open diagnoses down to it.
+KEEP_SCORE = 0.5
+#: More ranks than this with one cause become one many-rank finding.
+MAX_INDIVIDUAL = 4
+#: A GPU clock this much below the peers' median is throttling.
+CLOCK_DROP = 0.05
+#: Extra CPU time below this share of the extra self time means the extra time was not CPU work.
+CPU_SHARE = 0.5
+#: With fewer healthy ranks than this as the reference, one window cannot open a diagnosis.
+MIN_REFERENCE = 3
+#: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
+SPIKY_SHARE = 0.75
+_COMPUTE_PHASES = ("forward", "backward", "optimizer")
+
+
+def _r(x: float, nd: int = 3) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
+def _ms(ns: float) -> float | None:
+    return _r(ns / 1e6)
+
+
+class _Context:
+    """Lookups shared by the rules of one window."""
+
+    def __init__(self, w: Window, l2: PhaseResult, l3: KernelScores, host: HostResult) -> None:
+        self.w, self.l2, self.l3, self.host = w, l2, l3, host
+        self.l2_index = {int(r): i for i, r in enumerate(l2.rank)}
+        gpu_ranks = set(w.status.rank[w.status.has_gpu].tolist()) if w.status.rank.size else set()
+        gpu_ranks |= set(host.rank[host.sm_clock_mhz > 0].tolist())
+        self.gpu = gpu_ranks
+        healthy = set(l2.rank[l2.healthy].tolist()) if l2.rank.size else set(host.rank.tolist())
+        peer = np.array([int(r) in healthy for r in host.rank], bool) if host.rank.size else np.zeros(0, bool)
+        if not np.any(peer):
+            peer = np.ones(host.rank.size, bool)
+        self.peer_cpu = float(np.median(host.cpu_frac[peer])) if host.rank.size else np.nan
+        self.peer_gc = float(np.median(host.gc_frac[peer])) if host.rank.size else np.nan
+        cpu = host.cpu_frac[peer]
+        self.cpu_noise = 1.4826 * float(np.median(np.abs(cpu - np.median(cpu)))) if cpu.size else np.inf
+        on_gpu = peer & (host.sm_clock_mhz > 0)
+        self.peer_clock = float(np.median(host.sm_clock_mhz[on_gpu])) if np.any(on_gpu) else np.nan
+        self.peer_throttled = float(np.median(host.throttled_frac[on_gpu])) if np.any(on_gpu) else 0.0
+        compute = ~l3.collective
+        self.top_kernel: dict[int, tuple[float, int, float, float, float]] = {}
+        for j in np.flatnonzero(compute):
+            r = int(l3.rank[j])
+            s = float(l3.score[j])
+            if np.isfinite(s) and (r not in self.top_kernel or s > self.top_kernel[r][0]):
+                self.top_kernel[r] = (
+                    s,
+                    int(l3.kernel[j]),
+                    float(l3.w1_excess_ns[j]),
+                    float(l3.mean_ns[j]),
+                    float(l3.ref_mean_ns[j]),
+                )
+
+    def throttle(self, rank: int) -> dict[str, Any] | None:
+        i = self.host.lookup(rank)
+        if i is None or rank not in self.gpu or not np.isfinite(self.peer_clock) or self.peer_clock <= 0:
+            return None
+        clock = float(self.host.sm_clock_mhz[i])
+        drop = 1.0 - clock / self.peer_clock
+        reasons = float(self.host.throttled_frac[i])
+        if drop >= CLOCK_DROP or (reasons >= 0.5 and self.peer_throttled < 0.1):
+            return {
+                "sm_clock_mhz": _r(clock, 0),
+                "peer_sm_clock_mhz": _r(self.peer_clock, 0),
+                "clock_drop_pct": _r(100 * drop, 1),
+                "throttled_sample_share": _r(reasons, 2),
+                "throttle_reasons": int(self.host.reasons[i]),
+            }
+        return None
+
+
+def _straggler(ctx: _Context, rank: int) -> Finding | None:
+    l2 = ctx.l2
+    i = ctx.l2_index.get(rank)
+    l2_score = float(l2.score[i]) if i is not None and np.isfinite(l2.score[i]) else 0.0
+    top = ctx.top_kernel.get(rank)
+    l3_score = top[0] if top else 0.0
+    score = max(l2_score, l3_score)
+    if score < KEEP_SCORE:
+        return None
+    ev: dict[str, Any] = {}
+    comp = np.zeros(len(COMPONENTS))
+    extra_self_frac = np.nan
+    if i is not None:
+        comp = l2.component_excess_ns[i]
+        extra_self_frac = float(l2.excess_ns[i] / l2.step_ns[i]) if l2.step_ns[i] > 0 else np.nan
+        ev.update(
+            {
+                "l2_score": _r(l2_score),
+                "self_excess_ms_per_step": _ms(l2.excess_ns[i]),
+                "phase_excess_ms": {c: _ms(v) for c, v in zip(COMPONENTS, comp, strict=True)},
+                "step_ms": _ms(l2.step_ns[i]),
+                "peer_step_ms": _ms(l2.ref_step_ns),
+                "wait_ms": _ms(l2.wait_ns[i]),
+                "peer_wait_ms": _ms(l2.ref_wait_ns),
+                "steps_compared": int(l2.steps[i]),
+            }
+        )
+    kernel = None
+    if top:
+        kernel = ctx.l3.kernel_names[top[1]]
+        ev.update(
+            {
+                "l3_score": _r(l3_score),
+                "kernel": kernel,
+                "kernel_w1_excess_us": _r(top[2] / 1e3),
+                "kernel_mean_us": _r(top[3] / 1e3),
+                "peer_kernel_mean_us": _r(top[4] / 1e3),
+            }
+        )
+        if l3_score < 1.0:
+            kernel = None
+    pos = np.maximum(comp, 0.0)
+    total = float(pos.sum())
+    cause: Cause
+    throttle = ctx.throttle(rank)
+    if throttle is not None:
+        cause = Cause.THROTTLING
+        ev.update(throttle)
+    elif total > 0 and pos[0] >= 0.5 * total:
+        cause = Cause.DATALOADER
+    else:
+        cause = _stall_or_compute(ctx, rank, i, pos, total, extra_self_frac, l3_score, ev)
+    phase = _phase(cause, comp)
+    slowdown = l2.slowdown_pct(l2.rank == rank) if i is not None else _kernel_slowdown(ctx, rank)
+    thin = l2_score >= l3_score and int(np.sum(l2.healthy)) < MIN_REFERENCE
+    return Finding(
+        cause=cause.value,
+        rank=rank,
+        ranks=(rank,),
+        group=_group_of(ctx.w, rank),
+        phase=phase,
+        kernel=kernel,
+        score=score,
+        slowdown_pct=slowdown,
+        subject=f"rank:{rank}",
+        evidence=ev,
+        needs_confirmation=thin,
+    )
+
+
+def _spiky_share(l2: PhaseResult, i: int) -> float:
+    """Share of a rank's positive excess carried by its worst third of steps (1/3 = even, 1 = spikes)."""
+    e = l2.excess_matrix[i]
+    e = np.sort(np.maximum(e[np.isfinite(e)], 0.0))[::-1]
+    if e.size == 0 or e.sum() <= 0:
+        return np.nan
+    return float(e[: max(1, -(-e.size // 3))].sum() / e.sum())
+
+
+def _stall_or_compute(
+    ctx: _Context,
+    rank: int,
+    i: int | None,
+    pos: np.ndarray,
+    total: float,
+    extra_self_frac: float,
+    l3_score: float,
+    ev: dict[str, Any],
+) -> Cause:
+    """``host_stall`` or ``compute`` by three votes: CPU use, spikiness, where the time went.
+
+    * CPU (CPU ranks, when the excess is well above the peers' CPU-accounting noise):
+      extra CPU below :data:`CPU_SHARE` of the extra self time votes stall, else compute;
+      GC pauses explaining half of it vote stall.
+    * Spikiness: more than :data:`SPIKY_SHARE` of the excess in the worst third of the
+      steps votes stall (periodic pauses); an even excess votes compute.
+    * Location: half the excess in untracked host time votes stall; in the compute phases,
+      or kernels that got slower, compute.
+
+    The majority wins; a tie goes to the CPU vote when there is one, else to compute.
+    """
+    host = ctx.host
+    votes: list[bool] = []  # True = stall
+    cpu_vote: bool | None = None
+    h = host.lookup(rank)
+    if h is not None and rank not in ctx.gpu and np.isfinite(extra_self_frac) and extra_self_frac > 0:
+        extra_cpu = float(host.cpu_frac[h]) - ctx.peer_cpu
+        extra_gc = float(host.gc_frac[h]) - ctx.peer_gc
+        rho = extra_cpu / extra_self_frac
+        ev.update(
+            {
+                "cpu_pct": _r(100 * host.cpu_frac[h], 1),
+                "peer_cpu_pct": _r(100 * ctx.peer_cpu, 1),
+                "extra_cpu_share": _r(rho, 2),
+                "gc_pct": _r(100 * host.gc_frac[h], 2),
+                "peer_gc_pct": _r(100 * ctx.peer_gc, 2),
+            }
+        )
+        if extra_gc >= 0.5 * extra_self_frac:
+            cpu_vote = True
+        elif extra_self_frac >= 4 * ctx.cpu_noise:
+            cpu_vote = rho < CPU_SHARE
+    if cpu_vote is not None:
+        votes.append(cpu_vote)
+    if i is not None:
+        share = _spiky_share(ctx.l2, i)
+        if np.isfinite(share):
+            ev["excess_in_worst_third_of_steps"] = _r(share, 2)
+            votes.append(share > SPIKY_SHARE)
+    if total > 0:
+        votes.append(bool(pos[-1] >= 0.5 * total) and l3_score < 1.0)
+    stall = sum(votes)
+    if 2 * stall > len(votes):
+        return Cause.HOST_STALL
+    if 2 * stall == len(votes) and cpu_vote:
+        return Cause.HOST_STALL
+    return Cause.COMPUTE
+
+
+def _phase(cause: Cause, comp: np.ndarray) -> str | None:
+    if cause is Cause.DATALOADER:
+        return "data"
+    if cause is Cause.HOST_STALL:
+        j = int(np.argmax(comp))
+        return None if comp[j] <= 0 or COMPONENTS[j] == "untracked" else COMPONENTS[j]
+    idx = [COMPONENTS.index(p) for p in _COMPUTE_PHASES]
+    j = idx[int(np.argmax(comp[idx]))]
+    return COMPONENTS[j] if comp[j] > 0 else None
+
+
+def _kernel_slowdown(ctx: _Context, rank: int) -> float:
+    """Extra kernel time of ``rank`` in slower-than-peers compute kernels, percent of the window."""
+    sel = (ctx.l3.rank == rank) & ~ctx.l3.collective & (np.nan_to_num(ctx.l3.score) >= 1.0)
+    window_ns = max(ctx.w.end_ns - ctx.w.start_ns, 1)
+    return float(min(100.0, 100.0 * max(float(ctx.l3.excess_ns[sel].sum()), 0.0) / window_ns))
+
+
+def _group_of(w: Window, rank: int) -> str | None:
+    """The process group whose collectives waited longest on ``rank`` (None without collectives)."""
+    c = w.collectives
+    if c.rank.size == 0:
+        return None
+    mine = c.in_window & (c.rank == rank)
+    if not np.any(mine):
+        return None
+    counts = np.bincount(c.group[mine], minlength=len(c.group_names))
+    return c.group_names[int(np.argmax(counts))]
+
+
+def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
+    by_cause: dict[str, list[Finding]] = {}
+    for f in found:
+        by_cause.setdefault(f.cause, []).append(f)
+    out: list[Finding] = []
+    for cause, fs in by_cause.items():
+        if sum(f.score >= 1.0 for f in fs) <= MAX_INDIVIDUAL:
+            out.extend(fs)
+            continue
+        ranks = tuple(sorted(f.rank for f in fs if f.rank is not None))
+        mask = np.isin(l2.rank, ranks)
+        top = sorted(fs, key=lambda f: -f.score)
+        phase = Counter(f.phase for f in fs).most_common(1)[0][0]
+        kernel = Counter(f.kernel for f in fs).most_common(1)[0][0]
+        slowdown = l2.slowdown_pct(mask) if np.any(mask) else max(f.slowdown_pct for f in fs)
+        out.append(
+            Finding(
+                cause=cause,
+                rank=None,
+                ranks=ranks,
+                group=None,
+                phase=phase,
+                kernel=kernel,
+                score=top[0].score,
+                slowdown_pct=slowdown,
+                subject="many",
+                needs_confirmation=any(f.needs_confirmation for f in fs),
+                member_scores={int(f.rank): f.score for f in fs if f.rank is not None},
+                evidence={
+                    "ranks_slow": len(ranks),
+                    "top": [{"rank": f.rank, "score": _r(f.score)} for f in top[:10]],
+                    "example": top[0].evidence,
+                },
+            )
+        )
+    return out
+
+
+def _links(
+    w: Window, links: list[LinkFinding], l1: IterationResult, stragglers: set[int], d: Decomposition | None
+) -> list[Finding]:
+    out = []
+    for link in links:
+        if link.score < KEEP_SCORE:
+            continue
+        members = w.status.groups.get(link.group)
+        if members is None or members.size == 0:
+            c = w.collectives
+            g = c.group_names.index(link.group)
+            members = np.unique(c.rank[c.group == g])
+        ranks = tuple(int(r) for r in np.sort(members))
+        if stragglers & set(ranks):
+            continue  # a late rank, not the link
+        out.append(
+            Finding(
+                cause=Cause.COMMUNICATION.value,
+                rank=None,
+                ranks=ranks,
+                group=link.group,
+                phase=None,
+                kernel=None,
+                score=link.score,
+                slowdown_pct=l1.slowdown_pct,
+                subject=f"group:{link.group}",
+                evidence={
+                    "transfer_ms": _ms(link.transfer_ns),
+                    "reference_transfer_ms": _ms(link.reference_ns),
+                    "late_arrival_ms": _ms(link.late_ns),
+                    "instances": link.instances,
+                    "compared_with": link.basis,
+                    **l1.evidence(),
+                },
+            )
+        )
+    return out
+
+
+def _kernel_links(ctx: _Context, l1: IterationResult, taken: set[str]) -> list[Finding]:
+    """Communication kernels slower on some ranks while nobody is a compute straggler."""
+    l3 = ctx.l3
+    sel = l3.collective & (np.nan_to_num(l3.score) >= KEEP_SCORE)
+    if not np.any(sel):
+        return []
+    ranks = np.unique(l3.rank[sel])
+    best = int(np.flatnonzero(sel)[np.argmax(l3.score[sel])])
+    group = None
+    for name, members in sorted(ctx.w.status.groups.items(), key=lambda kv: kv[1].size):
+        if np.all(np.isin(ranks, members)):
+            group = name
+            break
+    if group is not None and f"group:{group}" in taken:
+        return []
+    subject = f"group:{group}" if group is not None else "ranks:" + ",".join(str(r) for r in ranks)
+    return [
+        Finding(
+            cause=Cause.COMMUNICATION.value,
+            rank=int(ranks[0]) if ranks.size == 1 else None,
+            ranks=tuple(int(r) for r in ranks),
+            group=group,
+            phase=None,
+            kernel=l3.kernel_names[int(l3.kernel[best])],
+            score=float(l3.score[best]),
+            slowdown_pct=l1.slowdown_pct,
+            subject=subject,
+            evidence={
+                "kernel_w1_excess_us": _r(l3.w1_excess_ns[best] / 1e3),
+                "kernel_mean_us": _r(l3.mean_ns[best] / 1e3),
+                "peer_kernel_mean_us": _r(l3.ref_mean_ns[best] / 1e3),
+                **l1.evidence(),
+            },
+        )
+    ]
+
+
+def attribute(
+    w: Window,
+    *,
+    l1: IterationResult,
+    l2: PhaseResult,
+    l3: KernelScores,
+    host: HostResult,
+    links: list[LinkFinding],
+    unresponsive: list[Unresponsive],
+    decomposition: Decomposition | None = None,
+) -> list[Finding]:
+    """Turn one window's level results into findings, one cause each (rules in the module doc).
+
+    Returns:
+        Findings with ``score >= KEEP_SCORE``; the lifecycle decides which open or update diagnoses.
+    """
+    out: list[Finding] = []
+    gone = set()
+    for u in unresponsive:
+        gone.add(u.rank)
+        no_steps = w.steps.rank.size == 0
+        out.append(
+            Finding(
+                cause=Cause.UNRESPONSIVE.value,
+                rank=u.rank,
+                ranks=(u.rank,),
+                group=u.evidence.get("process_group"),
+                phase=None,
+                kernel=None,
+                score=u.score,
+                slowdown_pct=100.0 if (u.hung or no_steps) else l1.slowdown_pct,
+                subject=f"rank:{u.rank}",
+                evidence={"hung": u.hung, **u.evidence},
+            )
+        )
+    ctx = _Context(w, l2, l3, host)
+    candidates = set(l2.rank[np.nan_to_num(l2.score) >= KEEP_SCORE].tolist())
+    candidates |= {r for r, t in ctx.top_kernel.items() if t[0] >= KEEP_SCORE}
+    found = []
+    for rank in sorted(candidates - gone):
+        f = _straggler(ctx, int(rank))
+        if f is not None:
+            f.evidence.update(l1.evidence())
+            found.append(f)
+    out.extend(_merge_many(found, l2))
+    stragglers = {f.rank for f in found if f.rank is not None and f.score >= 1.0}
+    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers, decomposition)]
+    out.extend(comm)
+    if not stragglers and w.collectives.rank.size == 0:
+        out.extend(_kernel_links(ctx, l1, {f.subject for f in comm}))
+    return out
+
+
+def _with_link_kernel(ctx: _Context, f: Finding) -> Finding:
+    """Name the communication kernel of a slow link's ranks that is slowest against its peers."""
+    l3 = ctx.l3
+    sel = l3.collective & np.isin(l3.rank, f.ranks) & np.isfinite(l3.score)
+    if not np.any(sel):
+        return f
+    best = int(np.flatnonzero(sel)[np.argmax(l3.score[sel])])
+    if l3.score[best] < KEEP_SCORE:
+        return f
+    evidence = {
+        **f.evidence,
+        "kernel_l3_score": _r(l3.score[best]),
+        "kernel_mean_us": _r(l3.mean_ns[best] / 1e3),
+        "peer_kernel_mean_us": _r(l3.ref_mean_ns[best] / 1e3),
+    }
+    return replace(f, kernel=l3.kernel_names[int(l3.kernel[best])], evidence=evidence)

@@ -1,0 +1,168 @@
+"""L3: per (kernel, stream), each rank's Wasserstein-1 distance to its healthy peers (DESIGN §5).
+
+For every (kernel, stream) group of a window:
+
+1. Each rank's duration distribution is the count-weighted mixture of
+   log-normals rebuilt from its KDE clusters (:mod:`argus.kde`); clusters of
+   several kernel windows inside the analysis window simply join the mixture.
+2. A first healthy set comes from the exact per-rank mean duration
+   (``Σ sum_ns / Σ count``) with the one-sided rule of :mod:`argus.analyzer.robust`,
+   which stays right with up to half the ranks slow.
+3. The reference distribution is the W1 Fréchet median of the healthy ranks —
+   the pointwise median of their quantile functions
+   (:func:`argus.analyzer.wasserstein.frechet_median`).
+4. Each rank's statistic is its W1 distance to the reference, *signed* by the
+   side that dominates: ``+W1`` when the area where its quantile function lies
+   above the reference (slower) is at least half of W1, else ``−W1``. Healthy
+   ranks scatter symmetrically around 0, so the faster half is a fair sample of
+   the noise; a slow rank (or one with a slow tail) is far on the + side; a rank
+   whose NCCL kernels are shorter because it waits less is on the − side and
+   never flagged. The one-sided rule scores it against a floor of
+   :data:`REL_FLOOR` of the reference mean. (Scoring the one-sided excess
+   ``∫ max(Q − Q_ref, 0)`` directly would not work: it is ~0 for every rank
+   faster than the reference, so its faster half says nothing about the noise.)
+
+Cost: one pass over the clusters plus, per group, a median over the healthy
+ranks' quantile rows — O(n·|U|) per group instead of the O(n²·|U|) of mean
+pairwise distances (``bench/analyzer_scale.py`` measures both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from argus.analyzer.robust import one_sided_scores
+from argus.analyzer.wasserstein import U_WEIGHTS, frechet_median, mixture_quantiles, w1, w1_excess
+from argus.analyzer.window import KernelClusters
+from numpy.typing import NDArray
+
+__all__ = ["COLLECTIVE_REL_FLOOR", "MIN_RANKS", "REL_FLOOR", "KernelScores", "score_kernels"]
+
+#: Smallest W1 excess worth a diagnosis, as a fraction of the reference mean duration.
+REL_FLOOR = 0.05
+#: The floor for communication kernels: their durations include the wait for late peers and
+#: swing with arrival order, so only a slow link's large increase counts.
+COLLECTIVE_REL_FLOOR = 0.5
+#: Fewest ranks reporting a (kernel, stream) for it to be compared.
+MIN_RANKS = 3
+#: Fewest kernel calls a rank needs in the window for its mixture to be compared.
+MIN_CALLS = 4
+
+
+@dataclass(frozen=True)
+class KernelScores:
+    """L3 outcome: one row per compared (kernel, stream, rank).
+
+    Attributes:
+        kernel: Kernel name index into ``kernel_names``.
+        stream: CUDA stream.
+        collective: True for communication kernels.
+        rank: Global rank.
+        score: One-sided robust W1 score; >= 1 = outlier.
+        w1_ns: W1 distance to the reference, ns.
+        w1_excess_ns: Its slower part, ns.
+        mean_ns: The rank's exact mean duration, ns.
+        ref_mean_ns: Mean of the reference distribution, ns.
+        excess_ns: ``Σ sum_ns − count · ref_mean``: extra kernel time of the rank in the window, ns.
+        kernel_names: Names indexed by ``kernel``.
+    """
+
+    kernel: NDArray[np.int64]
+    stream: NDArray[np.int64]
+    collective: NDArray[np.bool_]
+    rank: NDArray[np.int64]
+    score: NDArray[np.float64]
+    w1_ns: NDArray[np.float64]
+    w1_excess_ns: NDArray[np.float64]
+    mean_ns: NDArray[np.float64]
+    ref_mean_ns: NDArray[np.float64]
+    excess_ns: NDArray[np.float64]
+    kernel_names: tuple[str, ...]
+
+
+def _no_scores(names: tuple[str, ...]) -> KernelScores:
+    z, zi = np.zeros(0), np.zeros(0, np.int64)
+    return KernelScores(zi, zi, np.zeros(0, bool), zi, z, z, z, z, z, z, names)
+
+
+def score_kernels(
+    kc: KernelClusters, *, rel_floor: float = REL_FLOOR, collective_rel_floor: float = COLLECTIVE_REL_FLOOR
+) -> KernelScores:
+    """Score every rank of every (kernel, stream) group with :data:`MIN_RANKS` or more ranks.
+
+    Args:
+        kc: The window's clusters.
+        rel_floor: Floor of the W1 excess that scores 1, fraction of the reference mean.
+        collective_rel_floor: The same for communication kernels.
+
+    Returns:
+        :class:`KernelScores`, rows grouped by (kernel, stream) and sorted by rank inside.
+    """
+    if kc.rank.size == 0:
+        return _no_scores(kc.kernel_names)
+    # Sort clusters by (kernel, stream, rank): a (group, rank) item is contiguous.
+    order = np.lexsort((kc.rank, kc.stream, kc.kernel))
+    kern, strm, rank = kc.kernel[order], kc.stream[order], kc.rank[order]
+    count = kc.count[order].astype(np.float64)
+    total = kc.sum_ns[order]
+    new_item = np.r_[True, (kern[1:] != kern[:-1]) | (strm[1:] != strm[:-1]) | (rank[1:] != rank[:-1])]
+    item = np.cumsum(new_item) - 1
+    n_items = int(item[-1]) + 1 if item.size else 0
+    first = np.flatnonzero(new_item)
+    item_count = np.bincount(item, count, n_items)
+    item_sum = np.bincount(item, total, n_items)
+    item_kern, item_strm, item_rank = kern[first], strm[first], rank[first]
+    item_coll = np.zeros(n_items, bool)
+    np.logical_or.at(item_coll, item, kc.collective[order])
+    new_group = np.r_[True, (item_kern[1:] != item_kern[:-1]) | (item_strm[1:] != item_strm[:-1])]
+    group_start = np.flatnonzero(new_group)
+    group_end = np.r_[group_start[1:], n_items]
+    p50, p99 = kc.p50_ns[order], kc.p99_ns[order]
+    log_lo, log_hi = kc.log_lo[order], kc.log_hi[order]
+    item_row_end = np.r_[first[1:], item.size]
+
+    keep_items: list[NDArray[np.int64]] = []
+    cols: dict[str, list[NDArray[np.float64]]] = {k: [] for k in ("score", "w1", "w1x", "mean", "ref", "ex")}
+    for g0, g1 in zip(group_start, group_end, strict=True):
+        items = np.arange(g0, g1)
+        items = items[item_count[items] >= MIN_CALLS]
+        if items.size < MIN_RANKS:
+            continue
+        sel = np.arange(first[g0], item_row_end[g1 - 1])
+        sel = sel[item_count[item[sel]] >= MIN_CALLS]
+        local = np.searchsorted(items, item[sel])
+        q = mixture_quantiles(local, count[sel], p50[sel], p99[sel], log_lo[sel], log_hi[sel], items.size)
+        mean = item_sum[items] / item_count[items]
+        healthy = one_sided_scores(mean, floor=rel_floor * float(np.median(mean))).healthy
+        ref = frechet_median(q[healthy]) if np.any(healthy) else frechet_median(q)
+        ref_mean = float(ref @ U_WEIGHTS)
+        dist_plus = w1_excess(q, ref)
+        dist = w1(q, ref)
+        # Signed by the side that dominates: symmetric under noise, so the faster half is a fair sample.
+        signed = np.where(2 * dist_plus >= dist, dist, -dist)
+        floor = collective_rel_floor if np.any(item_coll[items]) else rel_floor
+        res = one_sided_scores(signed, floor=floor * ref_mean)
+        keep_items.append(items)
+        cols["score"].append(res.score)
+        cols["w1"].append(dist)
+        cols["w1x"].append(dist_plus)
+        cols["mean"].append(mean)
+        cols["ref"].append(np.full(items.size, ref_mean))
+        cols["ex"].append(item_sum[items] - item_count[items] * ref_mean)
+    if not keep_items:
+        return _no_scores(kc.kernel_names)
+    idx = np.concatenate(keep_items)
+    return KernelScores(
+        kernel=item_kern[idx].astype(np.int64),
+        stream=item_strm[idx].astype(np.int64),
+        collective=item_coll[idx],
+        rank=item_rank[idx].astype(np.int64),
+        score=np.concatenate(cols["score"]),
+        w1_ns=np.concatenate(cols["w1"]),
+        w1_excess_ns=np.concatenate(cols["w1x"]),
+        mean_ns=np.concatenate(cols["mean"]),
+        ref_mean_ns=np.concatenate(cols["ref"]),
+        excess_ns=np.concatenate(cols["ex"]),
+        kernel_names=kc.kernel_names,
+    )

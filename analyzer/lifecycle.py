@@ -1,0 +1,269 @@
+"""Diagnosis lifecycle: one open diagnosis per ongoing fault, with hysteresis (DESIGN §5).
+
+A fault is identified by its *family* (``straggler`` for the four straggler
+causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
+``ranks:...``; see :class:`argus.analyzer.findings.Finding`).
+
+* **Open** when a finding with no open diagnosis scores >= :data:`OPEN_SCORE`.
+  A finding that ``needs_confirmation`` (its peers' reference was thin: fewer
+  than three healthy ranks) opens only when the same fault was already seen
+  (>= :data:`KEEP_SCORE`) in the window before, or scores >= :data:`STRONG_SCORE`:
+  a real fault persists, a burst of CPU contention on an oversubscribed host
+  does not.
+* **Update** every window a finding for it scores >= :data:`KEEP_SCORE`
+  (hysteresis: a fault hovering around the threshold stays one diagnosis).
+  A straggler's cause is the one most windows named (ties: the latest), so one
+  noisy window cannot split a fault into two diagnoses.
+* **Resolve** after :data:`RESOLVE_WINDOWS` consecutive windows in which its
+  ranks reported data and no finding kept it; a window where none of its
+  ranks reported (missing or late batches) neither keeps nor resolves it.
+* A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
+  (they are resolved with ``merged_into`` in their evidence), and while it is
+  open every straggler of its cause joins it.
+
+The tracker is pure state over findings; the service writes what it returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from argus.analyzer.findings import STRAGGLER_CAUSES, Finding
+
+from argus.diagnosis import Diagnosis, State
+
+__all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]
+
+#: A new fault opens a diagnosis at this score.
+OPEN_SCORE = 1.0
+#: An open diagnosis is kept by findings down to this score.
+KEEP_SCORE = 0.5
+#: A fault this strong opens a diagnosis without a confirming window before.
+STRONG_SCORE = 2.0
+#: Clean windows (its ranks reported, nothing kept it) before a diagnosis is resolved.
+RESOLVE_WINDOWS = 3
+
+
+def diagnosis_id(job_id: str, family: str, subject: str, first_window_ns: int) -> str:
+    """Stable id of a fault: 16 hex digits of SHA-1 over its identity."""
+    key = f"{job_id}\x00{family}\x00{subject}\x00{first_window_ns}".encode()
+    return hashlib.sha1(key).hexdigest()[:16]
+
+
+def _family(cause: str) -> str:
+    return "straggler" if cause in STRAGGLER_CAUSES else cause
+
+
+def _subject(d: Diagnosis) -> str:
+    subject = d.evidence.get("subject")
+    if isinstance(subject, str):
+        return subject
+    if d.rank is not None:
+        return f"rank:{d.rank}"
+    if d.group is not None:
+        return f"group:{d.group}"
+    return "many"
+
+
+@dataclass
+class _Open:
+    diagnosis: Diagnosis
+    causes: Counter[str] = field(default_factory=Counter)
+    clean: int = 0
+
+
+class Tracker:
+    """Open diagnoses of one job and the rules above.
+
+    Args:
+        job_id: The job.
+        resolve_windows: Clean windows before resolving (default :data:`RESOLVE_WINDOWS`).
+    """
+
+    def __init__(self, job_id: str, *, resolve_windows: int = RESOLVE_WINDOWS) -> None:
+        self.job_id = job_id
+        self.resolve_windows = resolve_windows
+        self._open: dict[tuple[str, str], _Open] = {}
+        self._window = 0
+        #: Faults seen (>= KEEP_SCORE) but not open: key → index of the last window they were seen in.
+        self._seen: dict[tuple[str, str], int] = {}
+
+    @property
+    def open(self) -> list[Diagnosis]:
+        """The open diagnoses, oldest first."""
+        return sorted((o.diagnosis for o in self._open.values()), key=lambda d: d.first_window_ns)
+
+    def load(self, diagnoses: list[Diagnosis]) -> None:
+        """Adopt diagnoses read back from the store (e.g. after a restart); resolved ones are ignored."""
+        for d in diagnoses:
+            if d.state == State.OPEN and d.job_id == self.job_id:
+                o = _Open(d)
+                o.causes[d.cause] = int(d.evidence.get("windows", 1))
+                self._open[(_family(d.cause), _subject(d))] = o
+
+    def update(self, window_ns: int, findings: list[Finding], observed: set[int]) -> list[Diagnosis]:
+        """Apply one window's findings.
+
+        Args:
+            window_ns: Start of the window, ns since the epoch.
+            findings: The window's findings (:func:`argus.analyzer.causes.attribute`).
+            observed: Ranks that reported any data in the window.
+
+        Returns:
+            Diagnoses opened, updated or resolved in this window (to be written).
+        """
+        findings = self._fold_into_many(findings)
+        self._window += 1
+        seen_before = self._seen
+        self._seen = {(f.family, f.subject): self._window for f in findings if f.score >= KEEP_SCORE}
+        changed: list[Diagnosis] = []
+        matched: set[tuple[str, str]] = set()
+        for f in sorted(findings, key=lambda f: -f.score):
+            key = (f.family, f.subject)
+            o = self._open.get(key)
+            if o is None:
+                confirmed = (
+                    not f.needs_confirmation
+                    or f.score >= STRONG_SCORE
+                    or seen_before.get(key) == self._window - 1
+                )
+                if f.score < OPEN_SCORE or not confirmed:
+                    continue
+                d = self._new(window_ns, f)
+                o = self._open[key] = _Open(d)
+                changed.extend(self._absorb(key, d))
+            elif key in matched or f.score < KEEP_SCORE:
+                continue
+            o.causes[f.cause] += 1
+            o.clean = 0
+            o.diagnosis = self._refresh(o, window_ns, f)
+            matched.add(key)
+            changed.append(o.diagnosis)
+        for key, o in list(self._open.items()):
+            if key in matched:
+                continue
+            if not observed.intersection(o.diagnosis.ranks) and o.diagnosis.ranks:
+                continue
+            o.clean += 1
+            if o.clean >= self.resolve_windows:
+                del self._open[key]
+                changed.append(replace(o.diagnosis, state=State.RESOLVED.value))
+        return changed
+
+    def finish(self) -> list[Diagnosis]:
+        """The job ended (every rank exited): resolve every open diagnosis."""
+        out = [
+            replace(
+                o.diagnosis,
+                state=State.RESOLVED.value,
+                evidence={**o.diagnosis.evidence, "job_finished": True},
+            )
+            for o in self._open.values()
+        ]
+        self._open.clear()
+        return out
+
+    def _fold_into_many(self, findings: list[Finding]) -> list[Finding]:
+        """While a many-rank diagnosis of a cause is open, single stragglers of that cause join it."""
+        many = {
+            o.diagnosis.cause: key
+            for key, o in self._open.items()
+            if key[0] == "straggler" and key[1] == "many"
+        }
+        if not many:
+            return findings
+        out: list[Finding] = []
+        joined: dict[str, list[Finding]] = {}
+        for f in findings:
+            if f.family == "straggler" and f.subject != "many" and f.cause in many:
+                joined.setdefault(f.cause, []).append(f)
+            else:
+                out.append(f)
+        for cause, fs in joined.items():
+            existing = next((f for f in out if f.subject == "many" and f.cause == cause), None)
+            members = dict(existing.member_scores) if existing else {}
+            for f in fs:
+                for r in f.ranks:
+                    members[r] = max(members.get(r, 0.0), f.score)
+            base = existing or max(fs, key=lambda f: f.score)
+            if existing:
+                out.remove(existing)
+            out.append(
+                replace(
+                    base,
+                    rank=None,
+                    ranks=tuple(sorted(members)),
+                    member_scores=members,
+                    subject="many",
+                    score=max([f.score for f in fs] + ([existing.score] if existing else [])),
+                    slowdown_pct=max(
+                        [f.slowdown_pct for f in fs] + ([existing.slowdown_pct] if existing else [])
+                    ),
+                )
+            )
+        return out
+
+    def _absorb(self, key: tuple[str, str], many: Diagnosis) -> list[Diagnosis]:
+        """A new many-rank diagnosis resolves the single-rank ones of its ranks."""
+        if key[1] != "many":
+            return []
+        out = []
+        for other_key, o in list(self._open.items()):
+            d = o.diagnosis
+            if other_key[0] == key[0] and other_key[1].startswith("rank:") and d.rank in many.ranks:
+                del self._open[other_key]
+                out.append(
+                    replace(d, state=State.RESOLVED.value, evidence={**d.evidence, "merged_into": many.id})
+                )
+        return out
+
+    def _new(self, window_ns: int, f: Finding) -> Diagnosis:
+        return Diagnosis(
+            id=diagnosis_id(self.job_id, f.family, f.subject, window_ns),
+            job_id=self.job_id,
+            rank=f.rank,
+            ranks=list(f.ranks),
+            group=f.group,
+            cause=f.cause,
+            phase=f.phase,
+            kernel=f.kernel,
+            score=f.score,
+            slowdown_pct=f.slowdown_pct,
+            first_window_ns=window_ns,
+            last_window_ns=window_ns,
+            state=State.OPEN.value,
+            evidence={},
+        )
+
+    def _refresh(self, o: _Open, window_ns: int, f: Finding) -> Diagnosis:
+        top = max(o.causes.values())
+        cause = f.cause if o.causes[f.cause] == top else next(c for c, n in o.causes.items() if n == top)
+        evidence: dict[str, Any] = {
+            **f.evidence,
+            "subject": f.subject,
+            "windows": sum(o.causes.values()),
+            "cause_votes": dict(o.causes),
+        }
+        same = cause == f.cause or not o.diagnosis.evidence
+        ranks = list(f.ranks)
+        if f.member_scores:
+            was = set(o.diagnosis.ranks) if o.diagnosis.evidence else set()
+            ranks = sorted(
+                r for r, s in f.member_scores.items() if s >= OPEN_SCORE or (r in was and s >= KEEP_SCORE)
+            )
+        return replace(
+            o.diagnosis,
+            rank=f.rank,
+            ranks=ranks,
+            group=f.group,
+            cause=cause,
+            phase=f.phase if same else o.diagnosis.phase,
+            kernel=f.kernel if same else o.diagnosis.kernel,
+            score=round(f.score, 4),
+            slowdown_pct=round(f.slowdown_pct, 3),
+            last_window_ns=window_ns,
+            evidence=evidence,
+        )

@@ -1,0 +1,190 @@
+"""Unresponsive ranks: stopped reporting, or alive but hung (DESIGN §5).
+
+*Stopped reporting*: a rank that has not exited, has completed a step or
+phase, and whose newest row of any kind (the ~1 s host samples are its
+heartbeat) is older than ``silence_ns`` at the window's end, while other ranks
+of the job still report. When every
+rank is silent together nothing is said: that is the whole job (or the
+collector's feed) stopping, not one rank failing, and a later window will show
+which. A rank that recorded an ``exit`` is finished, whatever its code.
+
+*Hung*: every rank still reports, but the job has made no progress (no step,
+phase or collective) for ``stall_ns``, and a few ranks stopped at an earlier
+point of the step than everyone else — the furthest (step, phase) each rank
+completed (:func:`argus.analyzer.window.progress_position`) is behind the
+others': their peers went on until they blocked in the next collective, which
+the hung ranks never issued. Positions, not timestamps, decide: a rank that
+started the step a little late (a hiccup) has an earlier timestamp but the same
+position. Which collective: where the rank's newest
+seq in a process group is behind its peers', the first seq it never issued
+(peers' rows show they issued it); otherwise the seq after the last one all
+ranks completed in the group its peers used last. A pause of every rank at the
+same point (a checkpoint, the end of training) names no one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from argus.analyzer.window import RankStatus
+
+from argus.schema import PHASES
+
+__all__ = ["HANG_MIN_NS", "HANG_STEPS", "Unresponsive", "find_unresponsive", "silence_threshold_ns"]
+
+#: A job stalled for this many typical steps (and at least HANG_MIN_NS) may be hung.
+HANG_STEPS = 10
+#: Shortest stall that can be a hang, ns.
+HANG_MIN_NS = 3_000_000_000
+#: Shortest silence that can be a stopped rank, ns.
+SILENCE_MIN_NS = 6_000_000_000
+
+
+def silence_threshold_ns(window_ns: int) -> int:
+    """Silence after which a rank counts as stopped: one window, at least :data:`SILENCE_MIN_NS`."""
+    return max(int(window_ns), SILENCE_MIN_NS)
+
+
+@dataclass(frozen=True)
+class Unresponsive:
+    """One unresponsive rank.
+
+    Attributes:
+        rank: Global rank.
+        hung: True when alive but hung; False when it stopped reporting.
+        score: Silence (or stall) over its threshold; >= 1.
+        evidence: Numbers to check (seconds silent, the collective it never issued, ...).
+    """
+
+    rank: int
+    hung: bool
+    score: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def find_unresponsive(
+    status: RankStatus,
+    window_end_ns: int,
+    *,
+    silence_ns: int,
+    typical_step_ns: float | None,
+) -> list[Unresponsive]:
+    """Ranks that stopped reporting or hang at ``window_end_ns``.
+
+    Args:
+        status: Every known rank's liveness (:class:`~argus.analyzer.window.RankStatus`).
+        window_end_ns: End of the analysed window, ns since the epoch.
+        silence_ns: Silence that makes a rank stopped (see :func:`silence_threshold_ns`).
+        typical_step_ns: The job's recent median step time, ns (None if unknown).
+
+    Returns:
+        Unresponsive ranks, stopped ones first; empty when nothing is wrong.
+    """
+    seen = status.last_seen_ns
+    live = ~status.exited & (seen >= 0)
+    if not np.any(live):
+        return []
+    # Before its first step a rank may be slow to start reporting (imports, rendezvous).
+    silent = live & (window_end_ns - seen >= silence_ns) & (status.position >= 0)
+    # Peers count as still reporting only when clearly fresh: when the whole feed stops, ranks
+    # cross the threshold a few ms apart and must not be called silent one by one.
+    fresh = live & (window_end_ns - seen < silence_ns // 2)
+    out: list[Unresponsive] = []
+    if np.any(silent) and np.any(fresh):
+        newest_peer = int(seen[fresh].max())
+        for i in np.flatnonzero(silent):
+            gap = window_end_ns - int(seen[i])
+            out.append(
+                Unresponsive(
+                    int(status.rank[i]),
+                    hung=False,
+                    score=gap / silence_ns,
+                    evidence={
+                        "silent_s": round(gap / 1e9, 3),
+                        "last_seen_ns": int(seen[i]),
+                        "peers_last_seen_ns": newest_peer,
+                    },
+                )
+            )
+        return out
+    if np.any(silent):
+        return []
+    return _hung(status, live & ~silent, window_end_ns, typical_step_ns)
+
+
+def _hung(
+    status: RankStatus, alive: np.ndarray, window_end_ns: int, typical_step_ns: float | None
+) -> list[Unresponsive]:
+    prog = status.last_progress_ns
+    cand = alive & (prog >= 0)
+    if cand.sum() < 2:
+        return []
+    step = typical_step_ns if typical_step_ns and typical_step_ns > 0 else 0.0
+    stall_ns = max(HANG_STEPS * step, HANG_MIN_NS)
+    newest = int(prog[cand].max())
+    stalled = window_end_ns - newest
+    if stalled < stall_ns:
+        return []
+    # Hung ranks and their blocked peers stay alive: they kept reporting long after progress stopped.
+    # (When everything stops at once, the job or its feed stopped: that is not a hang.)
+    if int(np.sort(status.last_seen_ns[cand])[-2]) < newest + stall_ns // 2:
+        return []
+    # Who stopped first: the ranks whose (step, phase) position is behind everyone else's.
+    pos = status.position
+    known = cand & (pos >= 0)
+    if known.sum() < 2:
+        return []
+    low = int(pos[known].min())
+    behind = known & (pos == low)
+    if behind.sum() * 2 > known.sum() or int(pos[known].max()) == low:
+        return []  # everyone stopped at the same point (a checkpoint, the end of training)
+    peers_pos = int(np.median(pos[known & ~behind]))
+    out = []
+    for i in np.flatnonzero(behind):
+        evidence: dict[str, Any] = {
+            "stalled_s": round(stalled / 1e9, 3),
+            "last_progress_ns": int(prog[i]),
+            "at_step": low // 8,
+            "at_phase": _position_name(low),
+            "peers_at_step": peers_pos // 8,
+            "peers_at_phase": _position_name(peers_pos),
+        }
+        group, seq = _missing_collective(status, int(i))
+        if group is not None:
+            evidence["process_group"] = group
+            evidence["seq"] = seq
+            evidence["collective"] = f"{group}#{seq}"
+        out.append(Unresponsive(int(status.rank[i]), hung=True, score=stalled / stall_ns, evidence=evidence))
+    return out
+
+
+def _position_name(pos: int) -> str:
+    k = pos % 8
+    return "step end" if k == 5 else (f"{PHASES[k - 1]} end" if 1 <= k <= 4 else "?")
+
+
+def _missing_collective(status: RankStatus, i: int) -> tuple[str | None, int | None]:
+    """(process group, seq) the hung rank ``i`` never issued while its peers wait in it."""
+    rank = int(status.rank[i])
+    gone = set(status.rank[status.exited].tolist())
+    best: tuple[int, str, int] | None = None
+    for g in np.unique(status.seq_group):
+        name = status.seq_groups[g]
+        rows = status.seq_group == g
+        members = status.groups.get(name)
+        if members is not None and members.size and rank not in set(members.tolist()):
+            continue
+        mine = rows & (status.seq_rank == rank)
+        own = int(status.seq_max[mine].max()) if np.any(mine) else -1
+        peer_rows = rows & (status.seq_rank != rank) & ~np.isin(status.seq_rank, list(gone))
+        if not np.any(peer_rows):
+            continue
+        ahead = int(status.seq_max[peer_rows].max()) - own
+        # Prefer the group where peers are furthest ahead; on ties the world group "0".
+        if best is None or ahead > best[0] or (ahead == best[0] and name == "0"):
+            best = (ahead, name, own + 1)
+    if best is None:
+        return None, None
+    return best[1], best[2]

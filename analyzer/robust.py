@@ -1,0 +1,145 @@
+"""One-sided robust outlier scores: the rule every level uses to call a rank slow.
+
+Why one-sided, and why from the faster half
+-------------------------------------------
+A straggler only ever *adds* time. So when at most half of the ranks are slow,
+the faster half of the ranks is made of healthy ranks only, whatever the slow
+ones do. A symmetric rule (median ± k·MAD, or an IQR fence on mean pairwise
+distances) breaks down exactly there: with half the ranks slow the median sits
+between the two populations and every rank looks equally odd.
+
+:func:`one_sided_scores` therefore
+
+1. takes the faster half of the ranks (the ``ceil(n/2)`` smallest values) as a
+   first healthy set and estimates a centre (its median) and a scale (its
+   MAD × 1.4826) from it. This start has a 50 % breakdown point for one-sided
+   contamination;
+2. flags every rank above ``centre + k·scale`` and re-estimates centre and scale
+   as the median and MAD of the ranks *not* flagged — one reweighting step as in
+   the reweighted least-median estimators of Rousseeuw & Leroy, *Robust
+   Regression and Outlier Detection* (1987), §4.1. Without slow ranks the
+   faster half alone would put the centre at the 25th percentile and the scale
+   at ~0.6 σ; the reweighting restores both to the healthy median and σ;
+3. scores each rank as ``(x − centre) / max(k·scale, floor)``.
+
+A score of 1 is the detection threshold (DESIGN §5: ``score >= 1`` = past the
+threshold); ranks faster than the centre score ≤ 0. ``floor`` is the smallest
+excess worth reporting (callers pass a fraction of the reference step or
+kernel time) so that very steady metrics do not turn sub-percent differences
+into diagnoses. The cost is two partial sorts, O(n).
+
+Also here: grouped medians over flat arrays (:func:`grouped_median`), used to
+reduce per-row values to per-rank or per-instance medians without Python loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["K_SIGMA", "MAD_TO_SIGMA", "OutlierScores", "grouped_median", "one_sided_scores"]
+
+#: MAD of a normal distribution times this is its standard deviation.
+MAD_TO_SIGMA = 1.4826
+#: Detection threshold in robust standard deviations above the healthy centre.
+K_SIGMA = 5.0
+
+
+@dataclass(frozen=True)
+class OutlierScores:
+    """Result of :func:`one_sided_scores`.
+
+    Attributes:
+        score: Per value, ``(x − centre) / threshold``; >= 1 = outlier; NaN where x is NaN.
+        centre: Median of the healthy values (same unit as x).
+        scale: Robust standard deviation of the healthy values (MAD × 1.4826).
+        threshold: ``max(k·scale, floor)``, the excess that scores 1.
+        healthy: True for values below the threshold (False where x is NaN).
+    """
+
+    score: NDArray[np.float64]
+    centre: float
+    scale: float
+    threshold: float
+    healthy: NDArray[np.bool_]
+
+    @property
+    def outliers(self) -> NDArray[np.bool_]:
+        """True where ``score >= 1``."""
+        return np.asarray(np.nan_to_num(self.score, nan=0.0) >= 1.0)
+
+
+def _median_mad(v: NDArray[np.float64]) -> tuple[float, float]:
+    centre = float(np.median(v))
+    return centre, MAD_TO_SIGMA * float(np.median(np.abs(v - centre)))
+
+
+def one_sided_scores(
+    x: ArrayLike,
+    *,
+    k: float = K_SIGMA,
+    floor: float = 0.0,
+    min_scale: ArrayLike = 0.0,
+) -> OutlierScores:
+    """Score values where larger means slower against the healthy (faster) part.
+
+    Args:
+        x: One value per rank, shape ``(n,)``, larger = slower; NaN = no data.
+        k: Threshold in robust standard deviations.
+        floor: Smallest excess over the centre that can score 1 (same unit as x).
+        min_scale: Lower bound on the scale, scalar or per value ``(n,)`` (e.g. the
+            standard error of a per-rank mean estimated from per-step noise).
+
+    Returns:
+        :class:`OutlierScores`. With fewer than 2 values every score is 0 (NaN for
+        NaN inputs): one rank has no peers.
+    """
+    values = np.asarray(x, dtype=np.float64)
+    valid = ~np.isnan(values)
+    v = values[valid]
+    if v.size < 2:
+        score = np.where(valid, 0.0, np.nan)
+        return OutlierScores(score, float(v[0]) if v.size else np.nan, 0.0, np.inf, valid)
+    half = np.partition(v, (v.size + 1) // 2 - 1)[: (v.size + 1) // 2]
+    centre, scale = _median_mad(half)
+    threshold = max(k * scale, floor)
+    kept = v[v <= centre + threshold] if threshold > 0 else v[v <= centre]
+    centre, scale = _median_mad(kept)
+    per_value_scale = np.maximum(scale, np.asarray(min_scale, dtype=np.float64))
+    per_value_threshold = np.maximum(k * per_value_scale, floor)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = (values - centre) / per_value_threshold
+    score = np.where(per_value_threshold > 0, score, np.where(values > centre, np.inf, 0.0))
+    healthy = valid & (np.nan_to_num(score, nan=np.inf) < 1.0)
+    return OutlierScores(score, centre, scale, max(k * scale, floor), healthy)
+
+
+def grouped_median(keys: ArrayLike, values: ArrayLike, n_groups: int) -> NDArray[np.float64]:
+    """Median of ``values`` per integer key in ``[0, n_groups)``; NaN for empty groups.
+
+    Args:
+        keys: Group index per row, shape ``(m,)``, ints in ``[0, n_groups)``.
+        values: Value per row, shape ``(m,)``; NaN rows are ignored.
+        n_groups: Number of groups.
+
+    Returns:
+        Shape ``(n_groups,)``. Even-sized groups take the mean of the middle two.
+    """
+    k = np.asarray(keys, dtype=np.int64)
+    v = np.asarray(values, dtype=np.float64)
+    keep = ~np.isnan(v)
+    k, v = k[keep], v[keep]
+    out = np.full(n_groups, np.nan)
+    if k.size == 0:
+        return out
+    order = np.lexsort((v, k))
+    k, v = k[order], v[order]
+    counts = np.bincount(k, minlength=n_groups)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    lo = starts[has] + (counts[has] - 1) // 2
+    hi = starts[has] + counts[has] // 2
+    out[has] = 0.5 * (v[lo] + v[hi])
+    return out

@@ -1,0 +1,386 @@
+"""Reading analysis windows from the store and writing diagnoses back (the analyzer's only I/O).
+
+Every query names tables bare and binds ``{name:Type}`` parameters, so it runs
+unchanged on chDB and on a ClickHouse server (:mod:`argus.collector.store`).
+Arrow results become NumPy columns here, once; nothing past this module sees
+Arrow or SQL.
+
+Which rows belong to a window ``[w0, w1)``:
+
+* ``steps`` whose *end* lies in it (a step is recorded when it ends);
+* ``phases`` and ``collectives`` of those (rank, step) pairs, plus every other
+  rank's row of the same collective instances (needed to decompose them);
+* ``host_samples`` whose interval ends in it;
+* ``kernel_summaries`` whose kernel window starts in it (several short kernel
+  windows join; a kernel window longer than the analysis window lands in the
+  analysis window where it starts);
+* liveness (:class:`~argus.analyzer.window.RankStatus`) from everything up to
+  ``w1``; callers merge it with what they remembered from earlier windows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from argus.analyzer.window import (
+    Collectives,
+    HostSamples,
+    KernelClusters,
+    Phases,
+    RankStatus,
+    Steps,
+    Window,
+)
+from argus.collector.store import Store
+from numpy.typing import NDArray
+
+from argus.diagnosis import Diagnosis
+from argus.schema import PHASES, TABLES
+
+__all__ = [
+    "JobSpan",
+    "Liveness",
+    "list_jobs",
+    "read_diagnoses",
+    "read_liveness",
+    "read_window",
+    "write_diagnoses",
+]
+
+#: Steps starting this long before a window are still looked at (a step longer than this is missed).
+STEP_LOOKBACK_NS = 600 * 1_000_000_000
+
+
+def _col(t: pa.Table, name: str, dtype: Any = np.int64) -> NDArray[Any]:
+    return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _codes(t: pa.Table, name: str) -> tuple[NDArray[np.int64], tuple[str, ...]]:
+    values = np.asarray(t.column(name).to_pylist(), dtype=object)
+    if values.size == 0:
+        return np.zeros(0, np.int64), ()
+    names, codes = np.unique(values.astype(str), return_inverse=True)
+    return codes.astype(np.int64), tuple(str(n) for n in names)
+
+
+@dataclass(frozen=True)
+class JobSpan:
+    """A job in the store: its id and the time range of its data, ns since the epoch."""
+
+    job_id: str
+    first_ns: int
+    last_ns: int
+
+
+def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
+    """Every job with data (or only ``job``), with the span of its timestamps."""
+    where = "WHERE job_id = {job:String}" if job is not None else ""
+    sql = f"""
+        SELECT job_id, min(t0) AS first_ns, max(t1) AS last_ns FROM (
+            SELECT job_id, min(start_ns) AS t0, max(start_ns + dur_ns) AS t1
+                FROM steps {where} GROUP BY job_id
+            UNION ALL
+            SELECT job_id, min(time_ns), max(time_ns) FROM host_samples {where} GROUP BY job_id
+            UNION ALL
+            SELECT job_id, min(issue_ns), max(issue_ns + dur_ns) FROM collectives {where} GROUP BY job_id
+            UNION ALL
+            SELECT job_id, min(window_start_ns), max(window_start_ns + window_ns)
+                FROM kernel_summaries {where} GROUP BY job_id
+        ) GROUP BY job_id ORDER BY job_id
+    """
+    t = store.query(sql, {"job": job} if job is not None else None)
+    return [
+        JobSpan(str(j), int(a), int(b))
+        for j, a, b in zip(
+            t.column("job_id").to_pylist(),
+            t.column("first_ns").to_pylist(),
+            t.column("last_ns").to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def _steps_filter() -> str:
+    return (
+        "job_id = {job:String} AND start_ns >= {lo:Int64} AND start_ns < {w1:Int64} "
+        "AND start_ns + dur_ns >= {w0:Int64} AND start_ns + dur_ns < {w1:Int64}"
+    )
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Per-rank newest timestamps and collective seqs seen up to a window's end (merge across windows)."""
+
+    last_seen: dict[int, int]
+    last_progress: dict[int, int]
+    max_seq: dict[tuple[str, int], int]
+    position: dict[int, int]
+
+
+def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness:
+    """Newest heartbeat/progress per rank and newest seq per (group, rank) in ``[lo_ns, w1_ns)``."""
+    p = {"job": job_id, "lo": lo_ns, "w1": w1_ns}
+    t = store.query(
+        """
+        SELECT rank, max(t) AS seen_ns, maxIf(t, prog = 1) AS progress_ns, max(prog) AS has_progress,
+               max(pos) AS position FROM (
+            SELECT toInt64(rank) AS rank, time_ns AS t, 0 AS prog, toInt64(-1) AS pos FROM host_samples
+                WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {lo:Int64} AND time_ns < {w1:Int64}
+            UNION ALL
+            SELECT toInt64(rank), start_ns + dur_ns, 1, toInt64(step) * 8 + 5 FROM steps
+                WHERE job_id = {job:String}
+                    AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
+            UNION ALL
+            SELECT toInt64(rank), start_ns + dur_ns, 1,
+                   toInt64(step) * 8 + indexOf(['data', 'forward', 'backward', 'optimizer'], phase)
+                FROM phases
+                WHERE job_id = {job:String}
+                    AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
+            UNION ALL
+            SELECT toInt64(rank), issue_ns, 1, toInt64(-1) FROM collectives
+                WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64}
+        ) GROUP BY rank
+        """,
+        p,
+    )
+    ranks = _col(t, "rank")
+    seen = _col(t, "seen_ns")
+    prog = _col(t, "progress_ns")
+    anyp = _col(t, "has_progress")
+    pos = _col(t, "position")
+    s = store.query(
+        """
+        SELECT process_group, toInt64(rank) AS rank, toInt64(max(seq)) AS seq FROM collectives
+        WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64}
+        GROUP BY process_group, rank
+        """,
+        p,
+    )
+    return Liveness(
+        last_seen={int(r): int(v) for r, v in zip(ranks, seen, strict=True)},
+        last_progress={int(r): int(v) for r, v, a in zip(ranks, prog, anyp, strict=True) if a},
+        position={int(r): int(v) for r, v in zip(ranks, pos, strict=True) if v >= 0},
+        max_seq={
+            (str(g), int(r)): int(q)
+            for g, r, q in zip(
+                s.column("process_group").to_pylist(), _col(s, "rank"), _col(s, "seq"), strict=True
+            )
+        },
+    )
+
+
+def _rank_table(store: Store, job_id: str, w1: int) -> pa.Table:
+    return store.query(
+        """
+        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, group_name, group_ranks
+        FROM ranks WHERE job_id = {job:String} AND time_ns < {w1:Int64}
+        ORDER BY time_ns
+        """,
+        {"job": job_id, "w1": w1},
+    )
+
+
+def _status(rt: pa.Table, live: Liveness, host_gpu: set[int]) -> RankStatus:
+    rank = _col(rt, "rank")
+    event = np.asarray(rt.column("event").to_pylist(), dtype=object)
+    known = set(rank.tolist()) | set(live.last_seen) | {r for (_, r) in live.max_seq}
+    ranks = np.array(sorted(known), np.int64)
+    idx = {int(r): i for i, r in enumerate(ranks)}
+    exited = np.zeros(ranks.size, bool)
+    exit_code = np.zeros(ranks.size, np.int64)
+    has_gpu = np.array([r in host_gpu for r in ranks.tolist()], bool)
+    groups: dict[str, NDArray[np.int64]] = {}
+    codes = _col(rt, "exit_code")
+    devices = rt.column("device").to_pylist()
+    names = rt.column("group_name").to_pylist()
+    members = rt.column("group_ranks").to_pylist()
+    for j in range(rank.size):
+        i = idx[int(rank[j])]
+        if event[j] == "exit":
+            exited[i] = True
+            exit_code[i] = int(codes[j])
+        elif event[j] == "group" and names[j]:
+            groups[str(names[j])] = np.array(sorted(members[j] or []), np.int64)
+        elif event[j] == "attach" and str(devices[j]).startswith("cuda"):
+            has_gpu[i] = True
+    seq_groups = tuple(sorted({g for (g, _) in live.max_seq}))
+    gidx = {g: i for i, g in enumerate(seq_groups)}
+    seq_items = sorted(live.max_seq.items())
+    return RankStatus(
+        rank=ranks,
+        exited=exited,
+        exit_code=exit_code,
+        last_seen_ns=np.array([live.last_seen.get(int(r), -1) for r in ranks], np.int64),
+        last_progress_ns=np.array([live.last_progress.get(int(r), -1) for r in ranks], np.int64),
+        position=np.array([live.position.get(int(r), -1) for r in ranks], np.int64),
+        has_gpu=has_gpu,
+        groups=groups,
+        seq_groups=seq_groups,
+        seq_group=np.array([gidx[g] for (g, _), _ in seq_items], np.int64),
+        seq_rank=np.array([r for (_, r), _ in seq_items], np.int64),
+        seq_max=np.array([q for _, q in seq_items], np.int64),
+    )
+
+
+def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> Window:
+    """Read the window ``[w0, w1)`` of ``job_id``; ``live`` is the caller's merged liveness up to ``w1``.
+
+    Raises:
+        StoreError: a query failed.
+    """
+    p = {"job": job_id, "w0": w0, "w1": w1, "lo": w0 - STEP_LOOKBACK_NS}
+    f = _steps_filter()
+    st = store.query(
+        f"SELECT toInt64(rank) AS rank, toInt64(step) AS step, start_ns, dur_ns FROM steps WHERE {f}", p
+    )
+    steps = Steps(_col(st, "rank"), _col(st, "step"), _col(st, "start_ns"), _col(st, "dur_ns"))
+    in_steps = f"(rank, step) IN (SELECT rank, step FROM steps WHERE {f})"
+    ph = store.query(
+        f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, phase, start_ns, dur_ns FROM phases
+            WHERE job_id = {{job:String}} AND {in_steps}""",
+        p,
+    )
+    phase_code = {name: i for i, name in enumerate(PHASES)}
+    names = ph.column("phase").to_pylist()
+    pc = np.array([phase_code.get(str(n), -1) for n in names], np.int64)
+    ok = pc >= 0  # an unknown phase name is ignored, not fatal
+    phases = Phases(
+        _col(ph, "rank")[ok], _col(ph, "step")[ok], pc[ok], _col(ph, "start_ns")[ok], _col(ph, "dur_ns")[ok]
+    )
+    co = store.query(
+        f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
+                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns FROM collectives
+            WHERE job_id = {{job:String}} AND (process_group, seq) IN (
+                SELECT process_group, seq FROM collectives
+                WHERE job_id = {{job:String}} AND issue_ns >= {{lo:Int64}} AND issue_ns < {{w1:Int64}}
+                    AND {in_steps})""",
+        p,
+    )
+    group, group_names = _codes(co, "process_group")
+    op, op_names = _codes(co, "op")
+    c_rank, c_step = _col(co, "rank"), _col(co, "step")
+    in_window = np.isin((c_rank << 32) + c_step, (steps.rank << 32) + steps.step)
+    coll = Collectives(
+        c_rank,
+        c_step,
+        group,
+        _col(co, "seq"),
+        op,
+        _col(co, "bytes"),
+        _col(co, "issue_ns"),
+        _col(co, "start_ns"),
+        _col(co, "dur_ns"),
+        in_window,
+        group_names,
+        op_names,
+    )
+    hs = store.query(
+        """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,
+                  toInt64(gpu_sm_clock_mhz) AS clock, toInt64(gpu_throttle_reasons) AS reasons
+           FROM host_samples
+           WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {w0:Int64} AND time_ns < {w1:Int64}""",
+        p,
+    )
+    host = HostSamples(
+        _col(hs, "rank"),
+        _col(hs, "time_ns"),
+        _col(hs, "interval_ns"),
+        _col(hs, "proc_cpu_ns"),
+        _col(hs, "gc_pause_ns"),
+        _col(hs, "clock"),
+        _col(hs, "reasons"),
+    )
+    ks = store.query(
+        """SELECT toInt64(rank) AS rank, kernel, toInt64(stream) AS stream, collective,
+                  toInt64(count) AS count,
+                  p50_ns, p99_ns, log_lo, log_hi, sum_ns FROM kernel_summaries
+           WHERE job_id = {job:String} AND window_start_ns >= {w0:Int64} AND window_start_ns < {w1:Int64}""",
+        p,
+    )
+    kernel, kernel_names = _codes(ks, "kernel")
+    kernels = KernelClusters(
+        _col(ks, "rank"),
+        kernel,
+        _col(ks, "stream"),
+        _col(ks, "collective", bool),
+        _col(ks, "count"),
+        _col(ks, "p50_ns", np.float64),
+        _col(ks, "p99_ns", np.float64),
+        _col(ks, "log_lo", np.float64),
+        _col(ks, "log_hi", np.float64),
+        _col(ks, "sum_ns", np.float64),
+        kernel_names,
+    )
+    host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
+    status = _status(_rank_table(store, job_id, w1), live, host_gpu)
+    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status)
+
+
+def write_diagnoses(store: Store, diagnoses: list[Diagnosis], updated_ns: int) -> None:
+    """Insert one row per diagnosis (a new version of each id: ``diagnoses`` keeps the newest).
+
+    Raises:
+        StoreError: the insert failed.
+    """
+    if not diagnoses:
+        return
+    names = ("job_id", *TABLES["diagnoses"].column_names)
+    rows: dict[str, list[Any]] = {n: [] for n in names}
+    for d in diagnoses:
+        rows["job_id"].append(d.job_id)
+        rows["id"].append(d.id)
+        rows["rank"].append(d.rank)
+        rows["ranks"].append([int(r) for r in d.ranks])
+        rows["process_group"].append(d.group)
+        rows["cause"].append(d.cause)
+        rows["phase"].append(d.phase)
+        rows["kernel"].append(d.kernel)
+        rows["score"].append(float(d.score))
+        rows["slowdown_pct"].append(float(d.slowdown_pct))
+        rows["first_window_ns"].append(int(d.first_window_ns))
+        rows["last_window_ns"].append(int(d.last_window_ns))
+        rows["state"].append(d.state)
+        rows["evidence"].append(json.dumps(d.evidence, separators=(",", ":"), default=_json_default))
+        rows["updated_ns"].append(int(updated_ns))
+    schema = pa.schema(
+        [pa.field("job_id", pa.string())]
+        + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
+    )
+    store.insert("diagnoses", pa.table(rows, schema=schema))
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def read_diagnoses(store: Store, job_id: str | None = None, *, state: str | None = None) -> list[Diagnosis]:
+    """The newest version of every diagnosis (``FINAL``), oldest first; filter by job and state."""
+    where = ["1 = 1"]
+    params: dict[str, Any] = {}
+    if job_id is not None:
+        where.append("job_id = {job:String}")
+        params["job"] = job_id
+    if state is not None:
+        where.append("state = {state:String}")
+        params["state"] = state
+    t = store.query(
+        f"""SELECT job_id, id, rank, ranks, process_group, cause, phase, kernel, score, slowdown_pct,
+                   first_window_ns, last_window_ns, state, evidence
+            FROM diagnoses FINAL WHERE {" AND ".join(where)} ORDER BY first_window_ns, id""",
+        params,
+    )
+    out = []
+    for row in t.to_pylist():
+        row["group"] = row.pop("process_group")
+        out.append(Diagnosis.from_dict(row))
+    return out

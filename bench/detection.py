@@ -1,0 +1,210 @@
+"""Labelled detection benchmark of the analyzer over synthetic windows (issue 4, "Must show" 1).
+
+Every scenario is a synthetic job (:mod:`argus.analyzer.synthetic`) played for
+six 10-second windows: healthy jitter throughout (log-normal noise on every
+phase, all ranks slower together every 7 steps, a checkpoint on all ranks every
+40 steps, slow warm-up steps, per-node clock offsets of a few ms, jobs starting
+mid-window), and from the middle of window 2 on, a fault. The windows go
+straight into :class:`argus.analyzer.pipeline.JobAnalysis` — the service's
+code minus the store (``tests/analyzer/test_store.py`` covers the store path).
+
+Scoring is over (window, rank) pairs, from the diagnoses open after each window:
+
+* a pair is a true positive when the rank is faulty by the window's end, a
+  false positive otherwise (before onset too);
+* precision = TP / (TP + FP); recall = faulty ranks named in some window / faulty ranks;
+* cause accuracy = TP pairs whose diagnosis names the injected cause / TP pairs;
+* windows-to-detect = 1 + (first window where every faulty rank is named − onset window).
+
+The last line aggregates every healthy scenario and every faulty one at >= 10 %
+slowdown (the 5 % compute straggler is reported but not counted):
+``precision=… recall=… cause_accuracy=… max_windows_to_detect=…``.
+
+Run: ``python bench/detection.py`` (``--quick`` skips the 10,000-rank jobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.synthetic import Fault, JobSpec, simulate
+
+ONSET_S = 23.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    spec: JobSpec
+    counted: bool = True
+
+
+@dataclass
+class Outcome:
+    tp: int = 0
+    fp: int = 0
+    cause_ok: int = 0
+    truth: int = 0
+    found: int = 0
+    windows_to_detect: float = float("nan")
+    seconds: float = 0.0
+
+
+def _cpu(world: int = 8, **kw: object) -> JobSpec:
+    return JobSpec(world=world, windows=6, **kw)  # type: ignore[arg-type]
+
+
+def _gpu(world: int, **kw: object) -> JobSpec:
+    step = 1.0 if world >= 5000 else 0.5
+    return JobSpec(world=world, windows=6, gpu=True, group_size=8, step_s=step, **kw)  # type: ignore[arg-type]
+
+
+def _pick(world: int, frac: float, seed: int) -> tuple[int, ...]:
+    n = max(1, round(frac * world))
+    return tuple(sorted(np.random.default_rng(seed).choice(world, n, replace=False).tolist()))
+
+
+def scenarios(quick: bool) -> list[Scenario]:
+    out: list[Scenario] = []
+    add = out.append
+    # Healthy jitter, imperfect data included.
+    add(Scenario("healthy", _cpu(seed=1)))
+    add(Scenario("healthy+3%-batches-lost", _cpu(seed=2, missing=0.03)))
+    add(Scenario("healthy+job-ends-mid-window", _cpu(seed=3, end_s=44.0)))
+    add(Scenario("healthy-gpu", _gpu(64, seed=4)))
+    add(Scenario("healthy-gpu+batches-lost", _gpu(64, seed=5, missing=0.03)))
+    add(Scenario("healthy-gpu", _gpu(1024, seed=6)))
+    if not quick:
+        add(Scenario("healthy-gpu", _gpu(10_000, seed=7)))
+    # Compute stragglers at growing slowdowns.
+    for mag in (0.05, 0.1, 0.2, 0.5, 2.0):
+        f = Fault("compute", (5,), mag, ONSET_S)
+        add(Scenario(f"compute-{mag:.0%}", _cpu(seed=10 + int(mag * 100), faults=(f,)), counted=mag >= 0.1))
+    add(Scenario("compute-10%", _gpu(256, seed=20, faults=(Fault("compute", (77,), 0.1, ONSET_S),))))
+    add(
+        Scenario(
+            "compute-20%-faster-collectives",
+            _gpu(64, seed=21, faults=(Fault("compute", (9,), 0.2, ONSET_S),)),
+        )
+    )
+    if not quick:
+        add(Scenario("compute-10%", _gpu(10_000, seed=22, faults=(Fault("compute", (4321,), 0.1, ONSET_S),))))
+    # Host stalls, slow dataloader, throttling, slow link.
+    add(Scenario("host_stall", _cpu(seed=30, faults=(Fault("host_stall", (2,), 0.15, ONSET_S),))))
+    add(Scenario("host_stall", _gpu(64, seed=31, faults=(Fault("host_stall", (40,), 0.15, ONSET_S),))))
+    add(Scenario("dataloader", _cpu(seed=32, faults=(Fault("dataloader", (6,), 0.15, ONSET_S),))))
+    add(Scenario("dataloader", _gpu(64, seed=33, faults=(Fault("dataloader", (12,), 0.15, ONSET_S),))))
+    add(Scenario("throttling", _gpu(64, seed=34, faults=(Fault("throttling", (21,), 0.15, ONSET_S),))))
+    add(
+        Scenario(
+            "slow-link-in-group", _gpu(64, seed=35, faults=(Fault("communication", (), 3.0, ONSET_S, "3"),))
+        )
+    )
+    add(
+        Scenario(
+            "slow-link-only-group", _cpu(seed=36, faults=(Fault("communication", (), 3.0, ONSET_S, "0"),))
+        )
+    )
+    # Unresponsive ranks.
+    add(Scenario("hung", _cpu(seed=40, faults=(Fault("hung", (3,), 0.0, ONSET_S),))))
+    add(Scenario("hung", _gpu(1024, seed=41, faults=(Fault("hung", (700,), 0.0, ONSET_S),))))
+    add(Scenario("stopped-reporting", _cpu(seed=42, faults=(Fault("dead", (1,), 0.0, ONSET_S),))))
+    add(Scenario("stopped-reporting", _gpu(64, seed=43, faults=(Fault("dead", (50,), 0.0, ONSET_S),))))
+    # Many slow ranks.
+    add(Scenario("many-slow-50%", _cpu(seed=50, faults=(Fault("compute", _pick(8, 0.5, 50), 0.2, ONSET_S),))))
+    for world in (64, 1024):
+        for frac in (1 / world, 0.1, 0.25, 0.5):
+            seed = 51 + int(frac * 100) + world
+            f = Fault("compute", _pick(world, frac, seed), 0.2, ONSET_S)
+            label = "1-rank" if frac < 0.01 else f"{frac:.0%}"
+            add(Scenario(f"many-slow-{label}", _gpu(world, seed=seed, faults=(f,))))
+    if not quick:
+        add(
+            Scenario(
+                "many-slow-50%",
+                _gpu(10_000, seed=60, faults=(Fault("compute", _pick(10_000, 0.5, 60), 0.2, ONSET_S),)),
+            )
+        )
+    return out
+
+
+def run(sc: Scenario) -> Outcome:
+    t0 = time.perf_counter()
+    sim = simulate(sc.spec, job_id=sc.name)
+    ja = JobAnalysis(sc.name, sc.spec.window_ns)
+    out = Outcome()
+    onset = min(sim.onset_window) if sim.onset_window else None
+    all_truth = set().union(*(set(t) for t in sim.truth))
+    out.truth = len(all_truth)
+    found: set[int] = set()
+    for k, w in enumerate(sim.windows):
+        ja.analyze(w)
+        pred: dict[int, str] = {}
+        for d in ja.tracker.open:
+            for r in d.ranks:
+                pred[r] = d.cause
+        truth = sim.truth[k]
+        for r, cause in pred.items():
+            if r in truth:
+                out.tp += 1
+                out.cause_ok += cause == truth[r]
+                found.add(r)
+            else:
+                out.fp += 1
+        if onset is not None and truth and np.isnan(out.windows_to_detect) and set(truth) <= set(pred):
+            out.windows_to_detect = k - onset + 1
+    out.found = len(found & all_truth)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip the 10,000-rank jobs")
+    args = parser.parse_args()
+    header = (
+        f"{'scenario':34} {'ranks':>6} {'TP':>6} {'FP':>4} {'prec':>6} {'recall':>6} "
+        f"{'cause':>6} {'w2d':>4} {'s':>6}"
+    )
+    print(header)
+    total = Outcome()
+    worst = 0.0
+    healthy_fp = 0
+    for sc in scenarios(args.quick):
+        o = run(sc)
+        prec = o.tp / (o.tp + o.fp) if o.tp + o.fp else 1.0
+        rec = o.found / o.truth if o.truth else float("nan")
+        cause = o.cause_ok / o.tp if o.tp else float("nan")
+        mark = "" if sc.counted else "  (not counted: < 10 %)"
+        print(
+            f"{sc.name:34} {sc.spec.world:>6} {o.tp:>6} {o.fp:>4} {prec:>6.3f} {rec:>6.2f} {cause:>6.2f} "
+            f"{o.windows_to_detect:>4.0f} {o.seconds:>6.1f}{mark}",
+            flush=True,
+        )
+        if not sc.counted:
+            continue
+        total.tp += o.tp
+        total.fp += o.fp
+        total.cause_ok += o.cause_ok
+        total.truth += o.truth
+        total.found += o.found
+        if o.truth:
+            worst = max(worst, o.windows_to_detect if not np.isnan(o.windows_to_detect) else float("inf"))
+        else:
+            healthy_fp += o.fp
+    precision = total.tp / (total.tp + total.fp) if total.tp + total.fp else 1.0
+    recall = total.found / total.truth if total.truth else 1.0
+    cause_accuracy = total.cause_ok / total.tp if total.tp else 0.0
+    print(f"false (window, rank) pairs on healthy jobs: {healthy_fp}")
+    print(
+        f"precision={precision:.4f} recall={recall:.4f} cause_accuracy={cause_accuracy:.4f} "
+        f"max_windows_to_detect={worst:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""The levels as pure functions: collective decomposition, L1, L2, slow links, liveness, causes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from argus.analyzer.collectives import decompose, slow_links, transfer_medians
+from argus.analyzer.iteration import compare_iterations, job_step_times
+from argus.analyzer.liveness import find_unresponsive
+from argus.analyzer.phase import compare_phases
+from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.synthetic import Fault, JobSpec, simulate
+from argus.analyzer.window import Collectives, RankStatus, Steps
+
+MS = 1_000_000
+
+
+def _instance(
+    issue_ms: list[float], end_ms: float, offsets_ms: list[float], seq: int = 0
+) -> dict[str, list[int]]:
+    n = len(issue_ms)
+    return {
+        "rank": list(range(n)),
+        "seq": [seq] * n,
+        "issue": [int((i + o) * MS) for i, o in zip(issue_ms, offsets_ms, strict=True)],
+        "end": [int((end_ms + o) * MS) for o in offsets_ms],
+    }
+
+
+def _collectives(instances: list[dict[str, list[int]]]) -> Collectives:
+    cat = {k: np.concatenate([np.asarray(i[k], np.int64) for i in instances]) for k in instances[0]}
+    n = cat["rank"].size
+    return Collectives(
+        rank=cat["rank"],
+        step=np.full(n, 7),
+        group=np.zeros(n, np.int64),
+        seq=cat["seq"],
+        op=np.zeros(n, np.int64),
+        bytes=np.full(n, 1 << 20),
+        issue_ns=cat["issue"],
+        start_ns=cat["issue"],
+        dur_ns=cat["end"] - cat["issue"],
+        in_window=np.ones(n, bool),
+        group_names=("0",),
+        op_names=("allreduce",),
+    )
+
+
+@pytest.mark.parametrize("offsets_ms", [[0, 0, 0, 0], [4.0, -3.0, 2.5, -5.0]])
+def test_decomposition_is_exact_and_cancels_clock_offsets(offsets_ms: list[float]) -> None:
+    # Rank 2 arrives 30 ms after the first; transfer takes 5 ms; clocks are off by a few ms.
+    instances = [_instance([100, 104, 130 + 10 * s, 101], 135 + 10 * s, offsets_ms, seq=s) for s in range(6)]
+    d = decompose(_collectives(instances))
+    wait = d.wait_ns.reshape(6, 4) / MS
+    np.testing.assert_allclose(wait[0], [30, 26, 0, 29], atol=1e-3)
+    np.testing.assert_allclose(d.transfer_ns / MS, 5.0, atol=1e-3)
+    assert (d.inst_last_rank == 2).all()
+    np.testing.assert_allclose(d.inst_late_ns[0] / MS, 130 - 102.5, atol=1e-3)
+
+
+def test_l1_finds_a_change_point_and_spikes_but_not_noise() -> None:
+    rng = np.random.default_rng(0)
+    base = rng.lognormal(np.log(0.5e9), 0.03, 200)
+    same = rng.lognormal(np.log(0.5e9), 0.03, 20)
+    slower = rng.lognormal(np.log(0.56e9), 0.03, 20)
+    steps = np.arange(20)
+    assert not compare_iterations(steps, same, base).change
+    r = compare_iterations(steps, slower, base)
+    assert r.change and r.p_value < 1e-3 and r.slowdown_pct == pytest.approx(100 * (1 - 0.5 / 0.56), abs=2.0)
+    spiky = same.copy()
+    spiky[[4, 11]] *= 2.5
+    assert compare_iterations(steps, spiky, base).spike_steps.tolist() == [4, 11]
+
+
+def test_job_step_time_is_the_slowest_rank() -> None:
+    st = Steps(
+        rank=np.array([0, 1, 0, 1]),
+        step=np.array([5, 5, 6, 6]),
+        start_ns=np.zeros(4, np.int64),
+        dur_ns=np.array([10, 12, 9, 7]),
+    )
+    s, t = job_step_times(st)
+    assert s.tolist() == [5, 6] and t.tolist() == [12, 9]
+
+
+def _window(spec: JobSpec, k: int):
+    return simulate(spec).windows[k]
+
+
+def test_l2_names_the_straggler_and_its_phase() -> None:
+    spec = JobSpec(world=8, windows=4, seed=3, faults=(Fault("compute", (5,), 0.3, 0.0),))
+    w = _window(spec, 2)
+    r = compare_phases(w, decompose(w.collectives))
+    assert set(r.rank[r.score >= 1].tolist()) == {5}
+    i = 5
+    assert (
+        r.component_excess_ns[i, 1:3].sum() > 0.8 * r.component_excess_ns[i].clip(0).sum()
+    )  # forward + backward
+    assert r.wait_ns[i] < r.ref_wait_ns  # the straggler waits least
+    assert 10 < r.slowdown_pct(r.rank == 5) < 30
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5])
+def test_l2_with_many_slow_ranks(share: float) -> None:
+    world = 64
+    slow = tuple(range(0, world, int(1 / share)))
+    spec = JobSpec(
+        world=world, windows=4, seed=4, gpu=True, group_size=8, faults=(Fault("compute", slow, 0.2, 0.0),)
+    )
+    w = _window(spec, 2)
+    r = compare_phases(w, decompose(w.collectives))
+    assert set(r.rank[r.score >= 1].tolist()) == set(slow)
+
+
+def test_slow_link_is_found_by_peers_and_by_history() -> None:
+    spec = JobSpec(
+        world=64,
+        windows=4,
+        seed=5,
+        gpu=True,
+        group_size=8,
+        faults=(Fault("communication", (), 3.0, 20.0, "4"),),
+    )
+    sim = simulate(spec)
+    before, after = sim.windows[1], sim.windows[2]
+    d = decompose(after.collectives)
+    links = [f for f in slow_links(d, after.collectives.group_names, {}) if f.score >= 1]
+    assert [f.group for f in links] == ["4"] and links[0].basis == "peers"
+    # A job with a single group compares with its own past.
+    spec1 = JobSpec(world=8, windows=4, seed=6, faults=(Fault("communication", (), 3.0, 20.0, "0"),))
+    sim1 = simulate(spec1)
+    history = {k: v for k, v in transfer_medians(decompose(sim1.windows[1].collectives), ("0",)).items()}
+    d1 = decompose(sim1.windows[2].collectives)
+    links1 = [f for f in slow_links(d1, ("0",), history) if f.score >= 1]
+    assert [f.group for f in links1] == ["0"] and links1[0].basis == "history"
+    assert not [
+        f
+        for f in slow_links(decompose(before.collectives), before.collectives.group_names, {})
+        if f.score >= 1
+    ]
+
+
+def _status(**kw: object) -> RankStatus:
+    n = 4
+    base = dict(
+        rank=np.arange(n),
+        exited=np.zeros(n, bool),
+        exit_code=np.zeros(n, np.int64),
+        last_seen_ns=np.full(n, 100 * 10**9),
+        last_progress_ns=np.full(n, 100 * 10**9),
+        position=np.full(n, 8 * 50 + 5),
+        has_gpu=np.zeros(n, bool),
+        groups={"0": np.arange(n)},
+    )
+    base.update(kw)
+    return RankStatus(**base)  # type: ignore[arg-type]
+
+
+def test_liveness_stopped_rank_exited_rank_and_everyone_silent() -> None:
+    end = 110 * 10**9
+    seen = np.array([109, 109, 100, 109]) * 10**9
+    found = find_unresponsive(_status(last_seen_ns=seen), end, silence_ns=6 * 10**9, typical_step_ns=1e8)
+    assert [(u.rank, u.hung) for u in found] == [(2, False)]
+    exited = np.array([False, False, True, False])
+    assert (
+        find_unresponsive(
+            _status(last_seen_ns=seen, exited=exited), end, silence_ns=6 * 10**9, typical_step_ns=1e8
+        )
+        == []
+    )
+    all_silent = np.full(4, 100 * 10**9)
+    assert (
+        find_unresponsive(_status(last_seen_ns=all_silent), end, silence_ns=6 * 10**9, typical_step_ns=1e8)
+        == []
+    )
+
+
+def test_a_hung_rank_is_named_with_the_collective_its_peers_wait_in() -> None:
+    end = 120 * 10**9
+    alive = np.full(4, 119 * 10**9)
+    progress = np.array([110.3, 110.3, 110.1, 110.3]) * 10**9
+    position = np.array([8 * 50 + 2, 8 * 50 + 2, 8 * 50 + 1, 8 * 50 + 2])  # rank 2 never finished forward
+    status = _status(
+        last_seen_ns=alive,
+        last_progress_ns=progress.astype(np.int64),
+        position=position,
+        seq_groups=("0",),
+        seq_group=np.zeros(4, np.int64),
+        seq_rank=np.arange(4),
+        seq_max=np.array([812, 812, 809, 812]),  # its peers issued up to 812 (in flight); it stopped at 809
+    )
+    found = find_unresponsive(status, end, silence_ns=6 * 10**9, typical_step_ns=1e8)
+    assert [(u.rank, u.hung) for u in found] == [(2, True)]
+    assert found[0].evidence["process_group"] == "0" and found[0].evidence["seq"] == 810
+    # Everyone paused at the same point (a checkpoint): nobody is named.
+    same = _status(last_seen_ns=alive, last_progress_ns=np.full(4, 110 * 10**9))
+    assert find_unresponsive(same, end, silence_ns=6 * 10**9, typical_step_ns=1e8) == []
+    # Heartbeats stopped with the progress: the feed stopped, not a hang.
+    stopped = _status(
+        last_seen_ns=progress.astype(np.int64), last_progress_ns=progress.astype(np.int64), position=position
+    )
+    assert find_unresponsive(stopped, end, silence_ns=60 * 10**9, typical_step_ns=1e8) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "gpu", "cause", "phase"),
+    [
+        ("compute", False, "compute", {"forward", "backward"}),
+        ("compute", True, "compute", {"forward", "backward"}),
+        ("host_stall", False, "host_stall", {None}),
+        ("host_stall", True, "host_stall", {None}),
+        ("dataloader", False, "dataloader", {"data"}),
+        ("throttling", True, "throttling", {"forward", "backward"}),
+        ("hung", False, "unresponsive", {None}),
+        ("dead", True, "unresponsive", {None}),
+    ],
+)
+def test_pipeline_names_rank_and_cause(kind: str, gpu: bool, cause: str, phase: set[str | None]) -> None:
+    world = 64 if gpu else 8
+    spec = JobSpec(
+        world=world,
+        gpu=gpu,
+        group_size=8 if gpu else 0,
+        windows=5,
+        seed=7,
+        faults=(Fault(kind, (3,), 0.2 if kind != "host_stall" else 0.15, 23.0),),
+    )
+    sim = simulate(spec)
+    ja = JobAnalysis("t", spec.window_ns)
+    for w in sim.windows:
+        ja.analyze(w)
+    open_ = ja.tracker.open
+    assert [(d.rank, d.cause) for d in open_] == [(3, cause)], open_
+    assert open_[0].phase in phase
+    assert (
+        open_[0].first_window_ns == sim.windows[2].start_ns
+        or open_[0].first_window_ns == sim.windows[3].start_ns
+    )
+    if cause == "unresponsive" and kind == "hung":
+        assert open_[0].evidence["hung"] is True and "seq" in open_[0].evidence

@@ -1,0 +1,139 @@
+"""Lifecycle: one diagnosis per fault, updated every window, resolved with hysteresis, no flapping."""
+
+from __future__ import annotations
+
+from argus.analyzer.findings import Finding
+from argus.analyzer.lifecycle import RESOLVE_WINDOWS, Tracker, diagnosis_id
+
+W = 10_000_000_000
+
+
+def _f(rank: int, score: float, cause: str = "compute", **kw: object) -> Finding:
+    return Finding(
+        cause=cause,
+        rank=rank,
+        ranks=(rank,),
+        group=None,
+        phase="forward",
+        kernel=None,
+        score=score,
+        slowdown_pct=5.0,
+        subject=f"rank:{rank}",
+        evidence={"x": score},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _run(tracker: Tracker, windows: list[list[Finding]], observed: set[int] | None = None) -> list[list]:
+    out = []
+    for k, fs in enumerate(windows):
+        out.append(tracker.update(k * W, fs, observed if observed is not None else {0, 1, 2, 3, 4, 5}))
+    return out
+
+
+def test_one_open_diagnosis_per_fault_updated_every_window_then_resolved() -> None:
+    t = Tracker("job")
+    scores = [0.2, 1.4, 1.3, 0.8, 1.1, 0.3, 0.1, 0.0, 0.0]
+    changed = _run(t, [[_f(2, s)] if s >= 0.5 else [] for s in scores])
+    ids = {d.id for ch in changed for d in ch}
+    assert len(ids) == 1
+    opened = changed[1][0]
+    assert opened.state == "open" and opened.first_window_ns == W and opened.rank == 2
+    # Kept through the 0.8 window (hysteresis), updated each window it was seen.
+    assert [ch[0].last_window_ns for ch in changed[1:5]] == [W, 2 * W, 3 * W, 4 * W]
+    # Resolved after RESOLVE_WINDOWS clean windows; last_window_ns stays the last window it was seen.
+    resolved = [d for ch in changed for d in ch if d.state == "resolved"]
+    assert len(resolved) == 1 and resolved[0].last_window_ns == 4 * W
+    assert changed.index([resolved[0]]) == 4 + RESOLVE_WINDOWS
+    assert t.open == []
+
+
+def test_a_fault_hovering_around_the_threshold_does_not_flap() -> None:
+    t = Tracker("job")
+    scores = [1.2, 0.7, 1.05, 0.6, 0.95, 1.1, 0.55, 1.0]
+    changed = _run(t, [[_f(1, s)] for s in scores])
+    assert len({d.id for ch in changed for d in ch}) == 1
+    assert all(d.state == "open" for ch in changed for d in ch)
+
+
+def test_below_open_score_nothing_opens() -> None:
+    t = Tracker("job")
+    assert _run(t, [[_f(1, 0.9)], [_f(1, 0.99)], [_f(1, 0.6)]]) == [[], [], []]
+
+
+def test_windows_without_data_from_its_rank_neither_keep_nor_resolve() -> None:
+    t = Tracker("job")
+    t.update(0, [_f(3, 1.5)], {0, 1, 2, 3})
+    for k in range(1, 10):  # rank 3's batches are missing for nine windows
+        assert t.update(k * W, [], {0, 1, 2}) == []
+    assert [d.rank for d in t.open] == [3]
+
+
+def test_cause_follows_the_majority_of_windows() -> None:
+    t = Tracker("job")
+    seq = ["compute", "host_stall", "compute", "compute"]
+    last = None
+    for k, cause in enumerate(seq):
+        ch = t.update(k * W, [_f(0, 1.5, cause)], {0})
+        last = ch[-1]
+    assert (
+        last is not None
+        and last.cause == "compute"
+        and last.evidence["cause_votes"] == {"compute": 3, "host_stall": 1}
+    )
+    assert len(t.open) == 1
+
+
+def test_thin_reference_needs_a_second_window_unless_strong() -> None:
+    t = Tracker("job")
+    assert t.update(0, [_f(0, 1.3, needs_confirmation=True)], {0}) == []
+    assert [d.rank for d in t.update(W, [_f(0, 1.3, needs_confirmation=True)], {0})] == [0]
+    t2 = Tracker("job")
+    assert [d.rank for d in t2.update(0, [_f(1, 2.5, needs_confirmation=True)], {1})] == [1]
+    t3 = Tracker("job")  # a one-window burst never opens
+    assert _run(
+        t3, [[_f(1, 1.3, needs_confirmation=True)], [], [_f(1, 1.3, needs_confirmation=True)], []]
+    ) == [[], [], [], []]
+
+
+def test_a_many_rank_diagnosis_absorbs_single_ones_and_members_have_hysteresis() -> None:
+    t = Tracker("job")
+    t.update(0, [_f(1, 1.5)], {0, 1, 2, 3, 4, 5, 6})
+    many = Finding(
+        cause="compute",
+        rank=None,
+        ranks=(1, 2, 3, 4, 5, 6),
+        group=None,
+        phase="forward",
+        kernel=None,
+        score=1.8,
+        slowdown_pct=20.0,
+        subject="many",
+        member_scores={1: 1.5, 2: 1.2, 3: 1.3, 4: 1.1, 5: 1.6, 6: 0.7},
+    )
+    ch = t.update(W, [many], {0, 1, 2, 3, 4, 5, 6})
+    merged = [d for d in ch if d.state == "resolved"]
+    assert [d.rank for d in merged] == [1] and "merged_into" in merged[0].evidence
+    m = next(d for d in ch if d.state == "open")
+    assert m.rank is None and m.ranks == [1, 2, 3, 4, 5]  # 6 is below the open score
+    later = Finding(**{**many.__dict__, "member_scores": {1: 1.5, 2: 0.6, 3: 1.3, 4: 1.1, 5: 0.3, 6: 1.2}})
+    m2 = t.update(2 * W, [later], {0, 1, 2, 3, 4, 5, 6})[0]
+    assert m2.id == m.id and m2.ranks == [1, 2, 3, 4, 6]  # 2 kept at 0.6, 5 dropped at 0.3, 6 joins at 1.2
+
+
+def test_restart_adopts_open_diagnoses_and_ids_are_stable() -> None:
+    t = Tracker("job")
+    d = t.update(0, [_f(4, 1.5)], {4})[0]
+    assert d.id == diagnosis_id("job", "straggler", "rank:4", 0)
+    t2 = Tracker("job")
+    t2.load([d])
+    again = t2.update(W, [_f(4, 1.2)], {4})
+    assert [x.id for x in again] == [d.id] and again[0].first_window_ns == 0
+
+
+def test_finish_resolves_everything() -> None:
+    t = Tracker("job")
+    t.update(0, [_f(0, 1.5), _f(1, 1.5, "dataloader")], {0, 1})
+    done = t.finish()
+    assert {d.state for d in done} == {"resolved"} and all(d.evidence["job_finished"] for d in done)
+    assert t.open == []

@@ -1,0 +1,80 @@
+"""The one-sided outlier rule: correct with half the ranks slow, silent on healthy noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from argus.analyzer.robust import grouped_median, one_sided_scores
+from argus.analyzer.wasserstein import U_POINTS, w1
+from scipy.stats import iqr
+
+RNG = np.random.default_rng(5)
+
+
+@pytest.mark.parametrize("n", [8, 64, 1000, 10_000])
+def test_no_outlier_on_healthy_noise(n: int) -> None:
+    x = RNG.normal(100.0, 2.0, n)
+    res = one_sided_scores(x, floor=4.0)
+    assert not res.outliers.any()
+    assert res.centre == pytest.approx(100.0, abs=1.5)
+
+
+@pytest.mark.parametrize("n", [8, 64, 1000, 10_000])
+@pytest.mark.parametrize("slow_share", [1 / 8, 0.25, 0.5])
+def test_exactly_the_slow_ranks_are_flagged_up_to_half(n: int, slow_share: float) -> None:
+    x = RNG.normal(100.0, 1.0, n)
+    slow = RNG.choice(n, max(1, int(slow_share * n)), replace=False)
+    x[slow] *= 1.2
+    res = one_sided_scores(x, floor=4.0)
+    assert set(np.flatnonzero(res.outliers)) == set(slow.tolist())
+    # The reference is the healthy ranks', not pulled toward the slow ones.
+    assert res.centre == pytest.approx(100.0, abs=1.0)
+    if n >= 64:  # a MAD of a handful of values is too noisy to pin down
+        assert res.scale == pytest.approx(1.0, rel=0.3)
+
+
+def test_a_few_much_faster_ranks_are_not_outliers_and_do_not_move_the_reference() -> None:
+    x = RNG.normal(100.0, 1.0, 64)
+    x[:6] *= 0.5
+    res = one_sided_scores(x, floor=4.0)
+    assert not res.outliers.any()
+    assert res.centre == pytest.approx(100.0, abs=1.0)
+
+
+def test_floor_keeps_steady_metrics_from_flagging_tiny_differences() -> None:
+    x = np.full(16, 100.0)
+    x[3] = 101.0  # 1 % slower, with zero noise among the others
+    assert one_sided_scores(x, floor=4.0).score[3] == pytest.approx(0.25)
+    assert not one_sided_scores(x, floor=4.0).outliers.any()
+
+
+def test_nan_means_no_data_not_healthy() -> None:
+    x = np.array([1.0, 1.1, np.nan, 0.9, 5.0])
+    res = one_sided_scores(x, floor=0.2)
+    assert np.isnan(res.score[2]) and not res.healthy[2]
+    assert res.outliers.tolist() == [False, False, False, False, True]
+
+
+def test_iqr_fence_on_mean_pairwise_w1_fails_with_half_the_ranks_slow() -> None:
+    """Why the analyzer does not use the plain rule: at 50 % slow every rank's mean W1 looks alike."""
+    n = 16
+    q = np.sort(RNG.lognormal(np.log(1e5), 0.05, (n, U_POINTS.size)), axis=1)
+    q[: n // 2] *= 1.3
+    mean_w1 = np.array([w1(q, q[i]).mean() for i in range(n)])
+    fence = np.quantile(mean_w1, 0.75) + 1.5 * iqr(mean_w1)
+    assert not (mean_w1 > fence).any()  # the plain fence finds nobody
+    ours = one_sided_scores(q.mean(axis=1), floor=0.04 * 1e5)
+    assert set(np.flatnonzero(ours.outliers)) == set(range(n // 2))
+
+
+def test_grouped_median_matches_numpy() -> None:
+    keys = RNG.integers(0, 50, 5000)
+    values = RNG.normal(size=5000)
+    values[::97] = np.nan
+    got = grouped_median(keys, values, 52)
+    for k in range(52):
+        v = values[(keys == k) & ~np.isnan(values)]
+        if v.size:
+            assert got[k] == pytest.approx(np.median(v))
+        else:
+            assert np.isnan(got[k])

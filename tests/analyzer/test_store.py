@@ -1,0 +1,135 @@
+"""The analyzer on a real chDB store: rows in with Store.insert, Analyzer.run_once, diagnoses read back."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from argus.analyzer.service import Analyzer, main
+from argus.analyzer.store_io import read_diagnoses
+from argus.analyzer.synthetic import NS, Fault, JobSpec, simulate
+from argus.collector.metrics import Metrics
+from argus.collector.store import Store
+from prometheus_client import generate_latest
+
+from .conftest import load, rows_between
+
+W = 2.0
+
+
+def _spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = dict(world=8, windows=12, window_s=W, step_s=0.1, start_offset_s=0.7, seed=21)
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
+
+
+def _end(sim) -> int:  # type: ignore[no-untyped-def]
+    return int(sim.windows[-1].end_ns)
+
+
+def _analyze(store: Store, sim, metrics: Metrics | None = None, **kw: object):  # type: ignore[no-untyped-def]
+    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, **kw)  # type: ignore[arg-type]
+    return a, a.run_once(now_ns=_end(sim) + 10 * NS)
+
+
+def test_compute_straggler_is_diagnosed_and_exported(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("compute", (5,), 0.3, 9.0),)), "job-compute")
+    load(store, sim)
+    metrics = Metrics()
+    _, written = _analyze(store, sim, metrics)
+    diagnoses = read_diagnoses(store, "job-compute")
+    assert [(d.rank, d.cause, d.state) for d in diagnoses] == [(5, "compute", "open")]
+    d = diagnoses[0]
+    onset_window = sim.windows[0].start_ns + int(9.0 // W * W * NS)
+    assert onset_window <= d.first_window_ns <= onset_window + int(W * NS)
+    assert d.phase in ("forward", "backward") and d.slowdown_pct > 5
+    assert d.evidence["windows"] >= 5 and d.evidence["wait_ms"] < d.evidence["peer_wait_ms"]
+    # Updated every window: one id, a new version per window.
+    versions = [x for x in written if x.id == d.id]
+    assert len({x.id for x in written}) == 1 and len(versions) == d.evidence["windows"]
+    assert [v.last_window_ns for v in versions] == sorted(v.last_window_ns for v in versions)
+    text = generate_latest(metrics.registry).decode()
+    assert 'argus_diagnosis_active{cause="compute",job_id="job-compute"} 1.0' in text
+    assert 'argus_straggler_score{job_id="job-compute",rank="5"}' in text
+    assert "argus_analysis_lag_seconds" in text
+
+
+def test_fault_that_stops_is_resolved_once_without_flapping(store: Store) -> None:
+    sim = simulate(_spec(windows=16, faults=(Fault("dataloader", (2,), 0.3, 7.0, end_s=15.0),)), "job-end")
+    load(store, sim)
+    a = Analyzer(store, window_s=W, backlog_s=None)
+    versions = []
+    for k in range(len(sim.windows)):  # window by window, as a server would
+        versions += a.run_once(now_ns=int(sim.windows[k].end_ns + 3 * NS))
+    assert len({v.id for v in versions}) == 1
+    states = [v.state for v in versions]
+    assert states[-1] == "resolved" and states.count("resolved") == 1 and set(states[:-1]) == {"open"}
+    (d,) = read_diagnoses(store, "job-end")
+    assert d.cause == "dataloader" and d.rank == 2 and d.phase == "data" and d.state == "resolved"
+    assert d.last_window_ns < sim.windows[0].start_ns + int(16 * NS)
+
+
+def test_rank_that_stops_reporting_is_unresponsive(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("dead", (6,), 0.0, 9.3),)), "job-dead")
+    load(store, sim)
+    _analyze(store, sim)
+    (d,) = read_diagnoses(store, "job-dead")
+    assert (d.rank, d.cause) == (6, "unresponsive")
+
+
+def test_hung_rank_names_the_collective_its_peers_wait_in(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("hung", (1,), 0.0, 9.3),)), "job-hung")
+    load(store, sim)
+    _analyze(store, sim)
+    (d,) = read_diagnoses(store, "job-hung")
+    assert (d.rank, d.cause) == (1, "unresponsive") and d.evidence["hung"] is True
+    assert d.evidence["process_group"] == "0" and isinstance(d.evidence["seq"], int)
+    assert d.group == "0"
+
+
+def test_rank_that_exits_normally_is_not_diagnosed(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("exit", (6,), 0.0, 9.3),)), "job-exit")
+    load(store, sim)
+    _analyze(store, sim)
+    assert read_diagnoses(store, "job-exit") == []
+
+
+def test_imperfect_data_gives_no_false_diagnosis(store: Store) -> None:
+    """Lost batches, a batch arriving after its window was analysed, clock offsets of 5 ms,
+    and a job that starts and ends mid-window."""
+    sim = simulate(
+        _spec(windows=14, missing=0.05, clock_offset_ms=5.0, start_offset_s=1.3, end_s=24.9, seed=22),
+        "job-messy",
+    )
+    t0 = sim.windows[0].start_ns
+    late = load(store, sim, hold=rows_between(3, t0 + 10 * NS, t0 + 13 * NS))
+    assert late  # rank 3's rows of 3 s are held back
+    a = Analyzer(store, window_s=W, backlog_s=None)
+    written = a.run_once(now_ns=t0 + 16 * NS)  # windows up to 14 s analysed without them
+    for name, table in late.items():
+        store.insert(name, table)
+    written += a.run_once(now_ns=_end(sim) + 10 * NS)
+    assert written == [] and read_diagnoses(store, "job-messy") == []
+
+
+def test_restarted_analyzer_continues_the_open_diagnosis(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("compute", (4,), 0.4, 5.0),)), "job-restart")
+    load(store, sim)
+    t0 = sim.windows[0].start_ns
+    first = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=t0 + 14 * NS)
+    assert {d.id for d in first} and all(d.state == "open" for d in first)
+    second = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=_end(sim) + 10 * NS)
+    assert {d.id for d in second} == {d.id for d in first}
+    assert len(read_diagnoses(store, "job-restart")) == 1
+
+
+def test_argus_analyze_once_prints_the_diagnoses(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = simulate(_spec(faults=(Fault("host_stall", (7,), 0.2, 7.0),)), "job-cli")
+    load(store, sim)
+    url = store.url
+    assert main(argparse.Namespace(store=url, window_s=W, once=True, job="job-cli")) == 0
+    out = capsys.readouterr().out
+    assert "job-cli" in out and "host_stall rank 7" in out
+    (d,) = read_diagnoses(store, "job-cli")
+    assert json.loads(json.dumps(d.to_dict()))["cause"] == "host_stall"
