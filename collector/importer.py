@@ -25,7 +25,7 @@ files again yields the same id (and is refused as a duplicate); the ranks of one
 job imported by separate commands need an explicit ``--job-id``.
 
 Upload (``argus import --server URL``): ``POST {URL}/api/v1/jobs/{job_id}/traces``,
-``multipart/form-data`` with one part named ``files`` per trace (the part's file
+``multipart/form-data`` with one part named ``file`` per trace (the part's file
 name is used in messages) and an optional query parameter ``rank``; the server
 calls :func:`import_traces` with the uploaded file objects and answers with the
 :class:`ImportResult` as JSON (``job_id``, ``ranks``, ``rows``), or 422 with the
@@ -60,7 +60,7 @@ from argus.collector.trace_tables import (
 
 from argus import config
 from argus.config import DEFAULT_WINDOW_S
-from argus.errors import ArgusError, NotFound, StoreError, TraceError, Unauthenticated
+from argus.errors import StoreError, TraceError
 
 __all__ = ["ImportResult", "default_job_id", "import_parsed", "import_traces", "main"]
 
@@ -260,43 +260,13 @@ def import_parsed(
 
 
 def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, Any]:
-    import httpx
+    from argus.collector.client import ArgusClient
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request on stderr
-    server = (args.server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_SERVER_URL).rstrip("/")
+    server = args.server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_SERVER_URL
     job = args.job_id or default_job_id([file_digest(p) for p in paths])
-    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
-    params = {"rank": str(args.rank)} if args.rank is not None else {}
-    handles = [p.open("rb") for p in paths]
-    try:
-        files = [
-            ("files", (str(p), h, "application/octet-stream")) for p, h in zip(paths, handles, strict=True)
-        ]
-        with httpx.Client(verify=args.tls_cert or True, timeout=httpx.Timeout(30.0, read=600.0)) as client:
-            response = client.post(
-                f"{server}/api/v1/jobs/{job}/traces", files=files, params=params, headers=headers
-            )
-    except httpx.HTTPError as exc:
-        raise StoreError(f"cannot upload to {server}: {exc}") from exc
-    finally:
-        for h in handles:
-            h.close()
-    try:
-        body: Any = response.json()
-    except ValueError:
-        body = {"detail": response.text}
-    detail = body.get("detail", body) if isinstance(body, dict) else body
-    if response.status_code == 401:
-        raise Unauthenticated(f"{server}: {detail}")
-    if response.status_code == 404:
-        raise NotFound(f"{server}: no trace upload endpoint ({detail})")
-    if response.status_code == 422:
-        raise TraceError(str(detail))
-    if response.status_code >= 400:
-        raise ArgusError(f"{server}: HTTP {response.status_code}: {detail}")
-    if not isinstance(body, dict):
-        raise ArgusError(f"{server}: unexpected answer {body!r}")
-    return body
+    # Big traces take a while to import server-side: a long read timeout.
+    with ArgusClient(server, token=args.token, tls_cert=args.tls_cert, timeout_s=600.0) as client:
+        return client.upload_traces(job, paths, rank=args.rank)
 
 
 def main(args: argparse.Namespace) -> int:

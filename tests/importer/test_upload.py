@@ -61,4 +61,4 @@ def test_upload_to_a_running_server(argus_server_factory: Callable[..., Any], tm
 def test_server_that_is_not_there(tmp_path: Path) -> None:
     a = write_trace(tmp_path / "a.json", simple_events())
     done = _argus("--server", "http://127.0.0.1:9", str(a))
-    assert done.returncode == 1 and "cannot upload to http://127.0.0.1:9" in done.stderr
+    assert done.returncode == 1 and "cannot reach the argus server at http://127.0.0.1:9" in done.stderr
