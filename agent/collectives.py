@@ -11,11 +11,14 @@ DDP runs its bucket all-reduces from C++, outside Python. Its comm hook is the
 one way in: the probe registers a delegating Python hook at a DDP model's first
 forward unless the user registered one, and wraps a user's hook (registered
 before or after) in the same delegate, so the user's hook still runs, exactly
-once per bucket. The default inner hook is PyTorch's own
-``default_hooks.allreduce_hook`` (same result as DDP's built-in all-reduce:
-divide by the group size, then sum). A built-in C++ hook
+once per bucket. The default inner hook, :func:`recorded_allreduce`, computes
+what PyTorch's ``default_hooks.allreduce_hook`` computes (the same result as
+DDP's built-in all-reduce: divide by the group size, then sum) with the
+recording fused in, so a bucket costs one Python callback. A built-in C++ hook
 (``_register_builtin_comm_hook``) registered before the first forward cannot be
-wrapped; its buckets are then not captured and a warning says so.
+wrapped; its buckets are then not captured and a warning says so. A Python
+comm hook costs a few GIL hand-offs per bucket, which tiny CPU steps can feel;
+``ARGUS_DDP_HOOK=0`` keeps DDP's C++ all-reduce and gives up bucket capture.
 
 Collectives issued from C++ elsewhere (functional collectives of DTensor/TP,
 DDP's construction-time parameter checks) are invisible to this layer; on GPUs
@@ -25,6 +28,7 @@ their NCCL kernels still appear in the kernel summaries.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,9 +37,12 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-__all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "uninstall"]
+__all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "recorded_allreduce", "uninstall"]
 
 log = logging.getLogger(__name__)
+
+#: ``ARGUS_DDP_HOOK=0``: leave DDP on its built-in C++ all-reduce (its buckets are then not captured).
+ENV_DDP_HOOK = "ARGUS_DDP_HOOK"
 
 #: ProcessGroup method → (op name, index of the argument holding this rank's payload).
 PG_METHODS: dict[str, tuple[str, int]] = {
@@ -86,6 +93,12 @@ class CollectiveRecorder(Protocol):
 
     def collective_count(self) -> int:
         """How many collectives were recorded so far (monotonic)."""
+
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> tuple[Any, ...] | None:
+        """Number a collective issued at ``issue_ns``; returns the row head, None when not recording."""
+
+    def close_collective(self, head: tuple[Any, ...], end_ns: int, uid: int = 0) -> None:
+        """Record the collective of ``head`` (from :meth:`open_collective`) as completed at ``end_ns``."""
 
 
 _recorder: CollectiveRecorder | None = None
@@ -176,6 +189,44 @@ def _delegate(slot, bucket):  # type: ignore[no-untyped-def]  # DDP inspects the
     return fut
 
 
+def _first(fut: Any) -> Any:
+    return fut.value()[0]
+
+
+def recorded_allreduce(process_group: Any, bucket: Any) -> Any:
+    """DDP's default all-reduce as a comm hook (divide by the group size, sum), recording the bucket.
+
+    Same result as PyTorch's ``default_hooks.allreduce_hook`` (which DDP documents
+    as equivalent to having no hook), fused with the recording so a bucket costs
+    one Python callback: it calls the process group directly and stamps the end
+    in the ``then`` callback that unwraps the result.
+    """
+    group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    buf = bucket.buffer()
+    buf.div_(group.size())
+    allreduce = _originals.get((dist.ProcessGroup, "allreduce"), dist.ProcessGroup.allreduce)
+    rec = _recorder
+    if rec is None:
+        return allreduce(group, [buf]).get_future().then(_first)
+    corr = rec.correlate
+    uid = corr.push() if corr is not None else 0
+    issue_ns = _now()
+    try:
+        work = allreduce(group, [buf])
+    finally:
+        if corr is not None:
+            corr.pop()
+    head = rec.open_collective(group, "allreduce", buf.numel() * buf.element_size(), issue_ns)
+    if head is None:
+        return work.get_future().then(_first)
+
+    def done(fut: Any) -> Any:
+        rec.close_collective(head, _now(), uid)
+        return fut.value()[0]
+
+    return work.get_future().then(done)
+
+
 class _FutureWork:
     """Adapts a future to the ``Work.get_future()`` the recorder expects."""
 
@@ -217,7 +268,7 @@ def _install_ddp() -> None:
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
         slot: _HookSlot | None = self.__dict__.get("_argus_hook_slot")
         python_equivalent = {
-            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.ALLREDUCE: recorded_allreduce,
             dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
         }.get(comm_hook_type)
         if slot is not None and python_equivalent is not None:
@@ -232,8 +283,13 @@ def _install_ddp() -> None:
 
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         d = self.__dict__
-        if _recorder is not None and "_argus_hook_slot" not in d and "_argus_builtin_hook" not in d:
-            _install_default_hook(self, orig_register, default_hooks.allreduce_hook)
+        if (
+            _recorder is not None
+            and "_argus_hook_slot" not in d
+            and "_argus_builtin_hook" not in d
+            and os.environ.get(ENV_DDP_HOOK, "1") != "0"
+        ):
+            _install_default_hook(self, orig_register, recorded_allreduce)
         return orig_forward(self, *inputs, **kwargs)
 
     for name, fn in (

@@ -69,6 +69,8 @@ MEMCPY_NAMES = {
     10: "Memcpy PtoP",
 }
 
+#: Seconds between two forced flushes of partly filled activity buffers.
+FORCED_FLUSH_S = 2.0
 #: Name prefixes of NCCL's communication kernels, old and new.
 COLLECTIVE_PREFIXES = ("ncclKernel_", "ncclDevKernel_", "ncclDevFunc_", "nccl")
 
@@ -217,6 +219,7 @@ class CuptiSource:
         self._kinds: list[Any] = []
         self._ext_kind: Any = None
         self.offset_ns = 0
+        self._next_forced = 0.0
         self.active = False
         self.dropped = 0
         self.errors = 0
@@ -238,18 +241,31 @@ class CuptiSource:
             return False
         try:
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            for name in ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION"):
+            for name in ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET"):
                 kind = getattr(cupti.ActivityKind, name)
                 cupti.activity_enable(kind)
                 self._kinds.append(kind)
-            self._ext_kind = cupti.ExternalCorrelationKind.CUSTOM2
             self.offset_ns = self._estimate_offset()
         except Exception:
             log.warning("argus: CUPTI activity capture failed to start", exc_info=True)
             self.stop()
             return False
+        try:
+            # Optional: ties NCCL kernels to their c10d collective (device start/end of collectives).
+            kind = cupti.ActivityKind.EXTERNAL_CORRELATION
+            cupti.activity_enable(kind)
+            self._kinds.append(kind)
+            self._ext_kind = cupti.ExternalCorrelationKind.CUSTOM2
+        except Exception:
+            log.info("argus: no CUPTI external correlation: collectives keep host-side times", exc_info=True)
+            self._ext_kind = None
         self.active = True
         return True
+
+    @property
+    def correlates(self) -> bool:
+        """True when collectives can be tied to their kernels (external correlation is on)."""
+        return self.active and self._ext_kind is not None
 
     def _callback(self, *_args: Any) -> None:
         """Subscriber callback: no callback domain is enabled, so it is never called."""
@@ -287,12 +303,21 @@ class CuptiSource:
         self._cupti.activity_pop_external_correlation_id(self._ext_kind)
 
     def flush(self) -> None:
-        """Hand completed buffers to the decoder (called off the training thread)."""
-        if self.active:
-            try:
-                self._cupti.activity_flush_all(0)
-            except Exception:
-                self.errors += 1
+        """Hand buffers to the decoder (called off the training thread).
+
+        Completed buffers go every call; partly filled ones are forced out every
+        :data:`FORCED_FLUSH_S` so that kernel windows get their events in time.
+        """
+        if not self.active:
+            return
+        now = time.monotonic()
+        forced = now >= self._next_forced
+        if forced:
+            self._next_forced = now + FORCED_FLUSH_S
+        try:
+            self._cupti.activity_flush_all(1 if forced else 0)
+        except Exception:
+            self.errors += 1
 
     def stop(self) -> None:
         """Flush, disable capture and release the subscriber slot."""

@@ -58,6 +58,25 @@ EXIT_FLUSH_S = 3.0
 ENV_CUPTI = "ARGUS_CUPTI"
 
 
+def _start_shipper(run: Any, stop: threading.Event) -> threading.Thread:
+    """Start the shipper thread so that it has ended before the interpreter finalizes.
+
+    A daemon thread still inside native code (pyarrow) when Python finalizes is
+    killed on its way back to the GIL, which aborts the process ("terminate
+    called without an active exception"). So the shipper is a regular thread
+    and ``threading._register_atexit`` (run by ``threading._shutdown`` before it
+    joins regular threads, as ``concurrent.futures`` does) tells it to stop; the
+    final flush then runs from ``atexit`` in the main thread. Where that hook is
+    missing the thread is a daemon and shutdown joins it.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    thread = threading.Thread(target=run, name="argus-probe", daemon=register is None)
+    if register is not None:
+        register(stop.set)
+    thread.start()
+    return thread
+
+
 class _Correlator:
     """Pushes a fresh external correlation id around each GPU collective."""
 
@@ -129,13 +148,13 @@ class Probe:
         self._device = self._detect_device()
         self._hooks.install()
         collectives.install(self)
+        self._wrap_destroy()
         self._start_gpu()
         self._sampler = HostSampler(self._gpu_reader())
         self.buffers["ranks"].append(("attach", self.attach_ns, 0, "", [], ""))
         self._resolve_identity()
         self._install_exit_hooks()
-        self._thread = threading.Thread(target=self._run, name="argus-probe", daemon=True)
-        self._thread.start()
+        self._thread = _start_shipper(self._run, self._stop)
 
     def mark_step(self) -> None:
         """``argus.agent.step()``: end the current step now."""
@@ -151,7 +170,7 @@ class Probe:
         code = self._exit_code if exit_code is None else exit_code
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=10.0)
         try:
             self.tracker.finish()
             if self._cupti is not None:
@@ -178,40 +197,41 @@ class Probe:
 
     def collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        if not self.active:
+        head = self.open_collective(pg, op, nbytes, issue_ns)
+        if head is None:
             return
-        info = self._pg_info.get(pg)
-        if info is None:
-            info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
-        name, counter = info
-        seq = next(counter)
-        step = self.tracker.event_step()
-        self._ncollectives += 1
-        join = self._join if uid else None
         fut = None
         if work is not None:
             try:
                 fut = work.get_future()
             except Exception:
                 fut = None
-        buf = self.buffers["collectives"]
-        now = time.time_ns
         if fut is None:
-            row = (step, name, seq, op, nbytes, issue_ns, issue_ns, now() - issue_ns)
-            if join is not None:
-                join.expect(uid, row)
-            else:
-                buf.append(row)
+            self.close_collective(head, time.time_ns(), uid)
             return
+        close, now = self.close_collective, time.time_ns
+        fut.add_done_callback(lambda _fut: close(head, now(), uid))
 
-        def done(_fut: Any) -> None:
-            row = (step, name, seq, op, nbytes, issue_ns, issue_ns, now() - issue_ns)
-            if join is not None:
-                join.expect(uid, row)
-            else:
-                buf.append(row)
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> tuple[Any, ...] | None:
+        """Number a collective: ``(step, process_group, seq, op, bytes, issue_ns)``; None when inactive."""
+        if not self.active:
+            return None
+        info = self._pg_info.get(pg)
+        if info is None:
+            info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
+            self._note_group(pg, info[0])
+        self._ncollectives += 1
+        return (self.tracker.event_step(), info[0], next(info[1]), op, nbytes, issue_ns)
 
-        fut.add_done_callback(done)
+    def close_collective(self, head: tuple[Any, ...], end_ns: int, uid: int = 0) -> None:
+        """Store a completed collective (GPU ones wait for their kernels in the join)."""
+        issue_ns = head[5]
+        row = (*head, issue_ns, end_ns - issue_ns)
+        join = self._join
+        if uid and join is not None:
+            join.expect(uid, row)
+        else:
+            self.buffers["collectives"].append(row)
 
     def collective_count(self) -> int:
         return self._ncollectives
@@ -244,6 +264,21 @@ class Probe:
         source = CuptiSource(on_rows)
         if source.start():
             self._cupti, self._join = source, join
+            if source.correlates:
+                self.correlate = _Correlator(source)
+            from argus.agent import profiler_yield
+
+            profiler_yield.install(self._release_cupti, self._resume_cupti)
+
+    def _release_cupti(self) -> None:
+        """Give CUPTI to the user's torch.profiler (see :mod:`argus.agent.profiler_yield`)."""
+        self.correlate = None
+        if self._cupti is not None:
+            self._cupti.stop()
+
+    def _resume_cupti(self) -> None:
+        source = self._cupti
+        if source is not None and self.active and source.start() and source.correlates:
             self.correlate = _Correlator(source)
 
     def _gpu_reader(self) -> Any:
@@ -302,6 +337,26 @@ class Probe:
         sys.exit = exit_
         atexit.register(self.shutdown)
         os.register_at_fork(after_in_child=self._after_fork)
+
+    def _wrap_destroy(self) -> None:
+        """Note every process group before ``destroy_process_group`` forgets them."""
+        orig = dist.distributed_c10d.destroy_process_group
+        if getattr(orig, "__wrapped__", None) is not None:
+            return
+        probe = self
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if probe.active:
+                try:
+                    probe._scan_groups()
+                except Exception:
+                    log.debug("argus: group scan failed", exc_info=True)
+            return orig(*args, **kwargs)
+
+        destroy_process_group.__doc__ = orig.__doc__
+        destroy_process_group.__wrapped__ = orig  # type: ignore[attr-defined]
+        for module in (dist, dist.distributed_c10d):
+            setattr(module, "destroy_process_group", destroy_process_group)  # noqa: B010
 
     def _after_fork(self) -> None:
         # A forked child (DataLoader worker) is not a rank: record nothing there.
@@ -364,15 +419,20 @@ class Probe:
         if len(names) == len(self._groups_seen):
             return
         for pg, name in list(names.items()):
+            self._note_group(pg, str(name))
+
+    def _note_group(self, pg: Any, name: str) -> None:
+        """Record a ``group`` row for process group ``pg`` the first time it is seen."""
+        with self._lock:
             if name in self._groups_seen:
-                continue
+                return
             self._groups_seen.add(name)
-            try:
-                ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
-                backend = str(dist.get_backend(pg))
-            except Exception:
-                continue
-            self.buffers["ranks"].append(("group", time.time_ns(), 0, str(name), ranks, backend))
+        try:
+            ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+            backend = str(dist.get_backend(pg))
+        except Exception:
+            return
+        self.buffers["ranks"].append(("group", time.time_ns(), 0, name, ranks, backend))
 
     def _batch(self, table: str, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
         ident = self.identity

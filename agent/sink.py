@@ -121,7 +121,7 @@ class AgentLink:
             if not self._unsent and not self._unacked:
                 return True
             left = deadline - time.monotonic()
-            if left <= 0 or (self._sock is None and time.monotonic() < self._next_try and left < RETRY_S):
+            if left <= 0 or self._sock is None:
                 return False
             if self._sock is not None:
                 select.select([self._sock], [], [], min(left, 0.05))

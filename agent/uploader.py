@@ -237,7 +237,9 @@ class Uploader:
         evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
         self.stats.batches_spooled += 1
         self.count_dropped(sum(e.rows for e in evicted))
-        self._senders[self.agent_id].notify(seq)
+        sender = self._senders.get(agent_id)
+        if sender is not None:
+            sender.notify(seq)
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_s):

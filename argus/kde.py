@@ -14,16 +14,17 @@ to a few *clusters*, each ``(count, p50_ns, p99_ns, log_lo, log_hi, sum_ns)``:
    ``min_count`` samples on each side and separate modes by at least
    ``min_log_gap`` (natural-log units).
 4. Each cluster keeps exact statistics of its raw durations. Groups with fewer
-   than ``min_kde`` samples skip the KDE and are one cluster of exact quantiles.
+   than ``min_kde`` samples skip the KDE and start as one cluster of exact
+   quantiles.
 
 The rebuilt distribution (:func:`mixture_cdf`, :func:`mixture_quantile`) is a
 count-weighted mixture of log-normals, one per cluster: median ``p50``, log-space
 scale ``(ln p99 - ln p50) / z(0.99)``, censored to ``[log_lo, log_hi]`` (mass
 beyond a bound sits on it). Its median, p99, minimum and maximum are therefore
 those of the raw cluster. A cluster this model fits badly (a skewed or
-flat-topped mode) is split at its median during compression until the group's
-fidelity reaches the tolerance, so shape is carried by more clusters, not by
-more columns.
+flat-topped mode, a lone outlier) is split during compression where the two
+halves fit best, until the group's fidelity reaches the tolerance, so shape is
+carried by more clusters, not by more columns.
 
 Fidelity (:func:`fidelity`) is the Wasserstein-1 distance between the raw
 durations and the rebuilt mixture, quantised to the recording resolution,
@@ -31,6 +32,8 @@ relative to ``max(IQR, resolution)`` of the raw durations.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -70,8 +73,13 @@ MIN_LOG_GAP = 0.1
 MAX_CLUSTERS = 8
 #: Target fidelity of a compressed group; worse-fitting clusters are split at their median.
 TOLERANCE = 0.02
-#: A cluster is split by refinement only if both halves keep at least this many samples.
-MIN_REFINE = 4
+#: A cluster is split by refinement only if both halves keep at least this many samples
+#: (1: a lone outlier may become its own cluster, which is what W1 rewards).
+MIN_REFINE = 1
+#: Refinement tries at most this many cut points per split (evenly spaced by rank).
+MAX_CUT_CANDIDATES = 64
+#: ... on at most this many order statistics of a part.
+MAX_CUT_SAMPLES = 2048
 _Z99 = float(ndtri(0.99))
 #: Durations are floored at 1 ns before taking logs (0 µs occurs in Kineto traces).
 _FLOOR_NS = 1.0
@@ -160,66 +168,119 @@ def _split_points(x: NDArray[np.float64], min_count: int, min_log_gap: float) ->
     return [float(grid[c]) for c in cuts]
 
 
+def _sorted_quantile(raw: NDArray[np.float64], p: float) -> float:
+    """``np.quantile(raw, p)`` (linear) of an already sorted ``raw``, without sorting again."""
+    pos = (raw.size - 1) * p
+    below = int(pos)
+    above = min(below + 1, raw.size - 1)
+    return float(raw[below] + (pos - below) * (raw[above] - raw[below]))
+
+
 def _cluster_stats(raw: NDArray[np.float64]) -> tuple[int, float, float, float, float, float]:
-    p50, p99 = np.quantile(raw, [0.5, 0.99])
+    """Statistics of one cluster's sorted durations, in :data:`CLUSTER_DTYPE` order."""
     return (
         int(raw.size),
-        float(p50),
-        float(p99),
-        float(np.log(max(raw[0], _FLOOR_NS))),
-        float(np.log(max(raw[-1], _FLOOR_NS))),
+        _sorted_quantile(raw, 0.5),
+        _sorted_quantile(raw, 0.99),
+        math.log(max(float(raw[0]), _FLOOR_NS)),
+        math.log(max(float(raw[-1]), _FLOOR_NS)),
         float(raw.sum()),
     )
 
 
-def _component_quantile(
-    u: NDArray[np.float64],
-    stats: tuple[int, float, float, float, float, float],
-    resolution_ns: float,
+def _segments_w1(
+    raw: NDArray[np.float64], starts: NDArray[np.intp], ends: NDArray[np.intp], resolution_ns: float
 ) -> NDArray[np.float64]:
-    """Quantile function, ns, of one cluster's component (closed form), quantised."""
-    _, p50, p99, log_lo, log_hi, _ = stats
-    mu, sigma = component_params(p50, p99)
-    x = np.clip(mu + sigma * ndtri(u), log_lo, log_hi)
-    q = np.exp(x)
-    return np.round(q / resolution_ns) * resolution_ns if resolution_ns > 1 else q
+    """W1, ns, between each segment ``raw[s:e]`` of sorted ``raw`` and its own one-cluster rebuild.
+
+    Vectorised over segments: the closed-form quantile function of the cluster
+    :func:`_cluster_stats` would keep (numpy's linear quantiles), quantised to
+    ``resolution_ns``, matched with the sorted samples at mid-probabilities.
+    """
+    lengths = ends - starts
+
+    def quantile(p: float) -> NDArray[np.float64]:
+        pos = (lengths - 1) * p
+        below = np.floor(pos).astype(np.intp)
+        above = np.minimum(below + 1, lengths - 1)
+        a, b = raw[starts + below], raw[starts + above]
+        return np.asarray(a + (pos - below) * (b - a))
+
+    mu, sigma = component_params(quantile(0.5), quantile(0.99))
+    log_lo = np.log(np.maximum(raw[starts], _FLOOR_NS))
+    log_hi = np.log(np.maximum(raw[ends - 1], _FLOOR_NS))
+    seg = np.repeat(np.arange(starts.size), lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    k = np.arange(seg.size) - offsets[seg]
+    u = (k + 0.5) / lengths[seg]
+    q = np.exp(np.clip(mu[seg] + sigma[seg] * ndtri(u), log_lo[seg], log_hi[seg]))
+    if resolution_ns > 1:
+        q = np.round(q / resolution_ns) * resolution_ns
+    return np.asarray(np.add.reduceat(np.abs(raw[starts[seg] + k] - q), offsets) / lengths)
 
 
-def _part_w1(raw: NDArray[np.float64], resolution_ns: float) -> float:
-    """W1 between a sorted part and its own one-cluster rebuild, ns."""
-    u = (np.arange(raw.size) + 0.5) / raw.size
-    return float(np.mean(np.abs(raw - _component_quantile(u, _cluster_stats(raw), resolution_ns))))
+def _best_cut(raw: NDArray[np.float64], resolution_ns: float) -> int:
+    """Where to split a sorted part so that its two rebuilds fit best; 0 when it cannot be split.
 
-
-def _median_cut(raw: NDArray[np.float64]) -> int:
-    """Index splitting a sorted part near its median without splitting equal values; 0 if none."""
-    mid = raw.size // 2
-    left = int(np.searchsorted(raw, raw[mid], side="left"))
-    right = int(np.searchsorted(raw, raw[mid], side="right"))
-    return min((c for c in (left, right) if 0 < c < raw.size), key=lambda c: abs(c - mid), default=0)
+    Cuts lie between distinct values and leave at least :data:`MIN_REFINE`
+    samples each side; at most :data:`MAX_CUT_CANDIDATES`, evenly spaced by rank,
+    are tried, on at most :data:`MAX_CUT_SAMPLES` evenly spaced order statistics
+    of a large part (W1 of the thinned part tracks W1 of the whole).
+    """
+    m = raw.size
+    if m > MAX_CUT_SAMPLES:
+        thin = raw[np.linspace(0, m - 1, MAX_CUT_SAMPLES).round().astype(np.intp)]
+        cut = _best_cut(thin, resolution_ns)
+        return int(np.searchsorted(raw, thin[cut], side="left")) if cut else 0
+    cuts = np.flatnonzero(raw[1:] != raw[:-1]) + 1
+    cuts = cuts[(cuts >= MIN_REFINE) & (cuts <= m - MIN_REFINE)]
+    if cuts.size == 0:
+        return 0
+    if cuts.size > MAX_CUT_CANDIDATES:
+        cuts = np.unique(cuts[np.linspace(0, cuts.size - 1, MAX_CUT_CANDIDATES).round().astype(np.intp)])
+    c = cuts.size
+    w1 = _segments_w1(
+        raw,
+        np.concatenate([np.zeros(c, np.intp), cuts]),
+        np.concatenate([cuts, np.full(c, m, np.intp)]),
+        resolution_ns,
+    )
+    return int(cuts[np.argmin(cuts * w1[:c] + (m - cuts) * w1[c:])])
 
 
 def _refine(
     parts: list[NDArray[np.float64]], resolution_ns: float, scale: float, tolerance: float
 ) -> list[NDArray[np.float64]]:
-    """Split the worst-fitting part at its median until the group's rebuild error is within tolerance.
+    """Split the worst-fitting part where it fits best until the group's rebuild error is within tolerance.
 
     The parts do not overlap and each rebuilt component stays inside its part's
-    range, so the group's W1 is the count-weighted sum of the parts' W1.
+    range, so the group's W1 is the count-weighted sum of the parts' W1. A split
+    that would not lower the error is not made; that part is left as it is.
     """
     total = sum(p.size for p in parts)
-    errors = [p.size / total * _part_w1(p, resolution_ns) for p in parts]
+
+    def weighted_w1(pieces: list[NDArray[np.float64]]) -> list[float]:
+        sizes = np.array([p.size for p in pieces], dtype=np.intp)
+        ends = np.cumsum(sizes)
+        w1 = _segments_w1(np.concatenate(pieces), ends - sizes, ends, resolution_ns)
+        return [float(e) * p.size / total for p, e in zip(pieces, w1, strict=True)]
+
+    errors = weighted_w1(parts)
+    done = [False] * len(parts)
     while len(parts) < MAX_CLUSTERS and sum(errors) > tolerance * scale:
-        order = np.argsort(errors)[::-1]
-        for i in order:
-            cut = _median_cut(parts[i]) if parts[i].size >= 2 * MIN_REFINE else 0
-            if cut:
-                break
-        else:
+        candidates = [i for i in np.argsort(errors)[::-1] if not done[i] and errors[i] > 0]
+        if not candidates:
             break
+        i = int(candidates[0])
+        cut = _best_cut(parts[i], resolution_ns)
         halves = [parts[i][:cut], parts[i][cut:]]
+        split = weighted_w1(halves) if 0 < cut < parts[i].size else []
+        if not split or sum(split) >= errors[i]:
+            done[i] = True
+            continue
         parts[i : i + 1] = halves
-        errors[i : i + 1] = [h.size / total * _part_w1(h, resolution_ns) for h in halves]
+        errors[i : i + 1] = split
+        done[i : i + 1] = [False, False]
     return parts
 
 
@@ -234,11 +295,11 @@ def compress(
 ) -> NDArray[np.void]:
     """Compress one group of durations into clusters: KDE valleys, then refinement.
 
-    After splitting at density valleys, a cluster whose one-component rebuild
-    fits badly (a skewed or flat-topped mode) is split at its median until the
-    whole group's fidelity is within ``tolerance`` or :data:`MAX_CLUSTERS` is
-    reached. Small groups (< ``min_kde``) skip the KDE and are refined the same way,
-    so a handful of distinct values is kept exactly.
+    After splitting at density valleys, the cluster whose one-component rebuild
+    fits worst (a skewed or flat-topped mode, a lone outlier) is split where its
+    two halves fit best, until the whole group's fidelity is within ``tolerance``
+    or :data:`MAX_CLUSTERS` is reached. Small groups (< ``min_kde``) skip the KDE
+    and are refined the same way, so a handful of distinct values ends up exact.
 
     Args:
         dur_ns: Durations of one (rank, kernel, stream, window) group, ns, shape ``(n,)``.
@@ -248,7 +309,7 @@ def compress(
         min_count: Fewest samples on each side of a valley split; default ``max(8, n/1000)``.
         min_log_gap: Fewest ln(ns) units between the modes on two sides of a valley split.
         tolerance: Target fidelity (W1 / max(IQR, resolution)) of the whole group;
-            raised to ``1.5/sqrt(n)`` for small groups, where sampling noise dominates.
+            raised to ``1/sqrt(n)`` for small groups, where sampling noise dominates.
 
     Returns:
         Array of :data:`CLUSTER_DTYPE`, sorted by duration; empty for empty input.
@@ -271,11 +332,11 @@ def compress(
         parts = [p for p in np.split(raw, np.searchsorted(x, cuts)) if p.size]
     else:
         parts = [raw]
-    q25, q75 = np.quantile(raw, [0.25, 0.75])
-    scale = max(float(q75 - q25), float(resolution_ns), 1.0)
-    # A sample of n differs from its own distribution by about 1.5/sqrt(n) in this
-    # measure: refining below that would fit the noise, not the kernel.
-    parts = _refine(parts, resolution_ns, scale, max(tolerance, 1.5 / np.sqrt(raw.size)))
+    scale = max(_sorted_quantile(raw, 0.75) - _sorted_quantile(raw, 0.25), float(resolution_ns), 1.0)
+    # A sample of n differs from its own distribution by about 0.9/sqrt(n) in this
+    # measure (two samples of one distribution by about 1.3/sqrt(n)): refining
+    # below 1/sqrt(n) would fit the noise, not the kernel.
+    parts = _refine(parts, resolution_ns, scale, max(tolerance, 1.0 / np.sqrt(raw.size)))
     return np.array([_cluster_stats(p) for p in parts], dtype=CLUSTER_DTYPE)
 
 
@@ -338,7 +399,13 @@ def mixture_quantile(
     if hi <= lo:
         q = np.full(np.shape(u), np.exp(lo))
     else:
-        grid = np.linspace(lo, hi, grid_size)
+        # The CDF jumps at every cluster's bounds (censored mass, point masses): put grid
+        # points on each bound and just below it, so the inversion lands on the atom itself.
+        atoms = np.concatenate([clusters["log_lo"], clusters["log_hi"]])
+        grid = np.unique(
+            np.concatenate([np.linspace(lo, hi, grid_size), atoms, np.nextafter(atoms, -np.inf)])
+        )
+        grid = grid[(grid >= lo) & (grid <= hi)]
         cdf = np.maximum.accumulate(mixture_cdf(grid, clusters))
         cdf[-1] = 1.0
         # Where the CDF jumps (censoring mass at log_lo, point masses), interp picks the jump point.

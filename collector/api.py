@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from argus.collector.api_errors import error_response, install_error_handlers
+from argus.collector.api_errors import ERROR_RESPONSES, error_response, install_error_handlers
 from argus.collector.api_jobs import recent_job_status_counts
 from argus.collector.api_models import Health
 from argus.collector.api_routes import build_router
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_HEARTBEAT_TIMEOUT_S = 3 * DEFAULT_WINDOW_S
 #: `argus_jobs` counts jobs active within this many seconds.
 _RECENT_S = 3600
+_AUTH_RESPONSE: dict[int | str, dict[str, Any]] = {401: ERROR_RESPONSES[401]}
 _PAGE = Path(__file__).with_name("page")
 _ASSET_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 
@@ -101,7 +102,10 @@ def create_app(
         response_class=Response,
         summary="Prometheus metrics",
         dependencies=secured,
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text exposition format"}},
+        responses={
+            200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "text exposition format"},
+            **_AUTH_RESPONSE,
+        },
     )
     def prometheus_metrics() -> Response:
         now = time.time_ns()
@@ -120,6 +124,7 @@ def create_app(
         response_class=HTMLResponse,
         summary="The web page: jobs, heatmap, diagnoses",
         dependencies=secured,
+        responses=_AUTH_RESPONSE,
     )
     def page() -> HTMLResponse:
         return HTMLResponse((_PAGE / "index.html").read_text(encoding="utf-8"))
@@ -129,6 +134,7 @@ def create_app(
         response_class=Response,
         summary="The web page's script and style",
         dependencies=secured,
+        responses={**_AUTH_RESPONSE, 422: {"description": "No such asset"}},
     )
     def page_asset(asset: Literal["app.js", "style.css"]) -> Response:
         return Response((_PAGE / asset).read_bytes(), media_type=_ASSET_TYPES[asset])

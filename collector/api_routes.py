@@ -22,7 +22,7 @@ from argus.collector.api_models import (
 from argus.collector.api_params import BadParameter, RankSet, parse_ranks, parse_time_ns
 from argus.collector.api_trace import chrome_trace
 from argus.collector.store import Store
-from fastapi import APIRouter, File, Query, UploadFile
+from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import JSONResponse
 
 from argus.errors import NotFound
@@ -36,13 +36,15 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="most items in the page"
 Cursor = Annotated[
     str | None, Query(max_length=512, description="the `next` of the previous page; omit for the first")
 ]
-JobId = Annotated[str, "the job id"]
+JobId = Annotated[str, Path(min_length=1, max_length=256, description="the job id")]
 TimeParam = Annotated[
     str | None,
     Query(max_length=64, description="epoch ns (`1718000000000000000`) or RFC 3339 (`2024-06-10T06:13:20Z`)"),
 ]
+# 8,000 characters hold 1,000 ranges and keep the request head under uvicorn's (h11) limit.
 RanksParam = Annotated[
-    str | None, Query(max_length=20_000, description="ranks and inclusive ranges, e.g. `0,1,5-7`")
+    str | None,
+    Query(max_length=8000, pattern=r"^[0-9, -]+$", description="ranks and inclusive ranges, e.g. `0,1,5-7`"),
 ]
 
 
@@ -162,6 +164,7 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
         response_model=ImportOut,
         status_code=201,
         responses={
+            400: {"description": "The body is not valid multipart/form-data"},
             422: {"description": "A file cannot be imported (nothing of the upload is written)"},
             501: {"description": "Trace import is not built into this server"},
         },
@@ -169,13 +172,16 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
     )
     def post_traces(
         job_id: JobId,
-        files: Annotated[list[UploadFile], File(description="trace files, .json or .json.gz")],
+        file: Annotated[
+            list[UploadFile], File(description="one part named `file` per trace (.json or .json.gz)")
+        ],
         rank: Annotated[
             int | None, Query(ge=0, le=2**32 - 1, description="rank of a single file without its own")
         ] = None,
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
-        result = importer.import_traces(store, [f.file for f in files], job_id=job_id, rank=rank)
+        names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
+        result = importer.import_traces(store, [f.file for f in file], job_id=job_id, rank=rank, names=names)
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}
 
     return router

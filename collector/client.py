@@ -134,8 +134,7 @@ class ArgusClient:
         handles = [p.open("rb") for p in paths]
         try:
             files = [
-                ("files", (p.name, h, "application/octet-stream"))
-                for p, h in zip(paths, handles, strict=True)
+                ("file", (p.name, h, "application/octet-stream")) for p, h in zip(paths, handles, strict=True)
             ]
             params = {"rank": rank} if rank is not None else {}
             response = self.request(

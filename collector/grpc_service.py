@@ -29,6 +29,7 @@ import grpc
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
+from argus.collector.writer import SHUTTING_DOWN, BatchWriter
 
 from argus.config import MAX_MESSAGE_BYTES
 from argus.errors import (
@@ -100,18 +101,21 @@ class _Gate:
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
-    """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state."""
+    """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state.
+
+    Each stream's thread decodes its batches; a :class:`BatchWriter` stores them.
+    """
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
-        self.store = store
         self.metrics = metrics
+        self.writer = BatchWriter(store, metrics)
         self._gate = _Gate()
 
     def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
         if not self._gate.enter():
-            _abort(context, StoreError("the collector is shutting down; send this batch again later"))
+            _abort(context, StoreError(SHUTTING_DOWN))
         try:
-            return ingest.ingest(self.store, batch, self.metrics)
+            return self.writer.write(ingest.decode(batch))
         except InvalidBatch as exc:
             code = grpc_code(exc).name
             self.metrics.ingest_batches.labels(
@@ -137,8 +141,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())
 
     def drain(self, timeout: float) -> bool:
-        """Refuse further batches and wait for those being stored. True when all finished."""
-        return self._gate.close(timeout)
+        """Refuse further batches, wait for those being stored, stop the writer. True when all finished."""
+        drained = self._gate.close(timeout)
+        return self.writer.close(timeout) and drained
 
 
 class _BearerToken(grpc.ServerInterceptor):
@@ -203,7 +208,9 @@ class CollectorServer:
         later ends its stream with UNAVAILABLE unacknowledged, so its agent resends it.
         """
         drained = self.servicer.drain(grace_s)
-        self.server.stop(grace_s).wait()
+        # Once drained, open streams only wait for batches they may no longer send: a short
+        # grace lets the last acks out, then they end (the agent reconnects elsewhere or later).
+        self.server.stop(1.0 if drained else grace_s).wait()
         if not drained and not self.servicer.drain(grace_s):
             log.warning("batches still being stored after %.1f s", 2 * grace_s)
 
@@ -231,11 +238,17 @@ def start_collector(
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="argus-grpc"),
         interceptors=interceptors,
+        # Past this many open streams a new one fails at once with RESOURCE_EXHAUSTED
+        # (the agent retries later) instead of waiting unseen for a free thread.
+        maximum_concurrent_rpcs=max_workers,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             # Fail on a port in use instead of silently sharing it with another server.
             ("grpc.so_reuseport", 0),
+            # Ping idle connections so a stream whose agent vanished frees its thread.
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ],

@@ -7,14 +7,20 @@ insert with ``insert_deduplication_token = "{agent_id}:{seq}"``.
 
 Deduplication (DESIGN §3): every stored batch is recorded in ``ingest_batches``;
 a batch whose ``(agent_id, seq)`` is found there is acknowledged as a duplicate
-without touching its table. The record is written *after* the data, so a crash
-between the two makes the retry insert again with the same token, and
-ClickHouse's token deduplication drops it: the table holds the rows once either
-way. The same token also covers two collectors racing on one retried batch.
+without touching its table. The record is written *after* the data and before
+the ack, so a crash between the two makes the retry insert again with the same
+token, and ClickHouse's token deduplication drops it: the table holds the rows
+once either way. The same token also covers two collectors racing on one
+retried batch.
+
+:func:`write_group` stores several batches at once (one lookup and one record
+insert for the group, one data insert per batch): what the collector's writer
+thread does with the batches that arrived while it was busy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +29,7 @@ import pyarrow.compute as pc
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 
-from argus.errors import InvalidBatch
+from argus.errors import InvalidBatch, StoreError
 from argus.proto import collector_pb2 as pb
 from argus.schema import WIRE_TABLES, wire_schema
 
@@ -34,7 +40,9 @@ __all__ = [
     "decode",
     "encode_arrow_ipc",
     "ingest",
+    "stored_rows",
     "validate_columns",
+    "write_group",
 ]
 
 #: Wire table name by ``argus.v1.Table`` enum value (TABLE_UNSPECIFIED is absent).
@@ -50,7 +58,22 @@ class Decoded:
 
     table: str
     data: pa.Table
-    dedup_token: str
+    agent_id: str
+    seq: int
+    job_id: str
+    #: Size of the Arrow payload as received, bytes.
+    payload_bytes: int = 0
+    dropped_events: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The deduplication key ``(agent_id, seq)``."""
+        return (self.agent_id, self.seq)
+
+    @property
+    def dedup_token(self) -> str:
+        """ClickHouse ``insert_deduplication_token`` of this batch: ``"{agent_id}:{seq}"``."""
+        return f"{self.agent_id}:{self.seq}"
 
 
 def encode_arrow_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
@@ -128,7 +151,33 @@ def decode(batch: pb.Batch) -> Decoded:
     data = validate_columns(table, _read_ipc(batch.arrow_ipc))
     # One dictionary entry, not num_rows copies of the string: job_id is LowCardinality.
     job_id = pa.DictionaryArray.from_arrays(np.zeros(data.num_rows, np.int32), pa.array([batch.job_id]))
-    return Decoded(table, data.append_column("job_id", job_id), f"{batch.agent_id}:{batch.seq}")
+    return Decoded(
+        table,
+        data.append_column("job_id", job_id),
+        batch.agent_id,
+        batch.seq,
+        batch.job_id,
+        payload_bytes=len(batch.arrow_ipc),
+        dropped_events=batch.dropped_events,
+    )
+
+
+def stored_rows(store: Store, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Rows of each ``(agent_id, seq)`` in ``keys`` that was stored before (one query).
+
+    Raises:
+        StoreError: the lookup failed.
+    """
+    if not keys:
+        return {}
+    found = store.query(
+        "SELECT agent_id, seq, rows FROM ingest_batches "
+        "WHERE agent_id IN {agents:Array(String)} AND seq IN {seqs:Array(UInt64)}",
+        {"agents": sorted({a for a, _ in keys}), "seqs": sorted({s for _, s in keys})},
+    )
+    wanted = set(keys)
+    rows = zip(*(found.column(c).to_pylist() for c in ("agent_id", "seq", "rows")), strict=True)
+    return {(a, s): n for a, s, n in rows if (a, s) in wanted}
 
 
 def already_stored(store: Store, agent_id: str, seq: int) -> int | None:
@@ -137,27 +186,74 @@ def already_stored(store: Store, agent_id: str, seq: int) -> int | None:
     Raises:
         StoreError: the lookup failed.
     """
-    found = store.query(
-        "SELECT rows FROM ingest_batches WHERE agent_id = {agent_id:String} AND seq = {seq:UInt64} LIMIT 1",
-        {"agent_id": agent_id, "seq": seq},
-    )
-    if found.num_rows == 0:
-        return None
-    rows: int = found.column(0)[0].as_py()
-    return rows
+    return stored_rows(store, [(agent_id, seq)]).get((agent_id, seq))
 
 
-def _record(store: Store, batch: pb.Batch, decoded: Decoded) -> None:
+def _record(store: Store, stored: Sequence[Decoded]) -> None:
     record = pa.table(
         {
-            "agent_id": pa.array([batch.agent_id]),
-            "seq": pa.array([batch.seq], pa.uint64()),
-            "table_name": pa.array([decoded.table]),
-            "rows": pa.array([decoded.data.num_rows], pa.uint64()),
-            "job_id": pa.array([batch.job_id]),
+            "agent_id": pa.array([d.agent_id for d in stored], pa.string()),
+            "seq": pa.array([d.seq for d in stored], pa.uint64()),
+            "table_name": pa.array([d.table for d in stored], pa.string()),
+            "rows": pa.array([d.data.num_rows for d in stored], pa.uint64()),
+            "job_id": pa.array([d.job_id for d in stored], pa.string()),
         }
     )
-    store.insert("ingest_batches", record, dedup_token=decoded.dedup_token)
+    store.insert("ingest_batches", record)
+
+
+def _count(metrics: Metrics, decoded: Decoded, ack: pb.Ack) -> None:
+    if ack.status == pb.Ack.DUPLICATE:
+        metrics.ingest_batches.labels(decoded.table, "duplicate").inc()
+        return
+    metrics.ingest_batches.labels(decoded.table, "stored").inc()
+    metrics.ingest_rows.labels(decoded.table).inc(ack.rows)
+    metrics.ingest_bytes.inc(decoded.payload_bytes)
+    metrics.agent_dropped.inc(decoded.dropped_events)
+    metrics.last_ingest.set_to_current_time()
+
+
+def write_group(
+    store: Store, group: Sequence[Decoded], metrics: Metrics | None = None
+) -> list[pb.Ack | StoreError]:
+    """Store each batch of ``group`` once; return its ``Ack`` or the error that kept it from storage.
+
+    One lookup for the whole group, one insert per new batch (its own dedup
+    token), then one insert recording every batch stored. A batch whose key is
+    already stored, or appears earlier in the group, is a DUPLICATE. Outcomes are
+    in ``group`` order. A ``StoreError`` outcome means: not acknowledged, safe to retry.
+    """
+    try:
+        known = stored_rows(store, [d.key for d in group])
+    except StoreError as exc:
+        return [exc] * len(group)
+    outcomes: list[pb.Ack | StoreError] = []
+    written: list[Decoded] = []
+    for decoded in group:
+        rows = known.get(decoded.key)
+        if rows is not None:
+            outcomes.append(pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows))
+            continue
+        try:
+            store.insert(decoded.table, decoded.data, dedup_token=decoded.dedup_token)
+        except StoreError as exc:
+            outcomes.append(exc)
+            continue
+        known[decoded.key] = decoded.data.num_rows
+        written.append(decoded)
+        outcomes.append(pb.Ack(seq=decoded.seq, status=pb.Ack.STORED, rows=decoded.data.num_rows))
+    if written:
+        try:
+            _record(store, written)
+        except StoreError as exc:
+            # The rows are in, but a retry must not be acknowledged before it is recorded:
+            # report failure; the retry's insert is dropped by its dedup token, then recorded.
+            outcomes = [exc if isinstance(o, pb.Ack) and o.status == pb.Ack.STORED else o for o in outcomes]
+    if metrics is not None:
+        for decoded, outcome in zip(group, outcomes, strict=True):
+            if isinstance(outcome, pb.Ack):
+                _count(metrics, decoded, outcome)
+    return outcomes
 
 
 def ingest(store: Store, batch: pb.Batch, metrics: Metrics | None = None) -> pb.Ack:
@@ -169,19 +265,7 @@ def ingest(store: Store, batch: pb.Batch, metrics: Metrics | None = None) -> pb.
         InvalidBatch: the batch cannot be stored (see :func:`decode`); nothing written.
         StoreError: the store failed; the batch may be retried safely.
     """
-    decoded = decode(batch)
-    rows = already_stored(store, batch.agent_id, batch.seq)
-    if rows is not None:
-        if metrics is not None:
-            metrics.ingest_batches.labels(decoded.table, "duplicate").inc()
-        return pb.Ack(seq=batch.seq, status=pb.Ack.DUPLICATE, rows=rows)
-    store.insert(decoded.table, decoded.data, dedup_token=decoded.dedup_token)
-    _record(store, batch, decoded)
-    if metrics is not None:
-        n = decoded.data.num_rows
-        metrics.ingest_batches.labels(decoded.table, "stored").inc()
-        metrics.ingest_rows.labels(decoded.table).inc(n)
-        metrics.ingest_bytes.inc(len(batch.arrow_ipc))
-        metrics.agent_dropped.inc(batch.dropped_events)
-        metrics.last_ingest.set_to_current_time()
-    return pb.Ack(seq=batch.seq, status=pb.Ack.STORED, rows=decoded.data.num_rows)
+    (outcome,) = write_group(store, [decode(batch)], metrics)
+    if isinstance(outcome, StoreError):
+        raise outcome
+    return outcome

@@ -46,6 +46,8 @@ class Store(Protocol):
 
         With ``dedup_token``, ClickHouse drops the insert if a block with the same
         token was inserted into ``table`` before (``insert_deduplication_token``).
+        Without one, nothing is deduplicated: the tables keep a deduplication window,
+        so a plain insert would otherwise drop a block identical to a recent one.
 
         Raises:
             StoreError: the insert failed; nothing was written.
@@ -78,7 +80,14 @@ def _columns(data: pa.Table) -> str:
 
 
 class ChdbStore:
-    """Embedded ClickHouse through chDB; one instance per data dir per process."""
+    """Embedded ClickHouse through chDB; one instance per data dir per process.
+
+    Calls are serialized by a Python lock. chDB's connection takes a native mutex
+    while holding the GIL, and a query reading Python objects (``Python(data)``)
+    takes the GIL while holding that mutex: two threads calling at once deadlock
+    (seen with chDB 4.4 under concurrent gRPC streams). Waiting on a Python lock
+    releases the GIL, so serializing here is safe; chDB serializes per connection anyway.
+    """
 
     _open: ClassVar[dict[Path, ChdbStore]] = {}
     _open_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -88,7 +97,7 @@ class ChdbStore:
 
         self.path = path
         self.url = f"chdb://{path}"
-        self._params_lock = threading.Lock()
+        self._lock = threading.Lock()
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = chdb.connect(str(path))
@@ -118,17 +127,17 @@ class ChdbStore:
 
         params = {k: format_bind_value(v) for k, v in (parameters or {}).items()}
         try:
-            if not params:
-                return self._conn.query(sql, fmt)
-            # chDB keeps query parameters in the connection's shared context: two threads'
-            # parameterized queries at once read each other's values (or none). One at a time.
-            with self._params_lock:
+            # One call at a time (see the class docstring). This also keeps two threads'
+            # parameters apart: chDB holds them in the connection's shared context.
+            with self._lock:
+                if not params:
+                    return self._conn.query(sql, fmt)
                 return self._conn.query(sql, fmt, params=params)
         except Exception as exc:
             raise StoreError(f"chDB: {exc}") from exc
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
-        settings = ""
+        settings = " SETTINGS insert_deduplicate = 0"
         if dedup_token is not None:
             settings = " SETTINGS insert_deduplication_token = {_argus_token:String}"
         # chDB's Python() table function reads the local variable `data` by name.
@@ -185,7 +194,11 @@ class ClickHouseServerStore:
             raise StoreError(f"cannot reach ClickHouse at {parts.hostname}:{parts.port}: {exc}") from exc
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else None
+        settings: dict[str, Any] = (
+            {"insert_deduplication_token": dedup_token}
+            if dedup_token is not None
+            else {"insert_deduplicate": 0}
+        )
         try:
             self._client.insert_arrow(table, data, settings=settings)
         except Exception as exc:

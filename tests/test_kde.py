@@ -53,3 +53,9 @@ def test_mixture_quantile_matches_scipy_w1() -> None:
 def test_negative_duration_is_rejected() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         compress([1.0, -2.0])
+
+
+def test_identical_durations_are_one_exact_cluster() -> None:
+    clusters = compress(np.full(500, 20_000.0))
+    assert len(clusters) == 1
+    assert clusters["p50_ns"][0] == clusters["p99_ns"][0] == 20_000.0

@@ -59,11 +59,11 @@ async function loadJobs() {
     const row = el(
       "tr",
       { "data-job": job.job_id },
-      el("td", {}, job.job_id),
+      el("td", { title: job.job_id }, job.job_id),
       el("td", {}, el("span", { class: `status status-${job.status}` }, job.status)),
       el("td", {}, `${job.ranks_attached}/${job.world_size}`),
       el("td", {}, String(job.open_diagnoses)),
-      el("td", {}, when(job.start_ns)),
+      el("td", { title: when(job.start_ns) }, job.start_ns == null ? "" : clock(job.start_ns)),
     );
     if (job.job_id === state.job) row.classList.add("selected");
     row.addEventListener("click", () => { location.hash = "job=" + encodeURIComponent(job.job_id); });
@@ -169,11 +169,16 @@ function drawDiagnoses(items) {
     add("slowdown", `${d.slowdown_pct.toFixed(1)}% of throughput`);
     add("seen", `${when(d.first_window_ns)} to ${when(d.last_window_ns)}`);
     for (const [k, v] of Object.entries(d.evidence)) add(k, evidenceValue(v));
+    // The timeline of the ranks involved (and rank 0 as a reference) over the diagnosis's windows.
+    const ranks = [...new Set([0, ...d.ranks])].join(",");
+    const trace = `${API}/jobs/${encodeURIComponent(d.job_id)}/trace?start=${d.first_window_ns}`
+      + `&end=${d.last_window_ns + 60e9}&ranks=${ranks}`;
     box.append(el(
       "article",
       { class: "diagnosis", "data-id": d.id, "data-cause": d.cause },
       el("h4", {}, `${d.cause}: ${who}${where ? " (" + where + ")" : ""}`),
       facts,
+      el("a", { href: trace }, "timeline of these ranks (Chrome trace JSON)"),
     ));
   }
 }

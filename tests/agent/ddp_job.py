@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--hook", choices=["none", "fp16"], default="none")
     p.add_argument("--inplace", action="store_true")
     p.add_argument("--loss-out", default="")
+    p.add_argument("--subgroups", action="store_true", help="pairs of ranks all-reduce 3 times at the end")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -79,6 +80,12 @@ def main() -> None:
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
             step += 1
+    if args.subgroups:
+        world = dist.get_world_size()
+        pairs = [dist.new_group([r, r + 1]) for r in range(0, world - 1, 2)]
+        mine = pairs[rank // 2]
+        for _ in range(3):
+            dist.all_reduce(torch.ones(8), group=mine)
     final = loss.detach().clone()
     dist.all_reduce(final)
     if rank == 0 and args.loss_out:

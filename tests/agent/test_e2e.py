@@ -31,10 +31,8 @@ def test_four_rank_ddp_job_is_recorded_whole(argus_server_factory) -> None:
     server = argus_server_factory("--no-analyzer")
     steps = 12
     with short_dir() as work:
-        out = run(
-            argus_run(work, server.grpc_target, "e2e-whole", torchrun(4, "--steps", str(steps))),
-            job_env(work),
-        )
+        job = torchrun(4, "--steps", str(steps), "--subgroups")
+        out = run(argus_run(work, server.grpc_target, "e2e-whole", job), job_env(work))
         agent_log = (work / "agent.log").read_text()
     assert out.returncode == 0, out.stderr[-3000:] + agent_log
     t = _frames(server, "e2e-whole")
@@ -51,6 +49,9 @@ def test_four_rank_ddp_job_is_recorded_whole(argus_server_factory) -> None:
         assert exits.exit_code.tolist() == [0]
         world = mine[(mine.event == "group") & (mine.group_name == "0")]
         assert [list(g) for g in world.group_ranks] == [[0, 1, 2, 3]]
+        pair = [0, 1] if r < 2 else [2, 3]
+        sub = mine[(mine.event == "group") & (mine.group_name != "0")]
+        assert [list(g) for g in sub.group_ranks] == [pair] and set(sub.group_backend) == {"gloo"}
         assert (mine.agent_id != "").all()
 
     st, ph, co = t["steps"], t["phases"], t["collectives"]
@@ -73,11 +74,15 @@ def test_four_rank_ddp_job_is_recorded_whole(argus_server_factory) -> None:
     # DDP rebuilds its buckets after the first iteration; from then on there are several.
     assert (per_step.loc[1:, 0] >= 2).all()
     by_instance = co.groupby(["process_group", "seq"])
-    assert (by_instance["rank"].nunique() == 4).all()
+    sizes = co.groupby("process_group")["rank"].nunique()
+    assert sizes["0"] == 4 and len(sizes) == 3 and (sizes.drop("0") == 2).all()
+    assert (
+        by_instance["rank"].nunique() == sizes.reindex(by_instance.size().index.get_level_values(0)).values
+    ).all()
     assert (by_instance["op"].nunique() == 1).all() and (by_instance["bytes"].nunique() == 1).all()
-    for r in range(4):
-        seqs = sorted(co[co["rank"] == r].seq)
-        assert seqs == list(range(len(seqs)))
+    for (r, pg), grp in co.groupby(["rank", "process_group"]):
+        assert sorted(grp.seq) == list(range(len(grp))), (r, pg)
+    assert (co[co.process_group != "0"].groupby("rank").size() == 3).all()
     # Bucket all-reduces are issued and complete inside their step's backward.
     bw = ph[ph.phase == "backward"][["rank", "step", "start_ns", "dur_ns"]]
     j = ar.merge(bw, on=["rank", "step"], suffixes=("", "_bw"))

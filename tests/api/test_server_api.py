@@ -8,6 +8,7 @@ schemathesis run over its OpenAPI schema that must find no 5xx.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,14 +17,32 @@ from pathlib import Path
 
 import httpx
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.core.failures import FailureGroup
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from tests.api.jobdata import send_grpc, synthetic_job
 from tests.conftest import ArgusServer
 
 TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+EXCLUDED = [positive_data_acceptance, negative_data_rejection]
+#: The real Kineto traces of shared/data (as tests/importer finds them; override with $ARGUS_KINETO_DIR).
+KINETO = next(
+    (
+        p
+        for p in (
+            Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto")),
+            Path(__file__).resolve().parents[3] / "shared" / "data" / "kineto",
+        )
+        if (p / "README.md").exists()
+    ),
+    None,
+)
 JOB = "job-api"
 FINISHED = "job-done"
 ENDPOINTS = [
@@ -71,7 +90,7 @@ def test_health_needs_no_token(server: ArgusServer) -> None:
 def test_jobs(http: httpx.Client) -> None:
     page = http.get("/api/v1/jobs").json()
     jobs = {j["job_id"]: j for j in page["items"]}
-    assert page["next"] is None and set(jobs) == {JOB, FINISHED}
+    assert {JOB, FINISHED} <= set(jobs)
     assert jobs[JOB]["status"] == "running" and jobs[FINISHED]["status"] == "finished"
     assert jobs[JOB]["world_size"] == 8 and jobs[JOB]["ranks_attached"] == 8 and jobs[JOB]["hosts"] == 4
     first = http.get("/api/v1/jobs", params={"limit": 1}).json()
@@ -111,13 +130,36 @@ def test_trace_and_heatmap(http: httpx.Client) -> None:
     assert worst.index(max(worst)) == 3 and worst[3] > 30
 
 
+@pytest.mark.skipif(KINETO is None, reason="no real Kineto traces (shared/data/kineto; set ARGUS_KINETO_DIR)")
 def test_trace_upload(http: httpx.Client) -> None:
-    """POST /traces hands files to the importer: one it cannot read is a 422 (501 until it is built)."""
-    response = http.post(
-        f"/api/v1/jobs/{JOB}-upload/traces", files=[("files", ("bad.json", b"{not json", "application/json"))]
+    """POST /traces imports real Kineto traces; a file the importer cannot read is a 422 naming it."""
+    assert KINETO is not None
+    files = [
+        ("file", (name, (KINETO / name).read_bytes(), "application/gzip"))
+        for name in ("job128_rank0.json.gz", "job128_rank1.json.gz")
+    ]
+    response = http.post("/api/v1/jobs/job-upload/traces", files=files)
+    assert response.status_code == 201, response.text
+    result = response.json()
+    assert result["job_id"] == "job-upload" and result["ranks"] == [0, 1]
+    assert result["rows"]["kernel_events"] > 2000
+    job = http.get("/api/v1/jobs/job-upload").json()
+    assert job["status"] == "finished" and job["source"] == "import"
+    doc = http.get("/api/v1/jobs/job-upload/trace", params={"ranks": "1", "max_events": 100000}).json()
+    kernels = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "kernel"]
+    assert len(kernels) >= 1000 and {e["pid"] for e in kernels} == {1}
+
+    bad = http.post(
+        "/api/v1/jobs/job-bad/traces", files=[("file", ("broken.json", b"{not json", "application/json"))]
     )
-    assert response.status_code in (422, 501), response.text
-    assert "detail" in response.json()
+    assert bad.status_code == 422 and "broken.json" in bad.json()["detail"], bad.text
+    assert http.get("/api/v1/jobs/job-bad").status_code == 404  # nothing of a failed import is written
+    no_rank = [
+        ("file", ("no_rank.json.gz", (KINETO / "no_rank_field.json.gz").read_bytes(), "application/gzip"))
+    ]
+    assert http.post("/api/v1/jobs/job-norank/traces", files=no_rank).status_code == 422
+    ok = http.post("/api/v1/jobs/job-norank/traces", files=no_rank, params={"rank": 5})
+    assert ok.status_code == 201 and ok.json()["ranks"] == [5], ok.text
 
 
 def test_metrics_and_page(server: ArgusServer, http: httpx.Client) -> None:
@@ -208,33 +250,50 @@ def test_diagnose_command(server: ArgusServer) -> None:
     assert denied.returncode == 1 and "401" in denied.stderr
 
 
-def test_schemathesis_finds_no_server_error(server: ArgusServer, tmp_path: Path) -> None:
-    """Property-based requests over every operation of the OpenAPI schema: no 5xx, bounded examples."""
-    schema = schemathesis.openapi.from_url(
-        f"{server.http_url}/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"}
-    )
+def test_schemathesis_finds_no_server_error(server: ArgusServer) -> None:
+    """Property-based requests over every operation of the OpenAPI schema, valid and invalid.
+
+    Schemathesis's checks run on every answer: no 5xx, status codes, content types and bodies
+    as the schema documents. Not "positive data acceptance": an opaque cursor, a range with
+    end < start or ranks ``5-1`` are schema-valid strings the API rightly answers with 422;
+    not "negative data rejection": unknown query parameters are ignored, as web APIs do.
+    Examples are bounded (25 per operation and mode) so CI stays short.
+    """
+    schema = schemathesis.openapi.from_url(f"{server.http_url}/openapi.json", headers=AUTH)
     failures: list[str] = []
     checked = 0
     for result in schema.get_all_operations():
         operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-        strategy = operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(
-            GenerationMode.NEGATIVE
-        )
+            @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @given(case=operation.as_strategy(mode))
+            def run(case: schemathesis.Case) -> None:
+                nonlocal checked
+                if "job_id" in (case.path_parameters or {}) and checked % 2 == 0:
+                    case.path_parameters["job_id"] = JOB  # half the examples hit a real job
+                checked += 1
+                try:
+                    response = case.call(base_url=server.http_url, headers=AUTH)
+                except requests.ConnectionError as exc:
+                    # uvicorn (h11) drops a request whose head passes its size limit (about 16 KiB):
+                    # a transport answer to an absurd URL, not an error of the API.
+                    if len(case.as_curl_command()) > 16_000:
+                        return
+                    failures.append(f"{case.method} {case.formatted_path}: {exc}")
+                    return
+                # Until the importer lands (issue 7) the upload answers 501 "not built yet".
+                if response.status_code == 501 and "not built yet" in response.text:
+                    return
+                try:
+                    case.validate_response(response, excluded_checks=EXCLUDED, headers=AUTH)
+                except (AssertionError, FailureGroup) as exc:  # recorded, not raised: no slow shrinking
+                    failures.append(f"{case.method} {case.operation.path} {case.query}: {str(exc)[:300]}")
 
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        @given(case=strategy)
-        def run(case: schemathesis.Case) -> None:
-            nonlocal checked
-            if "job_id" in (case.path_parameters or {}) and checked % 2 == 0:
-                case.path_parameters["job_id"] = JOB  # half the examples hit a real job
-            checked += 1
-            response = case.call(base_url=server.http_url, headers={"Authorization": f"Bearer {TOKEN}"})
-            # Until the importer lands (issue 7) the upload answers 501 "not built yet"; nothing else may.
-            unbuilt = response.status_code == 501 and "not built yet" in response.text
-            if response.status_code >= 500 and not unbuilt:
-                failures.append(f"{case.method} {case.formatted_path} {case.query}: {response.text[:200]}")
-
-        run()
-    assert checked >= 100
-    assert failures == [], "\n".join(failures[:10])
+            try:
+                run()
+            except Unsatisfiable:
+                assert mode is GenerationMode.NEGATIVE  # an operation with nothing to make invalid
+    assert checked >= 200
+    kinds = {f.split(":")[0].split(" {")[0]: f for f in failures}
+    assert failures == [], "\n\n".join(kinds.values())

@@ -8,7 +8,7 @@ from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 
-from argus.errors import InvalidBatch
+from argus.errors import InvalidBatch, StoreError
 from argus.proto import collector_pb2 as pb
 from tests.collector.bad_batches import bad_batches
 from tests.collector.wire import batch, sample
@@ -94,3 +94,52 @@ def test_null_inside_a_list_column_is_rejected() -> None:
     data = data.set_column(i, "group_ranks", pa.array([[0, None], [1]], pa.list_(pa.uint32())))
     with pytest.raises(InvalidBatch, match=r"ranks.group_ranks: 1 null value"):
         ingest.decode(batch("ranks", data, seq=1))
+
+
+def test_a_group_stores_each_batch_once_and_spots_repeats_inside_it(store: Store) -> None:
+    metrics = Metrics()
+    a = ingest.decode(batch("steps", sample("steps", n=2), seq=1))
+    b = ingest.decode(batch("steps", sample("steps", n=3, salt=9), seq=2))
+    c = ingest.decode(batch("collectives", sample("collectives", n=4), seq=3))
+    first = ingest.write_group(store, [a, b, a, c], metrics)
+    assert [(o.seq, o.status, o.rows) for o in first if isinstance(o, pb.Ack)] == [
+        (1, pb.Ack.STORED, 2),
+        (2, pb.Ack.STORED, 3),
+        (1, pb.Ack.DUPLICATE, 2),
+        (3, pb.Ack.STORED, 4),
+    ]
+    second = ingest.write_group(store, [c, b], metrics)
+    assert [(o.status, o.rows) for o in second if isinstance(o, pb.Ack)] == [
+        (pb.Ack.DUPLICATE, 4),
+        (pb.Ack.DUPLICATE, 3),
+    ]
+    assert (_count(store, "steps"), _count(store, "collectives"), _count(store, "ingest_batches")) == (
+        5,
+        4,
+        3,
+    )
+    assert ingest.stored_rows(store, [(a.agent_id, 1), (a.agent_id, 3), (a.agent_id, 99), ("other", 1)]) == {
+        (a.agent_id, 1): 2,
+        (a.agent_id, 3): 4,
+    }
+
+
+def test_a_failed_insert_fails_only_its_batch(store: Store) -> None:
+    good = ingest.decode(batch("steps", sample("steps", n=2), seq=1))
+    broken = ingest.decode(batch("steps", sample("steps", n=2), seq=2))
+    # A table the store does not have: the insert fails like a store outage would.
+    broken = ingest.Decoded("no_such_table", broken.data, broken.agent_id, broken.seq, broken.job_id)
+    outcomes = ingest.write_group(store, [broken, good], None)
+    assert isinstance(outcomes[0], StoreError)
+    assert isinstance(outcomes[1], pb.Ack) and outcomes[1].status == pb.Ack.STORED
+    assert ingest.stored_rows(store, [(good.agent_id, 1), (good.agent_id, 2)]) == {(good.agent_id, 1): 2}
+
+
+def test_agent_ids_and_job_ids_with_quotes_and_newlines(store: Store) -> None:
+    odd = "node'a\\b\nc-1700000000"
+    ack = ingest.ingest(store, batch("steps", sample("steps"), seq=5, agent_id=odd, job_id="job\t'x'"), None)
+    assert ack.status == pb.Ack.STORED
+    assert ingest.already_stored(store, odd, 5) == 5
+    again = ingest.ingest(store, batch("steps", sample("steps"), seq=5, agent_id=odd), None)
+    assert again.status == pb.Ack.DUPLICATE
+    assert store.query("SELECT DISTINCT job_id FROM steps").column("job_id").to_pylist() == ["job\t'x'"]

@@ -162,3 +162,33 @@ def test_sigterm_mid_stream_keeps_every_acknowledged_batch(argus_server_factory)
     rows = read_back(server.store_url, "SELECT count() AS n FROM steps").column("n")[0].as_py()
     assert rows == 2000 * stored.num_rows >= 2000 * len(acked_seqs)
     print(f"acked {len(acked)}, stored {stored.num_rows}, stream ended with {errors[0].code()}")
+
+
+def test_concurrent_streams_from_many_agents(argus_server_factory) -> None:
+    """Several agents at once (the chDB deadlock of two threads in one connection stays fixed)."""
+    server = argus_server_factory("--no-analyzer")
+    results: dict[int, list[pb.Ack]] = {}
+
+    def agent(n: int) -> None:
+        batches = [
+            batch(
+                "kernel_events",
+                sample("kernel_events", n=500, salt=s),
+                seq=s,
+                agent_id=f"node-{n}",
+                job_id="j",
+            )
+            for s in range(8)
+        ]
+        results[n] = stream(server.grpc_target, batches)
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == list(range(6))
+    for acks in results.values():
+        assert [(a.seq, a.status, a.rows) for a in acks] == [(s, pb.Ack.STORED, 500) for s in range(8)]
+    assert server.stop() == 0
+    assert read_table(server.store_url, "kernel_events", "j").num_rows == 6 * 8 * 500

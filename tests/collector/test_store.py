@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pytest
 from argus.collector.store import Store, apply_retention, open_store, retention_statements
@@ -123,3 +125,49 @@ def test_a_data_dir_held_by_a_running_server_is_locked(argus_server_factory) -> 
     server = argus_server_factory("--no-analyzer")
     with pytest.raises(StoreLocked, match="another process holds it"):
         open_store(server.store_url)
+
+
+@pytest.mark.timeout(120)
+def test_threads_insert_and_query_at_once(store: Store) -> None:
+    """chDB deadlocked two threads (one inserting from Arrow, one querying) without the store's lock."""
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(8):
+                store.insert("kernel_events", _with_job(sample("kernel_events", n=2000, salt=i), f"job-{n}"))
+                store.query(
+                    "SELECT count() AS n FROM kernel_events WHERE job_id = {j:String}", {"j": f"job-{n}"}
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,), daemon=True) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    assert not any(t.is_alive() for t in threads), "threads stuck in the store"
+    assert not errors
+    assert store.query("SELECT count() AS n FROM kernel_events").column("n")[0].as_py() == 4 * 8 * 2000
+
+
+def test_identical_plain_inserts_are_both_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without a token nothing is deduplicated, although every table keeps a dedup window."""
+    import pyarrow as pa
+    from argus.collector.store import open_store
+
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    row = pa.table(
+        {
+            "job_id": ["j"],
+            "rank": pa.array([0], pa.uint32()),
+            "step": pa.array([1], pa.uint64()),
+            "start_ns": pa.array([10], pa.int64()),
+            "dur_ns": pa.array([5], pa.int64()),
+        }
+    )
+    store.insert("steps", row)
+    store.insert("steps", row)
+    assert store.query("SELECT count() FROM steps").column(0)[0].as_py() == 2
+    store.close()

@@ -1,0 +1,78 @@
+"""Step aside while the user's own ``torch.profiler`` traces the GPU.
+
+CUPTI has one activity subscriber per process. When a user starts
+``torch.profiler.profile`` (or ``torch.autograd.profiler.profile``) with CUDA
+activities while the probe holds CUPTI, Kineto would find the slot taken. So
+the probe wraps the profiler's ``_prepare_trace`` (the first thing both entry
+points do) to release CUPTI first, and its ``__exit__`` to take it back after
+the user's trace is complete. Kernels run while the user profiles are not in
+Argus's kernel summaries; steps, phases and collectives are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["install", "wants_gpu"]
+
+log = logging.getLogger(__name__)
+
+
+def wants_gpu(prof: Any) -> bool:
+    """True when a profiler instance asks for CUDA activity (so it needs CUPTI)."""
+    from torch.autograd import ProfilerActivity
+
+    return ProfilerActivity.CUDA in (getattr(prof, "kineto_activities", None) or ())
+
+
+def install(
+    release: Callable[[], None], resume: Callable[[], None], needs: Callable[[Any], bool] = wants_gpu
+) -> None:
+    """Call ``release`` before a CUPTI-using profiler starts and ``resume`` after the last one stops.
+
+    Args:
+        release: Gives up CUPTI (flush, disable, unsubscribe).
+        resume: Takes CUPTI back.
+        needs: Whether a profiler instance uses CUPTI.
+    """
+    import torch.autograd.profiler as autograd_profiler
+
+    cls = autograd_profiler.profile
+    orig_prepare = cls._prepare_trace
+    orig_exit = cls.__exit__
+    lock = threading.Lock()
+    active: set[int] = set()
+
+    def _prepare_trace(self: Any) -> Any:
+        if needs(self):
+            with lock:
+                first = not active
+                active.add(id(self))
+            if first:
+                try:
+                    release()
+                    log.info("argus: torch.profiler started: GPU kernel capture paused")
+                except Exception:
+                    log.warning("argus: could not release CUPTI for torch.profiler", exc_info=True)
+        return orig_prepare(self)
+
+    def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807  (replaces the method of that name)
+        try:
+            return orig_exit(self, *exc)
+        finally:
+            with lock:
+                was = id(self) in active
+                active.discard(id(self))
+                last = was and not active
+            if last:
+                try:
+                    resume()
+                    log.info("argus: torch.profiler stopped: GPU kernel capture resumed")
+                except Exception:
+                    log.warning("argus: could not take CUPTI back after torch.profiler", exc_info=True)
+
+    cls._prepare_trace = _prepare_trace  # type: ignore[method-assign]
+    cls.__exit__ = __exit__  # type: ignore[method-assign]

@@ -1,0 +1,164 @@
+"""CUPTI decoding and compression on a CPU machine, from records shaped like cupti-python's (must show 5)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+from argus.agent.cupti import (
+    KIND_CONCURRENT_KERNEL,
+    KIND_EXTERNAL_CORRELATION,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    CollectiveJoin,
+    decode_records,
+    is_collective_kernel,
+)
+from argus.agent.kernels import KernelWindows, summarize
+
+from argus.kde import CLUSTER_DTYPE, fidelity
+from argus.schema import wire_schema
+
+
+def kernel(
+    name: str, start: int, end: int, stream: int = 7, corr: int = 1, device: int = 0
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        kind=KIND_CONCURRENT_KERNEL,
+        name=name,
+        stream_id=stream,
+        device_id=device,
+        correlation_id=corr,
+        start=start,
+        end=end,
+    )
+
+
+def test_records_decode_with_zero_timestamps_counted_as_dropped() -> None:
+    records = [
+        kernel("ampere_sgemm_128x64_nn", 1_000, 6_000, corr=11),
+        kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 7_000, 9_500, stream=13, corr=12),
+        kernel("ncclDevKernel_AllGather_RING_LL", 10_000, 12_000, stream=13, corr=13),
+        kernel("lost_timestamps", 0, 0, corr=14),
+        kernel("half_lost", 5_000, 0, corr=15),
+        SimpleNamespace(
+            kind=KIND_MEMCPY, copy_kind=1, stream_id=7, device_id=0, correlation_id=16, start=20, end=70
+        ),
+        SimpleNamespace(kind=KIND_MEMSET, stream_id=7, device_id=0, correlation_id=17, start=0, end=0),
+        SimpleNamespace(kind=KIND_EXTERNAL_CORRELATION, correlation_id=12, external_id=5, external_kind=5),
+        SimpleNamespace(kind=5, start=1, end=2),  # a runtime API record: not ours
+    ]
+    out = decode_records(records, offset_ns=1_000_000)
+    assert out.dropped == 3
+    assert out.external == {12: 5}
+    assert [r[:2] for r in out.rows] == [
+        ("kernel", "ampere_sgemm_128x64_nn"),
+        ("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float"),
+        ("kernel", "ncclDevKernel_AllGather_RING_LL"),
+        ("memcpy", "Memcpy HtoD"),
+    ]
+    assert out.rows[0] == ("kernel", "ampere_sgemm_128x64_nn", 7, 0, 11, 1_001_000, 5_000)
+    assert all(r[6] >= 0 for r in out.rows)
+
+
+def test_both_nccl_kernel_families_are_collectives() -> None:
+    assert is_collective_kernel("ncclKernel_AllReduce_RING_LL_Sum_float")
+    assert is_collective_kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL")
+    assert not is_collective_kernel("void at::native::vectorized_elementwise_kernel<4>")
+
+
+def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
+    join = CollectiveJoin(timeout_ns=1_000)
+    host_row = (3, "0", 17, "allreduce", 4096, 100, 100, 50)
+    join.expect(5, host_row)
+    join.expect(6, (3, "0", 18, "allreduce", 4096, 200, 200, 40))
+    decoded = decode_records(
+        [
+            SimpleNamespace(
+                kind=KIND_EXTERNAL_CORRELATION, correlation_id=12, external_id=5, external_kind=5
+            ),
+            kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1_000, 3_500, stream=13, corr=12),
+        ]
+    )
+    join.feed(decoded)
+    rows = join.ready(now_ns=150)
+    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500)]
+    # No kernel ever came for uid 6: after the timeout it leaves with its host times.
+    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40)]
+
+
+def _events(rows: list[tuple], rank: int = 0) -> pa.Table:
+    cols = list(zip(*rows, strict=True))
+    kind, name, stream, device, corr, start, dur = cols
+    n = len(rows)
+    return pa.Table.from_arrays(
+        [
+            pa.array([rank] * n, pa.uint32()),
+            *(pa.array(c) for c in (kind, name)),
+            pa.array(stream, pa.uint32()),
+            pa.array(device, pa.int32()),
+            pa.array(corr, pa.uint64()),
+            pa.array(start, pa.int64()),
+            pa.array(dur, pa.int64()),
+        ],
+        schema=wire_schema("kernel_events"),
+    )
+
+
+def test_decoded_records_compress_per_window_kernel_and_stream() -> None:
+    rng = np.random.default_rng(3)
+    window = 1_000_000_000
+    base = 5 * window
+    records = []
+    corr = 0
+    for i in range(3000):
+        corr += 1
+        d = int(rng.lognormal(np.log(40_000), 0.05)) if i % 2 else int(rng.lognormal(np.log(90_000), 0.05))
+        start = base + i * 200_000
+        records.append(kernel("gemm", start, start + d, corr=corr))
+        corr += 1
+        records.append(
+            kernel(
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL", start + 100, start + 20_100, stream=13, corr=corr
+            )
+        )
+    records.append(kernel("gemm", 0, 0))
+    decoded = decode_records(records)
+    assert decoded.dropped == 1
+    windows = KernelWindows(window_s=1.0, grace_s=0.0)
+    windows.add("job", _events(decoded.rows))
+    out = windows.ready(now_ns=base + 10 * window)
+    assert [job for job, _ in out] == ["job"]
+    s = out[0][1].to_pandas()
+    gemm = s[s.kernel == "gemm"]
+    # 3000 gemms over 0.6 s fall in one window: a bimodal gemm gives two clusters.
+    assert sorted(gemm.p50_ns.round(-3)) == [40_000, 90_000] and gemm["count"].sum() == 3000
+    nccl = s[s.kernel.str.startswith("ncclDevKernel")]
+    assert (nccl.collective == 1).all() and (gemm.collective == 0).all()
+    assert set(s.stream) == {7, 13} and (s.window_start_ns == base).all()
+    # Late events for a compressed window are counted, not summarised twice.
+    windows.add("job", _events([("kernel", "gemm", 7, 0, 1, base + 10, 1000)]))
+    assert windows.late_events == 1 and windows.ready(now_ns=base + 20 * window) == []
+
+
+def test_summary_rebuilds_within_five_percent() -> None:
+    rng = np.random.default_rng(5)
+    durs = rng.lognormal(np.log(120_000), 0.2, 20_000).astype(np.int64)
+    rows = [("kernel", "k", 1, 0, 0, 1_000_000 + i, int(d)) for i, d in enumerate(durs)]
+    s = summarize(_events(rows), 0, 10**10)
+    clusters = np.array(
+        list(
+            zip(
+                s["count"].to_pylist(),
+                s["p50_ns"].to_pylist(),
+                s["p99_ns"].to_pylist(),
+                s["log_lo"].to_pylist(),
+                s["log_hi"].to_pylist(),
+                s["sum_ns"].to_pylist(),
+                strict=True,
+            )
+        ),
+        dtype=CLUSTER_DTYPE,
+    )
+    assert fidelity(durs, clusters) < 0.05

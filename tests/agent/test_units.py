@@ -1,0 +1,143 @@
+"""Unit tests of single functions: step/phase state machine, socket protocol, buffers, clock, autoattach."""
+
+from __future__ import annotations
+
+import socket
+
+import pyarrow as pa
+import pytest
+from argus.agent.buffers import RowBuffer
+from argus.agent.clock import estimate_offset
+from argus.agent.node import shift_times
+from argus.agent.protocol import (
+    FrameType,
+    ProtocolError,
+    decode_batch,
+    encode_batch,
+    encode_frame,
+    read_frame,
+)
+from argus.agent.steps import BACKWARD, DATA, FORWARD, OPTIMIZER, StepTracker
+
+from argus.schema import wire_schema
+
+
+def tracker() -> tuple[StepTracker, RowBuffer, RowBuffer]:
+    steps, phases = RowBuffer(100), RowBuffer(100)
+    return StepTracker(steps, phases, attach_ns=0), steps, phases
+
+
+def test_a_step_ends_when_the_optimizer_returns_and_phases_nest() -> None:
+    t, steps, phases = tracker()
+    for code, a, b in [(DATA, 10, 20), (FORWARD, 20, 50), (BACKWARD, 50, 90), (OPTIMIZER, 90, 100)]:
+        assert t.begin(code, a)
+        t.end(code, b)
+    t.begin(DATA, 105)  # the next step's first phase closes step 0 at the optimizer's return
+    assert steps.take() == [(0, 10, 90)]
+    assert phases.take() == [
+        (0, DATA, 10, 10),
+        (0, FORWARD, 20, 30),
+        (0, BACKWARD, 50, 40),
+        (0, OPTIMIZER, 90, 10),
+    ]
+    assert t.step == 1
+
+
+def test_nested_phases_are_not_rows_and_same_phases_merge() -> None:
+    t, steps, phases = tracker()
+    t.begin(FORWARD, 0)
+    t.end(FORWARD, 10)
+    t.begin(FORWARD, 12)  # loss module right after the model: merged
+    t.end(FORWARD, 15)
+    t.begin(BACKWARD, 20)
+    assert not t.begin(FORWARD, 25)  # activation checkpointing recompute inside backward
+    t.end(-1, 0)
+    t.end(BACKWARD, 40)
+    t.mark_step(41)
+    assert phases.take() == [(0, FORWARD, 0, 15), (0, BACKWARD, 20, 20)]
+    assert steps.take() == [(0, 0, 41)]
+
+
+def test_two_optimizers_make_one_step_and_idle_flush_closes_it() -> None:
+    t, steps, phases = tracker()
+    t.begin(BACKWARD, 0)
+    t.end(BACKWARD, 10)
+    for a in (10, 20):
+        t.begin(OPTIMIZER, a)
+        t.end(OPTIMIZER, a + 5)
+    assert t.event_step() == 1 and steps.take() == []
+    t.flush_idle(now_ns=1_000, idle_ns=100)
+    assert steps.take() == [(0, 0, 25)]
+    assert phases.take() == [(0, BACKWARD, 0, 10), (0, OPTIMIZER, 10, 15)]
+
+
+def test_row_buffer_drops_and_counts_when_full() -> None:
+    b = RowBuffer(3)
+    for i in range(5):
+        b.append((i,))
+    assert b.take() == [(0,), (1,), (2,)] and b.dropped == 2
+    b.append((9,))
+    assert b.take() == [(9,)]
+
+
+def test_frames_round_trip_over_a_socket() -> None:
+    data = pa.Table.from_pydict(
+        {"rank": [1], "step": [2], "start_ns": [3], "dur_ns": [4]}, schema=wire_schema("steps")
+    )
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(encode_batch(7, "steps", data) + encode_frame(FrameType.ACK, 7))
+        kind, seq, payload = read_frame(b)  # type: ignore[misc]
+        assert (kind, seq) == (FrameType.BATCH, 7)
+        name, got = decode_batch(payload)
+        assert name == "steps" and got.equals(data)
+        assert read_frame(b)[:2] == (FrameType.ACK, 7)  # type: ignore[index]
+        a.close()
+        assert read_frame(b) is None
+
+
+def test_bad_frames_are_protocol_errors() -> None:
+    with pytest.raises(ProtocolError):
+        decode_batch(bytes([99]) + b"xx")
+    wrong = pa.table({"x": [1]})
+    with pytest.raises(ProtocolError, match="schema"):
+        decode_batch(encode_batch(1, "steps", wrong)[13:])
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"\x05\x00\x00\x00\x63" + b"\x00" * 8)
+        with pytest.raises(ProtocolError, match="frame type"):
+            read_frame(b)
+
+
+def test_clock_estimate_picks_the_shortest_round_trip() -> None:
+    clock = iter([0, 100, 1000, 1010, 2000, 2400])
+    replies = iter([10_050, 11_005, 12_300])
+    est = estimate_offset(lambda _t: next(replies), samples=3, now=lambda: next(clock))
+    assert (est.offset_ns, est.rtt_ns) == (11_005 - 1005, 10)
+
+
+def test_offset_shifts_only_time_columns() -> None:
+    data = pa.Table.from_pydict(
+        {"rank": [1], "step": [2], "start_ns": [3], "dur_ns": [4]}, schema=wire_schema("steps")
+    )
+    got = shift_times("steps", data, 100).to_pylist()[0]
+    assert got == {"rank": 1, "step": 2, "start_ns": 103, "dur_ns": 4}
+
+
+def test_cupti_steps_aside_while_a_user_profiler_runs() -> None:
+    import torch
+    import torch.autograd.profiler as ap
+    from argus.agent import profiler_yield
+
+    saved = ap.profile._prepare_trace, ap.profile.__exit__
+    calls: list[str] = []
+    try:
+        profiler_yield.install(
+            lambda: calls.append("release"), lambda: calls.append("resume"), lambda p: True
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            calls.append("user")
+            torch.ones(4).sum()
+    finally:
+        ap.profile._prepare_trace, ap.profile.__exit__ = saved
+    assert calls == ["release", "user", "resume"]

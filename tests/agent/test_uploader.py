@@ -1,0 +1,139 @@
+"""The node agent's upload path over real gRPC: spool, replay, acks, rejections, size splits, bounds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from argus.agent.spool import Spool
+from argus.agent.uploader import Uploader, split_rows
+
+from argus.proto import collector_pb2
+from argus.schema import wire_schema
+from tests.agent.collector_sink import Sink
+
+
+def steps(first: int, n: int, rank: int = 0) -> pa.Table:
+    return pa.Table.from_pydict(
+        {
+            "rank": [rank] * n,
+            "step": list(range(first, first + n)),
+            "start_ns": [1_000 * i for i in range(first, first + n)],
+            "dur_ns": [10] * n,
+        },
+        schema=wire_schema("steps"),
+    )
+
+
+def wait_for(cond, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def sink():
+    s = Sink()
+    yield s
+    s.stop()
+
+
+def test_rows_arrive_once_with_offset_and_dropped_counts(sink: Sink, tmp_path: Path) -> None:
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-a", flush_s=0.1)
+    up.start()
+    up.count_dropped(7)
+    up.add("job", "steps", steps(0, 5), clock_offset_ns=42)
+    wait_for(lambda: sink.table("steps").num_rows == 5)
+    up.close(2)
+    batch = sink.servicer.batches[0]
+    assert (batch.agent_id, batch.seq, batch.clock_offset_ns, batch.dropped_events) == ("agent-a", 1, 42, 7)
+    assert len(up.spool) == 0 and up.stats.batches_stored == 1
+
+
+def test_collector_down_then_up_replays_the_spool_exactly_once(tmp_path: Path) -> None:
+    sink = Sink()
+    address = sink.address
+    sink.stop()
+    up = Uploader(address, Spool(tmp_path, 1 << 30), "agent-b", flush_s=0.1)
+    up.start()
+    for i in range(10):
+        up.add("job", "steps", steps(10 * i, 10))
+        up.flush()
+    time.sleep(0.5)
+    assert len(up.spool) == 10  # nothing acknowledged: all spooled
+    port = int(address.rsplit(":", 1)[1])
+    sink = Sink(port)
+    try:
+        wait_for(lambda: len(up.spool) == 0)
+        got = sink.table("steps")
+        assert sorted(got["step"].to_pylist()) == list(range(100))
+    finally:
+        up.close(1)
+        sink.stop()
+
+
+def test_a_new_agent_replays_a_dead_agents_spool_under_its_id(sink: Sink, tmp_path: Path) -> None:
+    down = Uploader("127.0.0.1:1", Spool(tmp_path, 1 << 30), "agent-old", flush_s=60)
+    down.add("job", "steps", steps(0, 3))
+    down.flush()
+    assert len(down.spool) == 1
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-new", flush_s=0.1)
+    up.start()
+    try:
+        wait_for(lambda: sink.table("steps").num_rows == 3)
+        assert [(b.agent_id, b.seq) for b in sink.servicer.batches] == [("agent-old", 1)]
+        wait_for(lambda: len(up.spool) == 0)
+    finally:
+        up.close(1)
+
+
+def test_rejected_batch_is_logged_counted_and_not_retried(sink: Sink, tmp_path: Path) -> None:
+    sink.servicer.reject = lambda b: "bad rows" if b.seq == 1 else None
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-c", flush_s=0.1)
+    up.start()
+    up.add("job", "steps", steps(0, 4))
+    up.flush()
+    up.add("job", "steps", steps(4, 4))
+    wait_for(lambda: sink.table("steps").num_rows == 4)
+    wait_for(lambda: len(up.spool) == 0)
+    time.sleep(0.5)
+    up.close(1)
+    assert up.stats.batches_rejected == 1 and up.stats.rows_rejected == 4
+    assert "bad rows" in up.stats.rejections[0]
+    assert sink.servicer.received == 2  # the rejected one was sent once
+    assert sink.servicer.batches[-1].dropped_events == 4  # and its rows reported as lost
+
+
+def test_batches_are_split_under_the_message_limit(sink: Sink, tmp_path: Path) -> None:
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-d", flush_s=0.1, max_message_bytes=200_000)
+    up.start()
+    up.add("job", "steps", steps(0, 40_000))
+    wait_for(lambda: sink.table("steps").num_rows == 40_000)
+    up.close(1)
+    assert len(sink.servicer.batches) > 4
+    assert max(b.ByteSize() for b in sink.servicer.batches) <= 200_000
+
+
+def test_full_spool_drops_oldest_and_counts_them(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=3_000)
+    up = Uploader("127.0.0.1:1", spool, "agent-e", flush_s=60)
+    for i in range(20):
+        up.add("job", "steps", steps(i * 10, 10))
+        up.flush()
+    assert spool.size_bytes <= 3_000 and 0 < len(spool) < 20
+    assert spool.dropped_rows == 10 * (20 - len(spool))
+    # The next batch carries the count of what was lost.
+    up.add("job", "steps", steps(999, 1))
+    up.flush()
+    last = max(spool.seqs("agent-e"))
+    batch = collector_pb2.Batch.FromString(spool.read("agent-e", last) or b"")
+    assert batch.dropped_events >= 10
+
+
+def test_split_rows_keeps_every_row() -> None:
+    data = steps(0, 10_000)
+    parts = split_rows(data, 20_000)
+    assert len(parts) > 1 and sum(p.num_rows for p in parts) == 10_000
