@@ -13,6 +13,8 @@ from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 from prometheus_client import generate_latest
 
+from argus.errors import StoreError
+
 from .conftest import load, rows_between
 
 W = 2.0
@@ -133,3 +135,47 @@ def test_argus_analyze_once_prints_the_diagnoses(store: Store, capsys: pytest.Ca
     assert "job-cli" in out and "host_stall rank 7" in out
     (d,) = read_diagnoses(store, "job-cli")
     assert json.loads(json.dumps(d.to_dict()))["cause"] == "host_stall"
+
+
+def _windows_uninterrupted(sim) -> int:  # type: ignore[no-untyped-def]
+    """Windows an uninterrupted analysis of ``sim`` keeps its one diagnosis for."""
+    from argus.analyzer.pipeline import JobAnalysis
+
+    ja = JobAnalysis("x", int(W * NS))
+    for w in sim.windows:
+        ja.analyze(w)
+    (d,) = ja.tracker.open
+    return int(d.evidence["windows"])
+
+
+class _FailOnce:
+    """The real store, except that the first insert into ``diagnoses`` fails (a store outage)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.url = store.url
+        self.failed = False
+
+    def insert(self, table: str, data, *, dedup_token: str | None = None) -> None:  # type: ignore[no-untyped-def]
+        if table == "diagnoses" and not self.failed:
+            self.failed = True
+            raise StoreError("diagnoses: injected failure")
+        self._store.insert(table, data, dedup_token=dedup_token)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+def test_a_failed_write_is_retried_without_counting_the_window_twice(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("compute", (2,), 0.4, 3.0),)), "job-retry")
+    load(store, sim)
+    flaky = _FailOnce(store)
+    a = Analyzer(flaky, window_s=W, backlog_s=None)  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        a.run_once(now_ns=_end(sim) + 10 * NS)
+    a.run_once(now_ns=_end(sim) + 10 * NS)
+    (d,) = read_diagnoses(store, "job-retry")
+    assert flaky.failed and d.rank == 2 and d.cause == "compute"
+    # The same answer as an analysis that never failed: every window counted once.
+    clean = _windows_uninterrupted(sim)
+    assert d.evidence["windows"] == clean and d.first_window_ns <= sim.windows[0].start_ns + 6 * NS
