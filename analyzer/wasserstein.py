@@ -42,7 +42,7 @@ __all__ = [
     "w1_excess",
 ]
 
-#: Probability cells of the W1 quadrature: 2.5 % cells in the body, finer in both tails.
+#: Probability cells of the W1 quadrature: 3.75 % cells in the body, finer in both tails.
 U_EDGES = np.unique(
     np.r_[
         0.0,
@@ -51,7 +51,7 @@ U_EDGES = np.unique(
         0.01,
         0.02,
         0.035,
-        np.linspace(0.05, 0.95, 37),
+        np.linspace(0.05, 0.95, 25),
         0.965,
         0.98,
         0.99,
@@ -229,13 +229,15 @@ def _invert_mixtures(
 def frechet_median(quantiles: NDArray[np.float64]) -> NDArray[np.float64]:
     """W1 Fréchet median of distributions given by quantile rows ``(n, |U|)``: pointwise median."""
     n = quantiles.shape[0]
-    q = np.array(quantiles.T, order="C")  # one copy, partitioned in place along contiguous rows
+    # One copy, in float32 (relative error 6e-8, well below any W1 that matters), partitioned
+    # in place along contiguous rows: about twice as fast as np.median on the float64 rows.
+    q = np.array(quantiles.T, dtype=np.float32, order="C")
     k = n // 2
     if n % 2:
         q.partition(k, axis=1)
-        return np.asarray(q[:, k])
+        return np.asarray(q[:, k], dtype=np.float64)
     q.partition((k - 1, k), axis=1)
-    return np.asarray(0.5 * (q[:, k - 1] + q[:, k]))
+    return 0.5 * (q[:, k - 1].astype(np.float64) + q[:, k])
 
 
 def _weighted_rows(x: NDArray[np.float64]) -> NDArray[np.float64]:
