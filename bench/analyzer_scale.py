@@ -15,7 +15,8 @@ ranks 20 % slower on every kernel.
   :data:`ALLPAIRS_BUDGET_S`; the largest size run is reported, with our time on
   the same n ranks.
 
-``peak_rss_mb`` is the process's peak resident memory (input included).
+``peak_rss_mb`` is the process's peak resident memory after our scoring (input
+included), before the all-pairs reference runs.
 
 Last line: ``seconds_10k=… peak_rss_mb=… allpairs_seconds=… allpairs_ranks=…``.
 Run: ``python bench/analyzer_scale.py [--ranks 10000] [--kernels 50]``.
@@ -137,6 +138,9 @@ def main() -> None:
     cpu0 = time.process_time()
     seconds, scores = _timed(score_kernels, kc, repeat=3)
     cpu = (time.process_time() - cpu0) / 3
+    # Peak memory of the process so far: the input and our scoring (the all-pairs reference after
+    # this allocates large blocks of its own).
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     flagged = set(scores.rank[scores.score >= 1].tolist())
     slow = set(kc.rank[kc.p50_ns > 1.1 * np.median(kc.p50_ns[kc.kernel == kc.kernel[0]])].tolist())
     print(
@@ -155,7 +159,6 @@ def main() -> None:
         if t * 4 > ALLPAIRS_BUDGET_S:  # the next size (2n) takes ~4x as long
             break
         n *= 2
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"at {allpairs_n} ranks ours took {ours_n_s:.3f} s")
     print(
         f"seconds_10k={seconds:.3f} peak_rss_mb={peak_mb:.0f} "
