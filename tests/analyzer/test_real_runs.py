@@ -85,6 +85,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
                 _record(server, work, scenario)
     finally:
         assert server.stop() == 0, server.logs()
+    # chDB allows one open data dir per process: analyse, read back and close before yielding.
     store = open_store(server.store_url)
     try:
         out = {}
@@ -93,9 +94,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
             analyzer = Analyzer(store, window_s=ANALYSIS_WINDOW_S, job=job, backlog_s=None)
             analyzer.run_once(now_ns=time.time_ns() + 60 * 10**9)
             out[scenario] = read_diagnoses(store, job)
-        yield out
     finally:
         store.close()
+    yield out
 
 
 def _describe(diagnoses: list[Diagnosis]) -> str:
