@@ -140,7 +140,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         ev.update(
             {
                 "l2_score": _r(l2_score),
-                "self_excess_ms_per_step": _ms(l2.excess_ns[i]),
+                "excess_ms_per_step": _ms(l2.excess_ns[i]),
                 "phase_excess_ms": {c: _ms(v) for c, v in zip(COMPONENTS, comp, strict=True)},
                 "step_ms": _ms(l2.step_ns[i]),
                 "peer_step_ms": _ms(l2.ref_step_ns),

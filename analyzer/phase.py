@@ -90,8 +90,9 @@ class PhaseResult:
     Attributes:
         rank: Global ranks compared, sorted, shape ``(n,)``.
         steps: Steps compared per rank.
-        score: One-sided robust score of the trimmed mean self-time excess; >= 1 = straggler.
-        excess_ns: Mean self-time excess per step over the healthy reference, ns.
+        score: One-sided robust score of the trimmed mean positive excess; >= 1 = straggler.
+        excess_ns: Mean excess per step over the healthy reference, ns: lateness at the step's
+            last collective, or self time when the job records no collectives.
         component_excess_ns: Mean excess per step of each of :data:`COMPONENTS`, shape ``(n, 5)``.
         wait_ns: Mean blocked wait per step.
         self_ns: Mean self time per step.
@@ -101,7 +102,7 @@ class PhaseResult:
         healthy: Ranks in the healthy reference set.
         lost_ns: Per rank, summed positive excess over its steps (the time peers waited for it).
         job_time_ns: Summed job step time (slowest rank per step) over the compared steps.
-        excess_matrix: Self-time excess per (rank, step column), NaN where missing; shape ``(n, s)``.
+        excess_matrix: Excess per (rank, step column), NaN where missing; shape ``(n, s)``.
         has_collectives: True when blocked waits were known for most steps.
         trimmed_frac: The trimmed mean excess per step as a fraction of the reference step time
             (what :func:`compare_phases` compares with ``baseline`` next time).
