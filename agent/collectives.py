@@ -16,7 +16,9 @@ what PyTorch's ``default_hooks.allreduce_hook`` computes (the same result as
 DDP's built-in all-reduce: divide by the group size, then sum) with the
 recording fused in, so a bucket costs one Python callback. A built-in C++ hook
 (``_register_builtin_comm_hook``) registered before the first forward cannot be
-wrapped; its buckets are then not captured and a warning says so.
+wrapped; its buckets are then not captured and a warning says so. A Python
+comm hook costs a few GIL hand-offs per bucket, which tiny CPU steps can feel;
+``ARGUS_DDP_HOOK=0`` keeps DDP's C++ all-reduce and gives up bucket capture.
 
 Collectives issued from C++ elsewhere (functional collectives of DTensor/TP,
 DDP's construction-time parameter checks) are invisible to this layer; on GPUs
@@ -26,6 +28,7 @@ their NCCL kernels still appear in the kernel summaries.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +40,9 @@ import torch.distributed as dist
 __all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "recorded_allreduce", "uninstall"]
 
 log = logging.getLogger(__name__)
+
+#: ``ARGUS_DDP_HOOK=0``: leave DDP on its built-in C++ all-reduce (its buckets are then not captured).
+ENV_DDP_HOOK = "ARGUS_DDP_HOOK"
 
 #: ProcessGroup method → (op name, index of the argument holding this rank's payload).
 PG_METHODS: dict[str, tuple[str, int]] = {
@@ -277,7 +283,12 @@ def _install_ddp() -> None:
 
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         d = self.__dict__
-        if _recorder is not None and "_argus_hook_slot" not in d and "_argus_builtin_hook" not in d:
+        if (
+            _recorder is not None
+            and "_argus_hook_slot" not in d
+            and "_argus_builtin_hook" not in d
+            and os.environ.get(ENV_DDP_HOOK, "1") != "0"
+        ):
             _install_default_hook(self, orig_register, recorded_allreduce)
         return orig_forward(self, *inputs, **kwargs)
 

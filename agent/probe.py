@@ -58,6 +58,25 @@ EXIT_FLUSH_S = 3.0
 ENV_CUPTI = "ARGUS_CUPTI"
 
 
+def _start_shipper(run: Any, stop: threading.Event) -> threading.Thread:
+    """Start the shipper thread so that it has ended before the interpreter finalizes.
+
+    A daemon thread still inside native code (pyarrow) when Python finalizes is
+    killed on its way back to the GIL, which aborts the process ("terminate
+    called without an active exception"). So the shipper is a regular thread
+    and ``threading._register_atexit`` (run by ``threading._shutdown`` before it
+    joins regular threads, as ``concurrent.futures`` does) tells it to stop; the
+    final flush then runs from ``atexit`` in the main thread. Where that hook is
+    missing the thread is a daemon and shutdown joins it.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    thread = threading.Thread(target=run, name="argus-probe", daemon=register is None)
+    if register is not None:
+        register(stop.set)
+    thread.start()
+    return thread
+
+
 class _Correlator:
     """Pushes a fresh external correlation id around each GPU collective."""
 
@@ -135,8 +154,7 @@ class Probe:
         self.buffers["ranks"].append(("attach", self.attach_ns, 0, "", [], ""))
         self._resolve_identity()
         self._install_exit_hooks()
-        self._thread = threading.Thread(target=self._run, name="argus-probe", daemon=True)
-        self._thread.start()
+        self._thread = _start_shipper(self._run, self._stop)
 
     def mark_step(self) -> None:
         """``argus.agent.step()``: end the current step now."""
@@ -152,7 +170,7 @@ class Probe:
         code = self._exit_code if exit_code is None else exit_code
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=10.0)
         try:
             self.tracker.finish()
             if self._cupti is not None:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from argus.analyzer.collectives import Decomposition, LinkFinding
+from argus.analyzer.collectives import LinkFinding
 from argus.analyzer.findings import Finding
 from argus.analyzer.host import HostResult
 from argus.analyzer.iteration import IterationResult
@@ -56,7 +56,7 @@ CLOCK_DROP = 0.05
 #: Extra CPU time below this share of the extra self time means the extra time was not CPU work.
 CPU_SHARE = 0.5
 #: With fewer healthy ranks than this as the reference, one window cannot open a diagnosis.
-MIN_REFERENCE = 3
+MIN_REFERENCE = 4
 #: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
 SPIKY_SHARE = 0.75
 _COMPUTE_PHASES = ("forward", "backward", "optimizer")
@@ -140,7 +140,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         ev.update(
             {
                 "l2_score": _r(l2_score),
-                "self_excess_ms_per_step": _ms(l2.excess_ns[i]),
+                "excess_ms_per_step": _ms(l2.excess_ns[i]),
                 "phase_excess_ms": {c: _ms(v) for c, v in zip(COMPONENTS, comp, strict=True)},
                 "step_ms": _ms(l2.step_ns[i]),
                 "peer_step_ms": _ms(l2.ref_step_ns),
@@ -329,9 +329,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
     return out
 
 
-def _links(
-    w: Window, links: list[LinkFinding], l1: IterationResult, stragglers: set[int], d: Decomposition | None
-) -> list[Finding]:
+def _links(w: Window, links: list[LinkFinding], l1: IterationResult, stragglers: set[int]) -> list[Finding]:
     out = []
     for link in links:
         if link.score < KEEP_SCORE:
@@ -414,7 +412,6 @@ def attribute(
     host: HostResult,
     links: list[LinkFinding],
     unresponsive: list[Unresponsive],
-    decomposition: Decomposition | None = None,
 ) -> list[Finding]:
     """Turn one window's level results into findings, one cause each (rules in the module doc).
 
@@ -451,7 +448,7 @@ def attribute(
             found.append(f)
     out.extend(_merge_many(found, l2))
     stragglers = {f.rank for f in found if f.rank is not None and f.score >= 1.0}
-    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers, decomposition)]
+    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers)]
     out.extend(comm)
     if not stragglers and w.collectives.rank.size == 0:
         out.extend(_kernel_links(ctx, l1, {f.subject for f in comm}))

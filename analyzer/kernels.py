@@ -11,16 +11,19 @@ For every (kernel, stream) group of a window:
 3. The reference distribution is the W1 Fréchet median of the healthy ranks —
    the pointwise median of their quantile functions
    (:func:`argus.analyzer.wasserstein.frechet_median`).
-4. Each rank's statistic is its W1 distance to the reference, *signed* by the
-   side that dominates: ``+W1`` when the area where its quantile function lies
-   above the reference (slower) is at least half of W1, else ``−W1``. Healthy
-   ranks scatter symmetrically around 0, so the faster half is a fair sample of
-   the noise; a slow rank (or one with a slow tail) is far on the + side; a rank
-   whose NCCL kernels are shorter because it waits less is on the − side and
-   never flagged. The one-sided rule scores it against a floor of
-   :data:`REL_FLOOR` of the reference mean. (Scoring the one-sided excess
-   ``∫ max(Q − Q_ref, 0)`` directly would not work: it is ~0 for every rank
-   faster than the reference, so its faster half says nothing about the noise.)
+4. Each rank's W1 distance to the reference splits into the area where its
+   quantile function lies above the reference (W1⁺, slower) and below it
+   (W1⁻, faster). Its statistic is ``W1⁺ − W1⁻`` — which equals its mean
+   duration minus the reference's — scored with the one-sided rule against a
+   floor of :data:`REL_FLOOR` of the reference mean. Noise in a distribution's
+   *shape* (the mixing weights of a bimodal kernel jitter from rank to rank)
+   adds to both sides alike and cancels, while a rank that got slower, in its
+   body or only in a slow tail, moves the statistic by the time it loses per
+   call; a rank whose NCCL kernels are shorter because it waits less comes out
+   negative and is never flagged. (Scoring W1 itself, or W1⁺ alone, does not
+   work: both are positive for every rank, so the faster half of the ranks
+   says nothing about the noise, and shape noise alone pushes healthy ranks
+   of a multimodal kernel past any threshold.) W1 and W1⁺ are kept as evidence.
 
 Cost: one pass over the clusters plus, per group, a median over the healthy
 ranks' quantile rows — O(n·|U|) per group instead of the O(n²·|U|) of mean
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from argus.analyzer.robust import one_sided_scores
-from argus.analyzer.wasserstein import U_WEIGHTS, frechet_median, mixture_quantiles, w1, w1_excess
+from argus.analyzer.wasserstein import U_WEIGHTS, frechet_median, mixture_quantiles, w1_both
 from argus.analyzer.window import KernelClusters
 from numpy.typing import NDArray
 
@@ -136,11 +139,10 @@ def score_kernels(
         mean = item_sum[items] / item_count[items]
         healthy = one_sided_scores(mean, floor=rel_floor * float(np.median(mean))).healthy
         ref = frechet_median(q[healthy]) if np.any(healthy) else frechet_median(q)
-        ref_mean = float(ref @ U_WEIGHTS)
-        dist_plus = w1_excess(q, ref)
-        dist = w1(q, ref)
-        # Signed by the side that dominates: symmetric under noise, so the faster half is a fair sample.
-        signed = np.where(2 * dist_plus >= dist, dist, -dist)
+        ref_mean = float(np.dot(ref, U_WEIGHTS))
+        dist, dist_plus = w1_both(q, ref)
+        # W1⁺ − W1⁻: the slower part of the distance minus the faster part (see the module doc).
+        signed = 2 * dist_plus - dist
         floor = collective_rel_floor if np.any(item_coll[items]) else rel_floor
         res = one_sided_scores(signed, floor=floor * ref_mean)
         keep_items.append(items)

@@ -4,12 +4,14 @@ A fault is identified by its *family* (``straggler`` for the four straggler
 causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 ``ranks:...``; see :class:`argus.analyzer.findings.Finding`).
 
-* **Open** when a finding with no open diagnosis scores >= :data:`OPEN_SCORE`.
-  A finding that ``needs_confirmation`` (its peers' reference was thin: fewer
-  than three healthy ranks) opens only when the same fault was already seen
-  (>= :data:`KEEP_SCORE`) in the window before, or scores >= :data:`STRONG_SCORE`:
-  a real fault persists, a burst of CPU contention on an oversubscribed host
-  does not.
+* **Open** when a finding with no open diagnosis scores >= :data:`OPEN_SCORE`
+  and the fault has been seen (>= :data:`KEEP_SCORE`) in consecutive windows
+  spanning at least :data:`CONFIRM_NS` (one 10 s window; two 6 s or five 2 s
+  windows): on an oversubscribed host the scheduler can slow a rank by 10 % or
+  more for several seconds, and that is no fail-slow fault. A finding that ``needs_confirmation`` (its
+  peers' reference was thin: fewer than four healthy ranks) needs two windows
+  in any case unless it scores >= :data:`STRONG_SCORE`. ``unresponsive`` opens
+  at once: its thresholds are durations already.
 * **Update** every window a finding for it scores >= :data:`KEEP_SCORE`
   (hysteresis: a fault hovering around the threshold stays one diagnosis).
   A straggler's cause is the one most windows named (ties: the latest), so one
@@ -41,8 +43,10 @@ __all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Track
 OPEN_SCORE = 1.0
 #: An open diagnosis is kept by findings down to this score.
 KEEP_SCORE = 0.5
-#: A fault this strong opens a diagnosis without a confirming window before.
+#: A finding that needs confirmation opens at once when it is this strong.
 STRONG_SCORE = 2.0
+#: A fault must be seen for this long (in consecutive windows) before it opens, ns.
+CONFIRM_NS = 10_000_000_000
 #: Clean windows (its ranks reported, nothing kept it) before a diagnosis is resolved.
 RESOLVE_WINDOWS = 3
 
@@ -83,13 +87,17 @@ class Tracker:
         resolve_windows: Clean windows before resolving (default :data:`RESOLVE_WINDOWS`).
     """
 
-    def __init__(self, job_id: str, *, resolve_windows: int = RESOLVE_WINDOWS) -> None:
+    def __init__(
+        self, job_id: str, *, window_ns: int = 10_000_000_000, resolve_windows: int = RESOLVE_WINDOWS
+    ) -> None:
         self.job_id = job_id
         self.resolve_windows = resolve_windows
+        #: Consecutive windows a fault must be seen in before it opens (>= CONFIRM_NS of evidence).
+        self.confirm_windows = max(1, -(-CONFIRM_NS // max(int(window_ns), 1)))
+        self.window_ns = int(window_ns)
         self._open: dict[tuple[str, str], _Open] = {}
-        self._window = 0
         #: Faults seen (>= KEEP_SCORE) but not open: key → index of the last window they were seen in.
-        self._seen: dict[tuple[str, str], int] = {}
+        self._streak: dict[tuple[str, str], int] = {}
 
     @property
     def open(self) -> list[Diagnosis]:
@@ -116,23 +124,26 @@ class Tracker:
             Diagnoses opened, updated or resolved in this window (to be written).
         """
         findings = self._fold_into_many(findings)
-        self._window += 1
-        seen_before = self._seen
-        self._seen = {(f.family, f.subject): self._window for f in findings if f.score >= KEEP_SCORE}
+        streak = {
+            (f.family, f.subject): self._streak.get((f.family, f.subject), 0) + 1
+            for f in findings
+            if f.score >= KEEP_SCORE
+        }
+        self._streak = streak
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
         for f in sorted(findings, key=lambda f: -f.score):
             key = (f.family, f.subject)
             o = self._open.get(key)
             if o is None:
-                confirmed = (
-                    not f.needs_confirmation
-                    or f.score >= STRONG_SCORE
-                    or seen_before.get(key) == self._window - 1
-                )
+                needed = 1 if f.family == "unresponsive" else self.confirm_windows
+                if f.needs_confirmation and f.score < STRONG_SCORE:
+                    needed = max(needed, 2)
+                confirmed = streak.get(key, 0) >= needed
                 if f.score < OPEN_SCORE or not confirmed:
                     continue
-                d = self._new(window_ns, f)
+                # The fault was first seen when its streak of windows began.
+                d = self._new(window_ns - (streak[key] - 1) * self.window_ns, f)
                 o = self._open[key] = _Open(d)
                 changed.extend(self._absorb(key, d))
             elif key in matched or f.score < KEEP_SCORE:

@@ -2,27 +2,40 @@
 
 Every rank of a synchronous job ends each step at about the same time, so the
 step time itself cannot tell the straggler apart: its peers spend the time it
-loses waiting for it inside their collectives. What differs is each rank's
-**self time**: a step's time minus the time the rank was blocked waiting for
-late peers. Per (rank, step) this module splits the step into
+loses waiting for it inside their collectives.
+
+**Who.** Per (rank, step), how late the rank issued the step's last collective
+of its widest process group (the last gradient bucket's all-reduce, say),
+against the healthy ranks' arrival at that same collective instance
+(clock offsets removed, :mod:`argus.analyzer.collectives`). By then a rank has
+been delayed by everything it did slower since the previous synchronisation —
+a slow forward or backward, a slow batch, a host stall — and its peers waited
+exactly that long. Only the positive part counts: a rank that is early at one
+step gives nothing back at another, because every step waits for its slowest
+rank. Jobs without collective records fall back to **self time**: the step's
+time minus the time the rank was blocked in collectives.
+
+**Which phase.** Per (rank, step) the step splits into
 
 * the four phases ``data``, ``forward``, ``backward``, ``optimizer``, each minus
   the blocked wait of the collectives issued inside it, and
 * *untracked* host time (the step not covered by phases), minus the blocked
   wait of collectives issued outside any phase.
 
-A phase's blocked wait is the largest wait (:mod:`argus.analyzer.collectives`)
-of the collectives issued in it: data-parallel all-reduces are issued
-asynchronously bucket by bucket and the rank blocks once, at the end of
-backward, for the last of them, whose wait is about the whole delay.
+A phase's blocked wait is the largest wait of the collectives issued in it:
+data-parallel all-reduces are issued asynchronously bucket by bucket and the
+rank blocks once, at the end of backward, for the last of them, whose wait is
+about the whole delay. Each component is compared with the healthy ranks' at
+the same step; the components whose excess carries the rank's lateness name
+the phase (and feed the cause, :mod:`argus.analyzer.causes`).
 
-Comparison: per step, the reference of every component is the median over the
-healthy ranks at *that step*, so anything that hits every rank at once (a slow
-batch everywhere, a checkpoint, a GC storm) cancels. A rank's excess is its
-mean excess over the window's steps after dropping its worst sixth of steps, at
-least one (isolated hiccups are not a fail-slow fault; periodic stalls every
-few steps survive the trim), scored with the one-sided rule of
-:mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
+Comparison: per step, the reference is the median over the healthy ranks at
+*that step*, so anything that hits every rank at once (a slow batch everywhere,
+a checkpoint, a GC storm) cancels. A rank's score is its mean positive excess
+over the window's steps after dropping its few worst steps (one per ten, at
+most :data:`MAX_TRIM`): isolated hiccups are not a fail-slow fault, while a
+stall every few steps survives the trim. It is scored with the one-sided rule
+of :mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
 reference step time, and shrunk toward 0 when the rank has fewer than
 :data:`CONFIDENT_STEPS` steps left (a job's first, partial window). The healthy
 set is first estimated from per-rank medians, so the per-step references stay
@@ -64,8 +77,10 @@ REL_FLOOR = 0.04
 MIN_STEPS = 2
 #: Below this many kept steps a rank's score is scaled by ``kept / CONFIDENT_STEPS``.
 CONFIDENT_STEPS = 8
-#: The worst ``ceil(steps / TRIM_DIVISOR)`` steps of a rank are left out of its score.
-TRIM_DIVISOR = 6
+#: The worst ``min(max(1, ceil(steps / TRIM_DIVISOR)), MAX_TRIM)`` steps of a rank are left out
+#: of its score: a few isolated hiccups are dropped, a stall every few steps is not.
+TRIM_DIVISOR = 10
+MAX_TRIM = 3
 
 
 @dataclass(frozen=True)
@@ -75,8 +90,9 @@ class PhaseResult:
     Attributes:
         rank: Global ranks compared, sorted, shape ``(n,)``.
         steps: Steps compared per rank.
-        score: One-sided robust score of the trimmed mean self-time excess; >= 1 = straggler.
-        excess_ns: Mean self-time excess per step over the healthy reference, ns.
+        score: One-sided robust score of the trimmed mean positive excess; >= 1 = straggler.
+        excess_ns: Mean excess per step over the healthy reference, ns: lateness at the step's
+            last collective, or self time when the job records no collectives.
         component_excess_ns: Mean excess per step of each of :data:`COMPONENTS`, shape ``(n, 5)``.
         wait_ns: Mean blocked wait per step.
         self_ns: Mean self time per step.
@@ -86,7 +102,7 @@ class PhaseResult:
         healthy: Ranks in the healthy reference set.
         lost_ns: Per rank, summed positive excess over its steps (the time peers waited for it).
         job_time_ns: Summed job step time (slowest rank per step) over the compared steps.
-        excess_matrix: Self-time excess per (rank, step column), NaN where missing; shape ``(n, s)``.
+        excess_matrix: Excess per (rank, step column), NaN where missing; shape ``(n, s)``.
         has_collectives: True when blocked waits were known for most steps.
         trimmed_frac: The trimmed mean excess per step as a fraction of the reference step time
             (what :func:`compare_phases` compares with ``baseline`` next time).
@@ -316,13 +332,15 @@ def _compare_phases(w: Window, d: Decomposition | None, baseline: Mapping[int, f
     else:
         excess = self_t - np.nanmedian(self_t[healthy], axis=0)[None, :]
 
-    # Mean excess without each rank's worst sixth of steps (at least one).
+    # Mean excess without each rank's few worst steps (see MAX_TRIM).
     ex0 = np.where(valid, excess, np.nan)
     ex0 = np.where(valid & np.isnan(ex0), 0.0, ex0)  # a step no healthy rank reported: no evidence
     total = np.nansum(ex0, axis=1)
-    drop = np.maximum(1, np.ceil(n_steps / TRIM_DIVISOR)).astype(np.int64)
+    drop = np.minimum(np.maximum(1, np.ceil(n_steps / TRIM_DIVISOR)), MAX_TRIM).astype(np.int64)
     kept = np.maximum(n_steps - drop, 1)
-    ascending = np.cumsum(np.sort(np.where(valid, ex0, np.inf), axis=1), axis=1)
+    # Only the time a rank made the others wait counts: being early at one step gives nothing
+    # back at another (each step waits for its slowest rank).
+    ascending = np.cumsum(np.sort(np.where(valid, np.maximum(ex0, 0.0), np.inf), axis=1), axis=1)
     ascending = np.where(np.isfinite(ascending), ascending, 0.0)
     kept_sum = ascending[np.arange(n_r), np.minimum(kept, max(n_s, 1)) - 1] if n_s else np.zeros(n_r)
     trimmed = np.where(enough, kept_sum / kept, np.nan)

@@ -62,7 +62,7 @@ class JobAnalysis:
     def __init__(self, job_id: str, window_ns: int) -> None:
         self.job_id = job_id
         self.window_ns = window_ns
-        self.tracker = Tracker(job_id)
+        self.tracker = Tracker(job_id, window_ns=window_ns)
         self._steps: deque[float] = deque(maxlen=HISTORY_STEPS)
         self._links: dict[tuple[str, int], deque[float]] = {}
         self._excess: dict[int, deque[float]] = {}
@@ -91,9 +91,7 @@ class JobAnalysis:
             silence_ns=silence_threshold_ns(self.window_ns),
             typical_step_ns=self.typical_step_ns,
         )
-        findings = attribute(
-            w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive, decomposition=d
-        )
+        findings = attribute(w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive)
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)

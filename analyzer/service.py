@@ -24,6 +24,7 @@ highest-scoring ranks per job), ``argus_diagnosis_active`` and
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import threading
 import time
@@ -159,23 +160,28 @@ class Analyzer:
             job.max_seq[k] = max(job.max_seq.get(k, -1), q)
         merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
         window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
+        tracker = copy.deepcopy(job.analysis.tracker)  # small: the open diagnoses and streaks
         result = job.analysis.analyze(window)
-        job.suspects = result.suspects
         if result.changed:
             self._last_version = max(time.time_ns(), self._last_version + 1)
-            write_diagnoses(self.store, result.changed, self._last_version)
-            for d in result.changed:
-                log.info(
-                    "%s diagnosis %s job=%s cause=%s rank=%s phase=%s score=%.2f slowdown=%.1f%%",
-                    d.state,
-                    d.id,
-                    d.job_id,
-                    d.cause,
-                    d.rank if d.rank is not None else ",".join(map(str, d.ranks[:8])),
-                    d.phase,
-                    d.score,
-                    d.slowdown_pct,
-                )
+            try:
+                write_diagnoses(self.store, result.changed, self._last_version)
+            except ArgusError:
+                job.analysis.tracker = tracker  # the window is analysed again on the next pass
+                raise
+        job.suspects = result.suspects
+        for d in result.changed:
+            log.info(
+                "%s diagnosis %s job=%s cause=%s rank=%s phase=%s score=%.2f slowdown=%.1f%%",
+                d.state,
+                d.id,
+                d.job_id,
+                d.cause,
+                d.rank if d.rank is not None else ",".join(map(str, d.ranks[:8])),
+                d.phase,
+                d.score,
+                d.slowdown_pct,
+            )
         return result.changed
 
     def _update_gauges(self, job_id: str, job: _Job) -> None:
@@ -197,7 +203,9 @@ class Analyzer:
 
     def run_forever(self) -> None:
         """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried."""
-        poll = min(max(self.window_s / 5, 0.2), 5.0)
+        # A window completes every window_s; checking twice as often bounds the lag to half a window
+        # (plus the grace) without querying the store more than needed.
+        poll = min(max(self.window_s / 2, 0.5), 5.0)
         while not self._stop.is_set():
             try:
                 self.run_once()

@@ -9,9 +9,11 @@ Quadrature: the probabilities are the midpoints of the cells of
 tail that grows (a rare slow mode) is not averaged away; the weights are the
 cell widths. The mixture of a rank (count-weighted log-normals censored to
 ``[log_lo, log_hi]``, :mod:`argus.kde`) has its quantile function in closed form
-when it has one cluster, ``exp(clip(mu + sigma·z_u, log_lo, log_hi))``; mixtures of
-several clusters are inverted numerically from their CDF on a per-mixture log
-grid, all mixtures at once (:func:`mixture_quantiles`).
+when it has one cluster, ``exp(clip(mu + sigma·z_u, log_lo, log_hi))``, and also
+when its clusters do not overlap — as the clusters of one KDE compression never
+do — cluster by cluster. Mixtures whose clusters overlap (joined from several
+kernel windows) are inverted numerically from their CDF on a per-mixture log
+grid, all at once (:func:`mixture_quantiles`).
 
 Reference: the pointwise median of quantile functions over a set of ranks is
 the W1 *Fréchet median* of their distributions — it minimises
@@ -36,10 +38,11 @@ __all__ = [
     "frechet_median",
     "mixture_quantiles",
     "w1",
+    "w1_both",
     "w1_excess",
 ]
 
-#: Probability cells of the W1 quadrature: 2.5 % cells in the body, finer in both tails.
+#: Probability cells of the W1 quadrature: 3.75 % cells in the body, finer in both tails.
 U_EDGES = np.unique(
     np.r_[
         0.0,
@@ -48,7 +51,7 @@ U_EDGES = np.unique(
         0.01,
         0.02,
         0.035,
-        np.linspace(0.05, 0.95, 37),
+        np.linspace(0.05, 0.95, 25),
         0.965,
         0.98,
         0.99,
@@ -100,17 +103,86 @@ def mixture_quantiles(
     p99 = np.asarray(p99_ns, dtype=np.float64)
     lo = np.asarray(log_lo, dtype=np.float64)
     hi = np.asarray(log_hi, dtype=np.float64)
-    out = np.empty((n_items, U_POINTS.size))
     single = per_item[it] == 1
+    if bool(np.all(single)):  # the common case: every mixture is one cluster, in item order
+        return _single_quantiles(p50, p99, lo, hi)
+    out = np.empty((n_items, U_POINTS.size))
     if np.any(single):
-        mu, sigma = component_params(p50[single], p99[single])
-        x = mu[:, None] + sigma[:, None] * _Z[None, :]
-        out[it[single]] = np.exp(np.clip(x, lo[single, None], hi[single, None]))
+        out[it[single]] = _single_quantiles(p50[single], p99[single], lo[single], hi[single])
     multi = ~single
     if np.any(multi):
-        out_items = np.unique(it[multi])
-        out[out_items] = _invert_mixtures(it[multi], cnt[multi], p50[multi], p99[multi], lo[multi], hi[multi])
+        # Clusters of one KDE compression never overlap (they are cut at valleys, each censored
+        # to its own range): those mixtures have closed-form quantiles. Clusters joined from
+        # several kernel windows may overlap: those are inverted numerically.
+        m_idx = np.flatnonzero(multi)
+        order = m_idx[np.lexsort((lo[m_idx], it[m_idx]))]
+        same = it[order][1:] == it[order][:-1]
+        overlap_pair = same & (hi[order][:-1] > lo[order][1:])
+        bad_items = np.unique(it[order][:-1][overlap_pair])
+        disjoint = ~np.isin(it[order], bad_items)
+        if np.any(disjoint):
+            rows = order[disjoint]
+            items = np.unique(it[rows])
+            out[items] = _disjoint_quantiles(it[rows], cnt[rows], p50[rows], p99[rows], lo[rows], hi[rows])
+        if bad_items.size:
+            rows = np.sort(order[~disjoint])
+            out[bad_items] = _invert_mixtures(it[rows], cnt[rows], p50[rows], p99[rows], lo[rows], hi[rows])
     return out
+
+
+def _single_quantiles(
+    p50: NDArray[np.float64], p99: NDArray[np.float64], lo: NDArray[np.float64], hi: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """``exp(clip(mu + sigma·z_u, lo, hi))`` per cluster, computed in place: shape ``(m, |U|)``."""
+    mu, sigma = component_params(p50, p99)
+    x = np.multiply.outer(sigma, _Z)
+    x += mu[:, None]
+    np.maximum(x, lo[:, None], out=x)
+    np.minimum(x, hi[:, None], out=x)
+    return np.exp(x, out=x)
+
+
+def _disjoint_quantiles(
+    item: NDArray[np.int64],
+    count: NDArray[np.float64],
+    p50: NDArray[np.float64],
+    p99: NDArray[np.float64],
+    lo: NDArray[np.float64],
+    hi: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """Exact quantiles of mixtures whose clusters (sorted by ``lo`` within each item) do not overlap.
+
+    On cluster j's range the mixture CDF is ``W_{j-1} + w_j·F_j``, so ``Q(u) = Q_j((u - W_{j-1}) / w_j)``
+    for ``W_{j-1} <= u < W_j`` (``W`` the cumulative count weights).
+    """
+    starts = np.flatnonzero(np.r_[True, item[1:] != item[:-1]])
+    n = starts.size
+    row = np.repeat(np.arange(n), np.diff(np.r_[starts, item.size]))
+    weight = count / np.add.reduceat(count, starts)[row]
+    cum = np.cumsum(weight)
+    cum_end = cum - np.r_[0.0, cum[starts[1:] - 1]][row]  # cumulative weight within the item, ending at 1
+    cum_end[np.r_[starts[1:] - 1, item.size - 1]] = 1.0
+    # The cluster of (item, u): how many of the item's cumulative weights u has passed.
+    sizes = np.diff(np.r_[starts, item.size])
+    padded = np.full((n, int(sizes.max())), np.inf)
+    padded[row, np.arange(item.size) - starts[row]] = cum_end
+    j = np.zeros((n, U_POINTS.size), np.int64)
+    for k in range(padded.shape[1] - 1):
+        j += U_POINTS[None, :] >= padded[:, k : k + 1]
+    j += starts[:, None]
+    w_j = weight[j]
+    v = U_POINTS[None, :] - (cum_end[j] - w_j)
+    v /= w_j
+    np.clip(v, 0.0, 1.0, out=v)
+    mu, sigma = component_params(p50, p99)  # per cluster, then gathered
+    x = ndtri(v)
+    with np.errstate(invalid="ignore"):  # 0 * inf where a cluster has no spread: its median
+        x *= sigma[j]
+    np.nan_to_num(x, copy=False, nan=0.0)
+    x += mu[j]
+    np.maximum(x, lo[j], out=x)
+    np.minimum(x, hi[j], out=x)
+    return np.exp(x, out=x)
 
 
 def _invert_mixtures(
@@ -156,12 +228,26 @@ def _invert_mixtures(
 
 def frechet_median(quantiles: NDArray[np.float64]) -> NDArray[np.float64]:
     """W1 Fréchet median of distributions given by quantile rows ``(n, |U|)``: pointwise median."""
-    return np.asarray(np.median(quantiles, axis=0))
+    n = quantiles.shape[0]
+    # One copy, in float32 (relative error 6e-8, well below any W1 that matters), partitioned
+    # in place along contiguous rows: about twice as fast as np.median on the float64 rows.
+    q = np.array(quantiles.T, dtype=np.float32, order="C")
+    k = n // 2
+    if n % 2:
+        q.partition(k, axis=1)
+        return np.asarray(q[:, k], dtype=np.float64)
+    q.partition((k - 1, k), axis=1)
+    return 0.5 * (q[:, k - 1].astype(np.float64) + q[:, k])
+
+
+def _weighted_rows(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    # einsum, not a BLAS matrix-vector product: multi-threaded BLAS on a busy host is 10-50x slower here.
+    return np.asarray(np.einsum("ij,j->i", x, U_WEIGHTS))
 
 
 def w1(quantiles: NDArray[np.float64], reference: NDArray[np.float64]) -> NDArray[np.float64]:
     """W1 distance, ns, of each quantile row ``(n, |U|)`` to ``reference`` ``(|U|,)``; shape ``(n,)``."""
-    return np.asarray(np.abs(quantiles - reference[None, :]) @ U_WEIGHTS)
+    return _weighted_rows(np.abs(quantiles - reference[None, :]))
 
 
 def w1_excess(quantiles: NDArray[np.float64], reference: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -170,4 +256,14 @@ def w1_excess(quantiles: NDArray[np.float64], reference: NDArray[np.float64]) ->
     ``∫ max(Q(u) − Q_ref(u), 0) du``; :func:`w1` is this plus the faster part.
     Shape ``(n,)``.
     """
-    return np.asarray(np.maximum(quantiles - reference[None, :], 0.0) @ U_WEIGHTS)
+    return _weighted_rows(np.maximum(quantiles - reference[None, :], 0.0))
+
+
+def w1_both(
+    quantiles: NDArray[np.float64], reference: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(w1, w1_excess)`` in one pass: ``max(d, 0) = (|d| + d) / 2``, and ``∫ d = mean − mean_ref``."""
+    diff = quantiles - reference[None, :]
+    dist = _weighted_rows(np.abs(diff))
+    mean_diff = _weighted_rows(quantiles) - float(np.dot(reference, U_WEIGHTS))
+    return dist, 0.5 * (dist + mean_diff)

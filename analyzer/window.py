@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from argus.schema import PHASES
-
 __all__ = [
     "Collectives",
     "HostSamples",
@@ -24,7 +22,6 @@ __all__ = [
     "RankStatus",
     "Steps",
     "Window",
-    "empty_window",
     "progress_position",
 ]
 
@@ -164,17 +161,8 @@ class Window:
     kernels: KernelClusters = field(default_factory=KernelClusters)
     status: RankStatus = field(default_factory=RankStatus)
 
-    @property
-    def phase_names(self) -> tuple[str, ...]:
-        return PHASES
-
 
 def progress_position(step: NDArray[np.int64], phase: NDArray[np.int64] | None = None) -> I64:
     """``step * 8 + k``: k = phase index + 1 for a phase end (phase indexes PHASES), 5 for a step end."""
     k = np.full(step.shape, 5, np.int64) if phase is None else phase.astype(np.int64) + 1
     return np.asarray(step, dtype=np.int64) * 8 + k
-
-
-def empty_window(job_id: str, start_ns: int, end_ns: int) -> Window:
-    """A window with no rows (a job with nothing in this window)."""
-    return Window(job_id, start_ns, end_ns)

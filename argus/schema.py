@@ -150,7 +150,7 @@ KERNEL_SUMMARIES = TableDef(
         _c("window_start_ns", "Int64", pa.int64()),
         _c("window_ns", "Int64", pa.int64()),
         _c("kind", "LowCardinality(String)", pa.string(), "'kernel', 'memcpy' or 'memset'"),
-        _c("kernel", "String", pa.string(), "kernel name"),
+        _c("kernel", "LowCardinality(String)", pa.string(), "kernel name"),
         _c("stream", "UInt32", pa.uint32()),
         _c("collective", "UInt8", pa.uint8(), "1 for communication (NCCL) kernels"),
         _c("cluster", "UInt16", pa.uint16(), "cluster index within the group"),
@@ -171,7 +171,7 @@ KERNEL_EVENTS = TableDef(
     (
         _RANK,
         _c("kind", "LowCardinality(String)", pa.string(), "'kernel', 'memcpy' or 'memset'"),
-        _c("kernel", "String", pa.string()),
+        _c("kernel", "LowCardinality(String)", pa.string()),
         _c("stream", "UInt32", pa.uint32()),
         _c("device", "Int32", pa.int32()),
         _c("correlation", "UInt64", pa.uint64(), "CUPTI correlation id, 0 if unknown"),

@@ -120,7 +120,7 @@ def scenarios(quick: bool) -> list[Scenario]:
         for frac in (1 / world, 0.1, 0.25, 0.5):
             seed = 51 + int(frac * 100) + world
             f = Fault("compute", _pick(world, frac, seed), 0.2, ONSET_S)
-            label = "1-rank" if frac < 0.01 else f"{frac:.0%}"
+            label = "1-rank" if round(frac * world) <= 1 else f"{frac:.0%}"
             add(Scenario(f"many-slow-{label}", _gpu(world, seed=seed, faults=(f,))))
     if not quick:
         add(

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -67,14 +68,18 @@ def client(
     rows: int,
     kernels: int,
     window: int,
-    start_at: float,
-    stop_at: float,
-    out: mp.Queue,  # type: ignore[type-arg]
+    seconds: float,
+    ready: Any,
+    out: Any,
 ) -> None:
-    """One node agent: stream batches until ``stop_at``, count rows acked STORED."""
+    """One node agent: build its batches, wait at ``ready``, stream for ``seconds``, count rows acked STORED.
+
+    Puts ``(rows stored, batches not stored, start time, last ack time, CPU s)`` on ``out``.
+    """
     payloads = [encode_arrow_ipc(kernel_events(rank, rows, p, kernels)) for p in range(PAYLOADS_PER_CLIENT)]
     in_flight = threading.Semaphore(window)
     agent_id = f"bench-{rank}-{time.time_ns()}"
+    stop_at = float("inf")
 
     def batches():  # type: ignore[no-untyped-def]
         seq = 0
@@ -91,10 +96,11 @@ def client(
 
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
     stored = other = 0
-    last_ack = start_at
     with grpc.insecure_channel(target, options=options) as channel:
-        grpc.channel_ready_future(channel).result(timeout=30)
-        time.sleep(max(0.0, start_at - time.time()))
+        grpc.channel_ready_future(channel).result(timeout=60)
+        ready.wait()
+        start_at = last_ack = time.time()
+        stop_at = start_at + seconds
         cpu_start = time.process_time()
         for ack in pb_grpc.CollectorStub(channel).Stream(batches()):
             in_flight.release()
@@ -103,7 +109,7 @@ def client(
             else:
                 other += 1
             last_ack = time.time()
-    out.put((stored, other, last_ack, time.process_time() - cpu_start))
+    out.put((stored, other, start_at, last_ack, time.process_time() - cpu_start))
 
 
 def engine_ceiling(data_dir: Path, tables: list[pa.Table], threads: int, seconds: float) -> tuple[int, float]:
@@ -215,19 +221,20 @@ def server_run(root: Path, args: argparse.Namespace) -> tuple[float, float]:
     try:
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        start_at = time.time() + 3.0 + 0.5 * args.clients  # after every client built its payloads
-        stop_at = start_at + args.seconds
+        # Every client builds its batches and connects first; then all start together.
+        ready = ctx.Barrier(args.clients + 1)
         procs = [
             ctx.Process(
                 target=client,
-                args=(target, rank, args.batch_rows, args.kernels, args.window, start_at, stop_at, queue),
+                args=(target, rank, args.batch_rows, args.kernels, args.window, args.seconds, ready, queue),
             )
             for rank in range(args.clients)
         ]
         for p in procs:
             p.start()
         server_ps = psutil.Process(server.pid)
-        time.sleep(max(0.0, start_at - time.time()))
+        ready.wait(timeout=300)
+        print(f"streaming for {args.seconds} s into argus server pid {server.pid}", flush=True)
         server_cpu_start = sum(server_ps.cpu_times()[:2])
         results = [queue.get(timeout=args.seconds + 300) for _ in procs]
         server_cpu = sum(server_ps.cpu_times()[:2]) - server_cpu_start
@@ -239,9 +246,9 @@ def server_run(root: Path, args: argparse.Namespace) -> tuple[float, float]:
         server.wait(60)
     stored = sum(r[0] for r in results)
     not_stored = sum(r[1] for r in results)
-    # From the common start to the last ack: batches still in flight at stop_at count, and so does their time.
-    elapsed = max(r[2] for r in results) - start_at
-    client_cpu = sum(r[3] for r in results)
+    # From the first start to the last ack: batches in flight at the stop count, and so does their time.
+    elapsed = max(r[3] for r in results) - min(r[2] for r in results)
+    client_cpu = sum(r[4] for r in results)
     per_m = 1e6 / max(stored, 1)
     print(
         f"server: {stored} events stored in {elapsed:.2f} s, {not_stored} batches not stored; CPU s per "

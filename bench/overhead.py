@@ -15,8 +15,14 @@ Each run reports rank 0's median step time over its last ``--steps`` steps
 (after ``--warmup``); a pair's ratio is B/A; runs alternate AB, BA, ... The
 result is the median ratio with a bootstrap 95 % interval over pairs.
 
-Last line: ``step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=…``
-(plus ``cupti=…`` and ``kernel_summary_rows=…`` with ``--cuda``).
+Also, inside one probed job, ``--inprocess-pairs`` pairs of ``--block`` steps
+per arm, alternating step by step, compare a DDP copy on DDP's built-in C++
+all-reduce with the probe switched off (A) against the probed model (B): the
+probe's hot-path cost with the machine's load identical for both arms
+(``inprocess_ratio``, median of the pairs' ratios).
+
+Last line: ``step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=…
+inprocess_ratio=…`` (plus ``cupti=…`` and ``kernel_summary_rows=…`` with ``--cuda``).
 
     python bench/overhead.py [--pairs 15] [--full-stack-pairs 5] [--cuda]
 """
@@ -81,26 +87,65 @@ def worker(args: argparse.Namespace) -> None:
         torch.randn(n, 256 if cuda else 128, generator=g), torch.randint(0, 10, (n,), generator=g)
     )
     loader = DataLoader(data, batch_size=batch, shuffle=False, pin_memory=cuda)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    times: list[float] = []
-    total = args.warmup + args.steps
-    t_prev = time.perf_counter()
-    while len(times) < total:
-        for xb, yb in loader:
-            if len(times) >= total:
-                break
+
+    def batches() -> Any:
+        while True:
+            yield from loader
+
+    stream = batches()
+
+    def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
+        times: list[float] = []
+        t_prev = time.perf_counter()
+        for _ in range(steps):
+            xb, yb = next(stream)
             x, y = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            loss_fn(ddp(x), y).backward()
+            loss_fn(model(x), y).backward()
             opt.step()
             if cuda:
                 torch.cuda.synchronize()
             t = time.perf_counter()
             times.append(t - t_prev)
             t_prev = t
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(times[args.warmup :]))
+        return times
+
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    if not args.inprocess_pairs:
+        times = train(ddp, opt, args.warmup + args.steps)[args.warmup :]
+        if rank == 0:
+            Path(args.out).write_text(json.dumps(times))
+    else:
+        # Same processes, alternating blocks: A = a second DDP copy on DDP's built-in C++ all-reduce
+        # with the probe switched off, B = the probed model. Isolates the probe's hot-path cost.
+        import copy
+
+        import argus.agent
+
+        probe = argus.agent._probe
+        assert probe is not None, "run the in-process mode under argus run"
+        plain = DistributedDataParallel(copy.deepcopy(model), **({} if cuda else {"bucket_cap_mb": 0.1}))
+        plain.__dict__["_argus_builtin_hook"] = True  # keep DDP's own C++ hook
+        plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01)
+        arms = {"A": (plain, plain_opt, False), "B": (ddp, opt, True)}
+        for arm in ("B", "A"):
+            model_, opt_, active = arms[arm]
+            probe.active = active
+            train(model_, opt_, args.warmup)
+        ratios = []
+        for i in range(args.inprocess_pairs):
+            # Within a pair the arms alternate step by step, so both see the same machine load.
+            got: dict[str, list[float]] = {"A": [], "B": []}
+            for k in range(2 * args.block):
+                arm = "AB"[(k + i) % 2]
+                model_, opt_, active = arms[arm]
+                probe.active = active
+                got[arm] += train(model_, opt_, 1)
+            ratios.append(statistics.median(got["B"]) / statistics.median(got["A"]))
+        probe.active = True
+        if rank == 0:
+            Path(args.out).write_text(json.dumps(ratios))
     dist.destroy_process_group()
 
 
@@ -164,6 +209,7 @@ class Bench:
         self.env.update(XDG_STATE_HOME=str(work / "state"), OMP_NUM_THREADS="1")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.runs = 0
+        self.failures: list[str] = []
 
     def job(self) -> list[str]:
         out = self.work / f"times-{self.runs}.json"
@@ -182,6 +228,8 @@ class Bench:
             str(self.args.warmup),
             "--out",
             str(out),
+            "--inprocess-pairs",
+            "0",
             *(["--cuda"] if self.args.cuda else []),
         ]
 
@@ -206,10 +254,40 @@ class Bench:
         out = Path(cmd[cmd.index("--out") + 1])
         if sock is not None:
             cmd = [sys.executable, "-m", "argus.cli", "run", "--socket", sock, "--job-id", job_id, "--", *cmd]
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600, check=False)
+        for attempt in range(3):
+            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600, check=False)
+            if proc.returncode == 0:
+                return statistics.median(json.loads(out.read_text()))
+            self.failures.append(f"{'argus' if sock else 'plain'} run {job_id} attempt {attempt + 1}")
+            print(
+                f"overhead: a {'probed' if sock else 'plain'} job failed ({proc.returncode}); "
+                f"stderr tail:\n{proc.stderr[-1500:]}",
+                flush=True,
+            )
+        raise RuntimeError(f"job {job_id} failed three times")
+
+    def inprocess(self, sock: str) -> list[float]:
+        cmd = self.job()
+        out = Path(cmd[cmd.index("--out") + 1])
+        cmd += ["--inprocess-pairs", str(self.args.inprocess_pairs), "--block", str(self.args.block)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "argus.cli",
+            "run",
+            "--socket",
+            sock,
+            "--job-id",
+            "bench-inproc",
+            "--",
+            *cmd,
+        ]
+        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=900, check=False)
         if proc.returncode != 0:
-            raise RuntimeError(f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        return statistics.median(json.loads(out.read_text()))
+            raise RuntimeError(f"in-process job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        ratios = [float(r) for r in json.loads(out.read_text())]
+        print(f"[in-process] {len(ratios)} block pairs: " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+        return ratios
 
     def pairs(self, sock: str, n: int, label: str) -> list[float]:
         ratios = []
@@ -276,6 +354,10 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=4, help="CPU world size (default 4)")
     p.add_argument("--steps", type=int, default=None, help="measured steps per run")
     p.add_argument("--warmup", type=int, default=20, help="steps before measuring")
+    p.add_argument(
+        "--inprocess-pairs", type=int, default=15, help="block pairs inside one probed job (0: skip)"
+    )
+    p.add_argument("--block", type=int, default=25, help="steps per in-process block")
     args = p.parse_args()
     if args.worker:
         worker(args)
@@ -310,6 +392,7 @@ def main() -> int:
             flush=True,
         )
         sock = bench.start_agent(collector.address, "ack")
+        inproc = bench.inprocess(sock) if args.inprocess_pairs else []
         ratios = bench.pairs(sock, args.pairs, "probe+agent")
         full: list[float] = []
         if args.full_stack_pairs:
@@ -331,6 +414,9 @@ def main() -> int:
         f"step_time_ratio={statistics.median(ratios):.4f} ci95_low={lo:.4f} ci95_high={hi:.4f} "
         f"pairs={len(ratios)} full_stack_ratio={statistics.median(full) if full else float('nan'):.4f}"
     )
+    if inproc:
+        line += f" inprocess_ratio={statistics.median(inproc):.4f}"
+    line += f" failed_runs={len(bench.failures)}"
     if args.cuda:
         from argus.proto import collector_pb2
 

@@ -180,7 +180,8 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
         ] = None,
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
-        result = importer.import_traces(store, [f.file for f in file], job_id=job_id, rank=rank)
+        names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
+        result = importer.import_traces(store, [f.file for f in file], job_id=job_id, rank=rank, names=names)
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}
 
     return router

@@ -29,7 +29,7 @@ import grpc
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-from argus.collector.writer import BatchWriter
+from argus.collector.writer import SHUTTING_DOWN, BatchWriter
 
 from argus.config import MAX_MESSAGE_BYTES
 from argus.errors import (
@@ -107,14 +107,13 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     """
 
     def __init__(self, store: Store, metrics: Metrics) -> None:
-        self.store = store
         self.metrics = metrics
         self.writer = BatchWriter(store, metrics)
         self._gate = _Gate()
 
     def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
         if not self._gate.enter():
-            _abort(context, StoreError("the collector is shutting down; send this batch again later"))
+            _abort(context, StoreError(SHUTTING_DOWN))
         try:
             return self.writer.write(ingest.decode(batch))
         except InvalidBatch as exc:
@@ -209,7 +208,9 @@ class CollectorServer:
         later ends its stream with UNAVAILABLE unacknowledged, so its agent resends it.
         """
         drained = self.servicer.drain(grace_s)
-        self.server.stop(grace_s).wait()
+        # Once drained, open streams only wait for batches they may no longer send: a short
+        # grace lets the last acks out, then they end (the agent reconnects elsewhere or later).
+        self.server.stop(1.0 if drained else grace_s).wait()
         if not drained and not self.servicer.drain(grace_s):
             log.warning("batches still being stored after %.1f s", 2 * grace_s)
 
@@ -237,11 +238,17 @@ def start_collector(
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="argus-grpc"),
         interceptors=interceptors,
+        # Past this many open streams a new one fails at once with RESOURCE_EXHAUSTED
+        # (the agent retries later) instead of waiting unseen for a free thread.
+        maximum_concurrent_rpcs=max_workers,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             # Fail on a port in use instead of silently sharing it with another server.
             ("grpc.so_reuseport", 0),
+            # Ping idle connections so a stream whose agent vanished frees its thread.
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ],

@@ -135,6 +135,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--retention-days must be >= 1, got {args.retention_days}")
     if args.window_s <= 0:
         raise ConfigError(f"--window-s must be > 0, got {args.window_s}")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -166,12 +168,16 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if collector is not None:
             collector.stop(GRACE_S)
+            log.debug("collector stopped")
         if analyzer is not None:
             service, thread = analyzer
             service.stop()
             thread.join(GRACE_S)
+            log.debug("analyzer stopped")
         if http is not None:
             http.stop(GRACE_S)
+            log.debug("HTTP stopped")
         store.close()
+        log.debug("store closed")
     print("argus server: stopped", file=sys.stderr, flush=True)
     return 0

@@ -46,6 +46,8 @@ class Store(Protocol):
 
         With ``dedup_token``, ClickHouse drops the insert if a block with the same
         token was inserted into ``table`` before (``insert_deduplication_token``).
+        Without one, nothing is deduplicated: the tables keep a deduplication window,
+        so a plain insert would otherwise drop a block identical to a recent one.
 
         Raises:
             StoreError: the insert failed; nothing was written.
@@ -135,7 +137,7 @@ class ChdbStore:
             raise StoreError(f"chDB: {exc}") from exc
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
-        settings = ""
+        settings = " SETTINGS insert_deduplicate = 0"
         if dedup_token is not None:
             settings = " SETTINGS insert_deduplication_token = {_argus_token:String}"
         # chDB's Python() table function reads the local variable `data` by name.
@@ -192,7 +194,11 @@ class ClickHouseServerStore:
             raise StoreError(f"cannot reach ClickHouse at {parts.hostname}:{parts.port}: {exc}") from exc
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else None
+        settings: dict[str, Any] = (
+            {"insert_deduplication_token": dedup_token}
+            if dedup_token is not None
+            else {"insert_deduplicate": 0}
+        )
         try:
             self._client.insert_arrow(table, data, settings=settings)
         except Exception as exc:

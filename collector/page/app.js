@@ -59,11 +59,11 @@ async function loadJobs() {
     const row = el(
       "tr",
       { "data-job": job.job_id },
-      el("td", {}, job.job_id),
+      el("td", { title: job.job_id }, job.job_id),
       el("td", {}, el("span", { class: `status status-${job.status}` }, job.status)),
       el("td", {}, `${job.ranks_attached}/${job.world_size}`),
       el("td", {}, String(job.open_diagnoses)),
-      el("td", {}, when(job.start_ns)),
+      el("td", { title: when(job.start_ns) }, job.start_ns == null ? "" : clock(job.start_ns)),
     );
     if (job.job_id === state.job) row.classList.add("selected");
     row.addEventListener("click", () => { location.hash = "job=" + encodeURIComponent(job.job_id); });

@@ -84,6 +84,17 @@ def test_cause_follows_the_majority_of_windows() -> None:
     assert len(t.open) == 1
 
 
+def test_short_windows_need_consecutive_evidence() -> None:
+    w2 = 5_000_000_000
+    t = Tracker("job", window_ns=w2)  # 10 s of evidence = two 5 s windows
+    assert t.confirm_windows == 2
+    assert Tracker("job", window_ns=2_000_000_000).confirm_windows == 5
+    burst = [[_f(0, 4.0)], [], [_f(0, 1.5)], [_f(0, 0.4)], [_f(0, 1.2)], [_f(0, 1.3)]]
+    changed = [t.update(k * w2, fs, {0}) for k, fs in enumerate(burst)]
+    assert [len(c) for c in changed] == [0, 0, 0, 0, 0, 1]  # one-window bursts never open
+    assert changed[5][0].first_window_ns == 4 * w2  # first seen when its streak began
+
+
 def test_thin_reference_needs_a_second_window_unless_strong() -> None:
     t = Tracker("job")
     assert t.update(0, [_f(0, 1.3, needs_confirmation=True)], {0}) == []

@@ -13,6 +13,8 @@ from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 from prometheus_client import generate_latest
 
+from argus.errors import StoreError
+
 from .conftest import load, rows_between
 
 W = 2.0
@@ -44,7 +46,7 @@ def test_compute_straggler_is_diagnosed_and_exported(store: Store) -> None:
     onset_window = sim.windows[0].start_ns + int(9.0 // W * W * NS)
     assert onset_window <= d.first_window_ns <= onset_window + int(W * NS)
     assert d.phase in ("forward", "backward") and d.slowdown_pct > 5
-    assert d.evidence["windows"] >= 5 and d.evidence["wait_ms"] < d.evidence["peer_wait_ms"]
+    assert d.evidence["windows"] >= 3 and d.evidence["wait_ms"] < d.evidence["peer_wait_ms"]
     # Updated every window: one id, a new version per window.
     versions = [x for x in written if x.id == d.id]
     assert len({x.id for x in written}) == 1 and len(versions) == d.evidence["windows"]
@@ -56,7 +58,7 @@ def test_compute_straggler_is_diagnosed_and_exported(store: Store) -> None:
 
 
 def test_fault_that_stops_is_resolved_once_without_flapping(store: Store) -> None:
-    sim = simulate(_spec(windows=16, faults=(Fault("dataloader", (2,), 0.3, 7.0, end_s=15.0),)), "job-end")
+    sim = simulate(_spec(windows=18, faults=(Fault("dataloader", (2,), 0.3, 5.0, end_s=21.0),)), "job-end")
     load(store, sim)
     a = Analyzer(store, window_s=W, backlog_s=None)
     versions = []
@@ -67,7 +69,7 @@ def test_fault_that_stops_is_resolved_once_without_flapping(store: Store) -> Non
     assert states[-1] == "resolved" and states.count("resolved") == 1 and set(states[:-1]) == {"open"}
     (d,) = read_diagnoses(store, "job-end")
     assert d.cause == "dataloader" and d.rank == 2 and d.phase == "data" and d.state == "resolved"
-    assert d.last_window_ns < sim.windows[0].start_ns + int(16 * NS)
+    assert d.last_window_ns < sim.windows[0].start_ns + int(22 * NS)
 
 
 def test_rank_that_stops_reporting_is_unresponsive(store: Store) -> None:
@@ -117,7 +119,7 @@ def test_restarted_analyzer_continues_the_open_diagnosis(store: Store) -> None:
     sim = simulate(_spec(faults=(Fault("compute", (4,), 0.4, 5.0),)), "job-restart")
     load(store, sim)
     t0 = sim.windows[0].start_ns
-    first = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=t0 + 14 * NS)
+    first = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=t0 + 18 * NS)
     assert {d.id for d in first} and all(d.state == "open" for d in first)
     second = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=_end(sim) + 10 * NS)
     assert {d.id for d in second} == {d.id for d in first}
@@ -133,3 +135,47 @@ def test_argus_analyze_once_prints_the_diagnoses(store: Store, capsys: pytest.Ca
     assert "job-cli" in out and "host_stall rank 7" in out
     (d,) = read_diagnoses(store, "job-cli")
     assert json.loads(json.dumps(d.to_dict()))["cause"] == "host_stall"
+
+
+def _windows_uninterrupted(sim) -> int:  # type: ignore[no-untyped-def]
+    """Windows an uninterrupted analysis of ``sim`` keeps its one diagnosis for."""
+    from argus.analyzer.pipeline import JobAnalysis
+
+    ja = JobAnalysis("x", int(W * NS))
+    for w in sim.windows:
+        ja.analyze(w)
+    (d,) = ja.tracker.open
+    return int(d.evidence["windows"])
+
+
+class _FailOnce:
+    """The real store, except that the first insert into ``diagnoses`` fails (a store outage)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.url = store.url
+        self.failed = False
+
+    def insert(self, table: str, data, *, dedup_token: str | None = None) -> None:  # type: ignore[no-untyped-def]
+        if table == "diagnoses" and not self.failed:
+            self.failed = True
+            raise StoreError("diagnoses: injected failure")
+        self._store.insert(table, data, dedup_token=dedup_token)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+def test_a_failed_write_is_retried_without_counting_the_window_twice(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("compute", (2,), 0.4, 3.0),)), "job-retry")
+    load(store, sim)
+    flaky = _FailOnce(store)
+    a = Analyzer(flaky, window_s=W, backlog_s=None)  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        a.run_once(now_ns=_end(sim) + 10 * NS)
+    a.run_once(now_ns=_end(sim) + 10 * NS)
+    (d,) = read_diagnoses(store, "job-retry")
+    assert flaky.failed and d.rank == 2 and d.cause == "compute"
+    # The same answer as an analysis that never failed: every window counted once.
+    clean = _windows_uninterrupted(sim)
+    assert d.evidence["windows"] == clean and d.first_window_ns <= sim.windows[0].start_ns + 6 * NS

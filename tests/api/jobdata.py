@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +23,7 @@ from argus.collector.store import Store
 from argus.proto import collector_pb2, collector_pb2_grpc
 from argus.schema import TABLES, wire_schema
 
-__all__ = ["diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
+__all__ = ["LiveFeed", "diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
 
 _PHASE_MS = {"data": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 3.0}
 
@@ -42,11 +43,15 @@ def synthetic_job(
     slow_factor: float = 3.0,
     exited: bool = False,
     host_prefix: str = "node",
+    first_step: int = 0,
+    lifecycle: bool = True,
 ) -> dict[str, pa.Table]:
     """Wire tables (no job_id) of one job; ``start_ns`` defaults to ``steps`` × step time ago.
 
     Every rank's step is data+forward+backward+optimizer+allreduce; ``slow_rank``'s
     ``slow_phase`` takes ``slow_factor`` × as long, and its peers wait for it in the allreduce.
+    ``first_step`` numbers the steps (and collective seqs) of a later chunk of the same job;
+    ``lifecycle=False`` leaves out the attach and group events (sent with the first chunk).
     """
     phase_ns = {p: int(ms * 1e6) for p, ms in _PHASE_MS.items()}
     slow_extra = int(phase_ns[slow_phase] * (slow_factor - 1)) if slow_rank is not None else 0
@@ -77,7 +82,7 @@ def synthetic_job(
         for k, v in row.items():
             r_cols[k].append(v)
 
-    for r in ranks:
+    for r in ranks if lifecycle else ():
         rank_event(r, "attach", t0 - 1000)
         rank_event(
             r, "group", t0 - 500, group_name="default_pg", group_ranks=list(ranks), group_backend="gloo"
@@ -87,8 +92,8 @@ def synthetic_job(
     c_cols: dict[str, list[object]] = {c: [] for c in wire_schema("collectives").names}
     k_cols: dict[str, list[object]] = {c: [] for c in wire_schema("kernel_events").names}
     h_cols: dict[str, list[object]] = {c: [] for c in wire_schema("host_samples").names}
-    for step in range(steps):
-        begin = t0 + step * step_ns
+    for i in range(steps):
+        begin, step = t0 + i * step_ns, first_step + i
         for r in ranks:
             t = begin
             for phase, base_dur in phase_ns.items():
@@ -118,8 +123,19 @@ def synthetic_job(
             h_cols["host"].append(hosts[r])
             h_cols["time_ns"].append(t)
             h_cols["interval_ns"].append(1_000_000_000)
+            h_cols["proc_cpu_ns"].append(950_000_000)  # a busy training process
+            h_cols["host_cpu_pct"].append(100.0)
+            h_cols["rss_bytes"].append(2 << 30)
             for name, values in h_cols.items():
-                if name not in ("rank", "host", "time_ns", "interval_ns"):
+                if name not in (
+                    "rank",
+                    "host",
+                    "time_ns",
+                    "interval_ns",
+                    "proc_cpu_ns",
+                    "host_cpu_pct",
+                    "rss_bytes",
+                ):
                     values.append(0)
         if exited:
             rank_event(r, "exit", last + 1000)
@@ -155,7 +171,7 @@ def send_grpc(
     token: str | None = None,
     dropped_events: int = 0,
 ) -> list[collector_pb2.Ack]:
-    """Send ``tables`` to the collector at ``address`` as one stream of batches; return the acks.
+    """Send ``tables`` (empty ones left out) to the collector at ``address`` as one stream; return the acks.
 
     Raises:
         AssertionError: a batch was not stored.
@@ -170,7 +186,7 @@ def send_grpc(
             arrow_ipc=_ipc(data),
             dropped_events=dropped_events if seq == 0 else 0,
         )
-        for seq, (name, data) in enumerate(tables.items())
+        for seq, (name, data) in enumerate((n, t) for n, t in tables.items() if t.num_rows)
     ]
     metadata = (("authorization", f"Bearer {token}"),) if token else None
 
@@ -213,3 +229,58 @@ def diagnosis_row(
         + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
     )
     return pa.Table.from_pylist([row], schema=schema)
+
+
+class LiveFeed(threading.Thread):
+    """A running job: sends the steps that have elapsed since the last send every ``period_s``.
+
+    The first send backfills ``backfill_s`` of history. Stop with :meth:`stop`; errors of a
+    send are kept in ``errors`` (the feed goes on).
+    """
+
+    STEP_NS = 56_000_000  # synthetic_job's step with a 3x slower forward on one rank
+
+    def __init__(
+        self,
+        target: str,
+        job_id: str,
+        *,
+        world_size: int,
+        slow_rank: int,
+        backfill_s: float = 10.0,
+        period_s: float = 0.5,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.target, self.job_id, self.world_size, self.slow_rank = target, job_id, world_size, slow_rank
+        self.period_s = period_s
+        self.next_ns = time.time_ns() - int(backfill_s * 1e9)
+        self.step = 0
+        self.errors: list[str] = []
+        self._stop_event = threading.Event()
+
+    def send_elapsed(self) -> None:
+        steps = (time.time_ns() - self.next_ns) // self.STEP_NS
+        if steps <= 0:
+            return
+        tables = synthetic_job(
+            world_size=self.world_size,
+            steps=steps,
+            start_ns=self.next_ns,
+            slow_rank=self.slow_rank,
+            first_step=self.step,
+            lifecycle=self.step == 0,
+        )
+        send_grpc(self.target, self.job_id, tables)
+        self.next_ns += steps * self.STEP_NS
+        self.step += steps
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.period_s):
+            try:
+                self.send_elapsed()
+            except Exception as exc:  # kept for the test to report; a feed must not die silently
+                self.errors.append(repr(exc))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)

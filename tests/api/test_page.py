@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from argus.collector.store import Store
 
 from tests.api.conftest import LiveApp
 from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
+from tests.api.prom import CHROMIUM, chromium
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -27,32 +26,6 @@ pytestmark = [
         reason="chromium not installed (Debian package chromium; .ci/run installs it)",
     ),
 ]
-
-
-def _chromium(profile: Path, url: str, *mode: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--hide-scrollbars",
-            "--window-size=1400,900",
-            "--virtual-time-budget=10000",
-            *mode,
-            url,
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp_path: Path) -> None:
@@ -80,7 +53,7 @@ def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp
     )
     url = f"{live_app.url}/#job=job-page"
 
-    dom = _chromium(tmp_path / "profile-dom", url, "--dump-dom")
+    dom = chromium(tmp_path / "profile-dom", url, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     assert 'data-loaded="true"' in html, html[-3000:]
@@ -99,7 +72,7 @@ def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp
     assert "forward_ms" in html and "peers_median" in html and "collective_wait_ms" in html
 
     shot = tmp_path / "page.png"
-    result = _chromium(tmp_path / "profile-shot", url, f"--screenshot={shot}")
+    result = chromium(tmp_path / "profile-shot", url, f"--screenshot={shot}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("ARGUS_ARTIFACTS"):

@@ -6,7 +6,10 @@ of concurrent queries leaked into each other); the REST API depends on both fixe
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pyarrow as pa
 from argus.collector.store import Store
@@ -54,3 +57,39 @@ def test_parallel_parameterized_queries_see_their_own_values(store: Store) -> No
     for t in threads:
         t.join()
     assert wrong == []
+
+
+_INSERT_WHILE_QUERYING = """
+import sys, threading, time
+import pyarrow as pa
+from argus.collector.store import open_store
+store = open_store("chdb://" + sys.argv[1])
+rows = pa.table({"job_id": ["j"] * 500, "rank": pa.array(range(500), pa.uint32()),
+                 "step": pa.array([1] * 500, pa.uint64()), "start_ns": list(range(500)), "dur_ns": [5] * 500})
+stop = time.monotonic() + 3
+def insert():
+    while time.monotonic() < stop:
+        store.insert("steps", rows)
+def query():
+    while time.monotonic() < stop:
+        store.query("SELECT count() AS n FROM steps WHERE job_id = {j:String}", {"j": "j"})
+threads = [threading.Thread(target=insert), threading.Thread(target=query)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+store.close()
+print("done")
+"""
+
+
+def test_insert_and_parameterized_query_in_parallel_do_not_deadlock(tmp_path: Path) -> None:
+    """An insert (Python() table function) running while a parameterized query runs hung both in chDB."""
+    result = subprocess.run(
+        [sys.executable, "-c", _INSERT_WHILE_QUERYING, str(tmp_path / "data")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-2000:]

@@ -5,9 +5,17 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
+from collections.abc import Iterator
 
+import grpc
 import pytest
+
+from argus.proto import collector_pb2 as pb
+from argus.proto import collector_pb2_grpc as pb_grpc
+from tests.collector.wire import batch, channel, sample
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +66,36 @@ def test_bad_options_exit_1_with_a_message(args: list[str], message: str, tmp_pa
     done = subprocess.run([*command, *args], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert message in done.stderr
+
+
+def test_sigterm_with_an_idle_agent_stream_open_stops_promptly(argus_server_factory) -> None:
+    server = argus_server_factory("--no-analyzer")
+    release = threading.Event()
+    acks: list[pb.Ack] = []
+    errors: list[grpc.RpcError] = []
+
+    def held_open() -> Iterator[pb.Batch]:
+        yield batch("steps", sample("steps"), seq=1)
+        release.wait(60)
+
+    def agent() -> None:
+        with channel(server.grpc_target) as ch:
+            try:
+                acks.extend(pb_grpc.CollectorStub(ch).Stream(held_open(), timeout=60))
+            except grpc.RpcError as exc:
+                errors.append(exc)
+
+    sender = threading.Thread(target=agent)
+    sender.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not acks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [a.status for a in acks] == [pb.Ack.STORED]
+        started = time.monotonic()
+        assert server.stop() == 0
+        assert time.monotonic() - started < 15
+    finally:
+        release.set()
+        sender.join(60)
+    assert errors and errors[0].code() in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}

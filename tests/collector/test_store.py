@@ -150,3 +150,24 @@ def test_threads_insert_and_query_at_once(store: Store) -> None:
     assert not any(t.is_alive() for t in threads), "threads stuck in the store"
     assert not errors
     assert store.query("SELECT count() AS n FROM kernel_events").column("n")[0].as_py() == 4 * 8 * 2000
+
+
+def test_identical_plain_inserts_are_both_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without a token nothing is deduplicated, although every table keeps a dedup window."""
+    import pyarrow as pa
+    from argus.collector.store import open_store
+
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    row = pa.table(
+        {
+            "job_id": ["j"],
+            "rank": pa.array([0], pa.uint32()),
+            "step": pa.array([1], pa.uint64()),
+            "start_ns": pa.array([10], pa.int64()),
+            "dur_ns": pa.array([5], pa.int64()),
+        }
+    )
+    store.insert("steps", row)
+    store.insert("steps", row)
+    assert store.query("SELECT count() FROM steps").column(0)[0].as_py() == 2
+    store.close()
