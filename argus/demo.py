@@ -31,19 +31,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from argus.config import DEFAULT_SERVER_URL
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
 
 __all__ = ["main"]
 
-#: Analysis and compression window of the demo, seconds (short, so it ends quickly).
-WINDOW_S = 2.0
+#: Analysis and compression window of the demo, seconds: short, so it ends quickly, yet long
+#: enough that a busy 2-core machine's hiccups do not look like a straggler.
+WINDOW_S = 5.0
 #: Healthy training before the fault starts, seconds (the analyzer's baseline).
-WARMUP_S = 12.0
+WARMUP_S = 10.0
 #: With a fault, give up waiting for a diagnosis after this long, seconds.
-FAULT_TIMEOUT_S = 60.0
+FAULT_TIMEOUT_S = 75.0
 #: With no fault, train this long after the warm-up, seconds.
-CLEAN_RUN_S = 16.0
+CLEAN_RUN_S = 25.0
 
 
 def _free_port() -> int:
@@ -96,14 +98,17 @@ def _diagnoses(http: str, job_id: str) -> list[Diagnosis]:
     return [Diagnosis.from_dict(item) for item in body["items"]]
 
 
-def _settled(diagnoses: list[Diagnosis], window_ns: int) -> bool:
-    """A diagnosis that has stayed open for two windows: the demo has its answer."""
-    return any(d.state == "open" and d.last_window_ns - d.first_window_ns >= window_ns for d in diagnoses)
+def _any_open(diagnoses: list[Diagnosis]) -> bool:
+    return any(d.state == "open" for d in diagnoses)
 
 
-def _print_human(console: Console, job_id: str, http: str, diagnoses: list[Diagnosis], trace: Path) -> None:
+def _print_human(
+    console: Console, job_id: str, diagnoses: list[Diagnosis], trace: Path, store: Path, kept: bool
+) -> None:
     if not diagnoses:
         console.print(f"\n[bold green]No diagnosis[/]: the ranks of job {job_id} ran like their peers.")
+    else:
+        console.print("\nDiagnoses while the job ran (Argus resolves them once the job has finished):")
     for d in diagnoses:
         where = ", ".join(
             part
@@ -125,9 +130,16 @@ def _print_human(console: Console, job_id: str, http: str, diagnoses: list[Diagn
             table.add_row(f"  {key}", json.dumps(value) if not isinstance(value, str) else value)
         console.print(table)
     console.print("\nWhere to look next:")
-    console.print(f"  trace of the job (open in https://ui.perfetto.dev): {trace}")
-    console.print(f"  while a server runs on the store: {http}/api/v1/jobs/{job_id}/diagnoses")
-    console.print(f"  argus diagnose --job {job_id} --server {http}")
+    console.print(f"  the timeline of rank 0 and the slow rank (open it in https://ui.perfetto.dev): {trace}")
+    if kept:
+        console.print(f"  this run's data: argus server --store chdb://{store}, then")
+        console.print(f"    {DEFAULT_SERVER_URL}/ (jobs, heatmap, diagnoses with evidence)")
+        console.print(
+            f"    {DEFAULT_SERVER_URL}/api/v1/jobs/{job_id}/diagnoses, argus diagnose --job {job_id}"
+        )
+    else:
+        console.print("  run the demo with --data-dir DIR to keep its store and browse it with argus server")
+    console.print("  your own job: argus server, then argus run -- torchrun ... (see README)")
 
 
 def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
@@ -142,7 +154,6 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
     logs.mkdir(parents=True, exist_ok=True)
     job_id = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     stop_file = work / "stop"
-    window_ns = int(WINDOW_S * 1e9)
 
     server_cmd = _argus(
         "server",
@@ -206,21 +217,32 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
                 )
                 started = time.monotonic()
                 limit = WARMUP_S + (FAULT_TIMEOUT_S if slow_rank is not None else CLEAN_RUN_S)
-                found: list[Diagnosis] = []
+                live: list[Diagnosis] = []
+                opened_at: float | None = None
                 with console.status("training") as status:
                     while job.poll() is None and time.monotonic() - started < limit:
                         time.sleep(1.0)
                         with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                            found = _diagnoses(http, job_id)
+                            live = _diagnoses(http, job_id)
                         elapsed = time.monotonic() - started
-                        phase = (
+                        stage = (
                             "warm-up"
                             if elapsed < WARMUP_S
                             else ("fault" if slow_rank is not None else "clean")
                         )
-                        status.update(f"training ({phase}, {elapsed:.0f} s): {len(found)} diagnoses so far")
-                        if args.steps is None and _settled(found, window_ns):
+                        status.update(f"training ({stage}, {elapsed:.0f} s): {len(live)} diagnoses so far")
+                        if opened_at is None and _any_open(live):
+                            opened_at = time.monotonic()
+                        # One more window after the first diagnosis opens, so that the
+                        # report shows it updated and anything else that opens beside it.
+                        if (
+                            args.steps is None
+                            and opened_at is not None
+                            and time.monotonic() - opened_at > WINDOW_S
+                        ):
                             break
+                    with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                        live = _diagnoses(http, job_id)
                     stop_file.touch()
                     status.update("stopping the job")
                     try:
@@ -232,16 +254,18 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
                         f"the training job failed (status {job.returncode}); see {logs / 'job.log'}"
                     )
             with console.status("final analysis"):
-                time.sleep(WINDOW_S * 2)
-                found = _diagnoses(http, job_id)
+                time.sleep(WINDOW_S * 1.5)
+                final = _diagnoses(http, job_id)
+            # The report is what Argus said while the job ran (it resolves a finished job's
+            # diagnoses), plus anything that opened only at the end, which should be nothing.
+            seen = {d.id for d in live}
+            found = live + [d for d in final if d.id not in seen]
             trace = Path(tempfile.gettempdir()) / f"argus-{job_id}.trace.json"
             with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
                 ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"
                 urllib.request.urlretrieve(f"{http}/api/v1/jobs/{job_id}/trace?ranks={ranks}", trace)
             if not args.json:
-                _print_human(console, job_id, http, found, trace)
-                if keep_data:
-                    console.print(f"  the data stays in {work}: argus server --store chdb://{work / 'store'}")
+                _print_human(console, job_id, found, trace, work / "store", keep_data)
     return {
         "job_id": job_id,
         "scenario": scenario,

@@ -1,0 +1,82 @@
+"""The main job: `argus demo` end to end, and `argus run` on the unmodified example script.
+
+Each demo run is a real 4-rank gloo DDP job under `argus run`, a node agent and
+an `argus server` with its analyzer, all as separate processes (about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _demo(*args: str, timeout_s: float = 300) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "argus.cli", "demo", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize(("scenario", "slow_rank"), [("compute", 1), ("host_stall", 2), ("dataloader", 3)])
+def test_demo_names_the_slow_rank_and_cause(scenario: str, slow_rank: int) -> None:
+    result = _demo("--scenario", scenario, "--slow-rank", str(slow_rank))
+    assert result["scenario"] == scenario and result["slow_rank"] == slow_rank
+    open_ = [d for d in result["diagnoses"] if d["state"] == "open"]
+    assert open_, f"no open diagnosis: {result}"
+    for d in open_:
+        assert (d["rank"], d["cause"]) == (slow_rank, scenario), json.dumps(result, indent=1)
+        assert d["score"] >= 1.0 and d["slowdown_pct"] > 0
+        assert d["first_window_ns"] <= d["last_window_ns"]
+
+
+def test_demo_without_a_fault_diagnoses_nothing() -> None:
+    result = _demo("--scenario", "none")
+    assert result["slow_rank"] is None
+    assert result["diagnoses"] == [], json.dumps(result, indent=1)
+
+
+def test_argus_run_on_the_unmodified_example_then_diagnose(argus_server_factory: Any, tmp_path: Path) -> None:
+    script = ROOT / "examples" / "train_ddp.py"
+    assert "argus" not in script.read_text().split('"""', 2)[2].lower(), "the example must hold no Argus line"
+    server = argus_server_factory("--window-s", "2")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    job_id = "example-ddp"
+    run = subprocess.run(
+        [sys.executable, "-m", "argus.cli", "run", "--collector", server.grpc_target,
+         "--socket", str(tmp_path / "agent.sock"), "--job-id", job_id, "--",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(script), "--steps", "120"],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "step 100 loss" in run.stdout
+
+    diagnose = [sys.executable, "-m", "argus.cli", "diagnose", "--job", job_id, "--server", server.http_url]
+    table = subprocess.run(diagnose, capture_output=True, text=True, timeout=60, check=False)
+    assert table.returncode == 0, table.stderr
+    assert "no diagnoses" in table.stdout, table.stdout
+    as_json = subprocess.run([*diagnose, "--json"], capture_output=True, text=True, timeout=60, check=False)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == []
+
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.http_url}/api/v1/jobs/{job_id}/ranks") as response:
+        ranks = json.load(response)["items"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
