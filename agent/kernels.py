@@ -18,8 +18,8 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
-from argus.agent.cupti import is_collective_kernel
 
+from argus.agent.cupti import is_collective_kernel
 from argus.kde import compress
 from argus.schema import wire_schema
 

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from argus.agent.kernels import KernelWindows
 from argus.agent.protocol import (
     FrameType,
@@ -37,7 +38,6 @@ from argus.agent.protocol import (
 )
 from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader
-
 from argus.errors import ConfigError
 from argus.schema import wire_schema
 

@@ -28,6 +28,8 @@ from typing import Any
 import pyarrow as pa
 import torch
 import torch.distributed as dist
+
+from argus import config
 from argus.agent import collectives, identity
 from argus.agent.buffers import RowBuffer
 from argus.agent.cupti import CollectiveJoin, CuptiSource, Decoded
@@ -36,8 +38,6 @@ from argus.agent.nvml import cuda_present
 from argus.agent.sink import AgentLink
 from argus.agent.steps import StepTracker
 from argus.agent.torch_hooks import TorchHooks
-
-from argus import config
 from argus.schema import PHASES, wire_schema
 
 __all__ = ["FLUSH_S", "SAMPLE_S", "Probe"]

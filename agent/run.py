@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from argus import config
 from argus.agent import _bootstrap
 from argus.agent.identity import ENV_COMMAND, new_job_id
-
-from argus import config
 
 __all__ = ["agent_listening", "bootstrap_dir", "main"]
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
 from argus.agent.protocol import (
     HEADER,
     FrameType,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from argus.agent import opt_hooks
 from argus.agent.steps import BACKWARD, DATA, FORWARD, OPTIMIZER, StepTracker
 

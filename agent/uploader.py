@@ -30,10 +30,10 @@ from pathlib import Path
 
 import grpc
 import pyarrow as pa
+
 from argus.agent.clock import ClockEstimate, estimate_offset
 from argus.agent.protocol import ipc_bytes, table_code
 from argus.agent.spool import Spool
-
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2, collector_pb2_grpc
 

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
 from argus.analyzer.collectives import LinkFinding
 from argus.analyzer.findings import Finding
 from argus.analyzer.host import HostResult
@@ -42,7 +43,6 @@ from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
 from argus.analyzer.phase import COMPONENTS, PhaseResult
 from argus.analyzer.window import Window
-
 from argus.diagnosis import Cause
 
 __all__ = ["CLOCK_DROP", "CPU_SHARE", "KEEP_SCORE", "MAX_INDIVIDUAL", "attribute"]

@@ -27,9 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
+
 from argus.analyzer.robust import grouped_median, one_sided_scores
 from argus.analyzer.window import Collectives
-from numpy.typing import NDArray
 
 __all__ = [
     "MAX_OFFSET_NS",

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from argus.analyzer.window import HostSamples
 from numpy.typing import NDArray
+
+from argus.analyzer.window import HostSamples
 
 __all__ = ["THROTTLE_MASK", "HostResult", "host_signals"]
 

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from argus.analyzer.robust import MAD_TO_SIGMA
-from argus.analyzer.window import Steps
 from numpy.typing import NDArray
 from scipy.stats import mannwhitneyu
+
+from argus.analyzer.robust import MAD_TO_SIGMA
+from argus.analyzer.window import Steps
 
 __all__ = ["CHANGE_MIN_SHIFT", "CHANGE_P", "IterationResult", "compare_iterations", "job_step_times"]
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
+
 from argus.analyzer.robust import one_sided_scores
 from argus.analyzer.wasserstein import U_WEIGHTS, frechet_median, mixture_quantiles, w1_both
 from argus.analyzer.window import KernelClusters
-from numpy.typing import NDArray
 
 __all__ = ["COLLECTIVE_REL_FLOOR", "MIN_RANKS", "REL_FLOOR", "KernelScores", "score_kernels"]
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from argus.analyzer.findings import STRAGGLER_CAUSES, Finding
-
 from argus.diagnosis import Diagnosis, State
 
 __all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]

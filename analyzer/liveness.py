@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from argus.analyzer.window import RankStatus
 
+from argus.analyzer.window import RankStatus
 from argus.schema import PHASES
 
 __all__ = ["HANG_MIN_NS", "HANG_STEPS", "Unresponsive", "find_unresponsive", "silence_threshold_ns"]

@@ -57,11 +57,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
+
 from argus.analyzer.collectives import Decomposition
 from argus.analyzer.robust import MAD_TO_SIGMA, grouped_median, one_sided_scores
 from argus.analyzer.window import Window
-from numpy.typing import NDArray
-
 from argus.schema import PHASES
 
 __all__ = ["COMPONENTS", "REL_FLOOR", "WARMUP_STEPS", "PhaseResult", "compare_phases"]

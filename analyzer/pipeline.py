@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
 from argus.analyzer.causes import attribute
 from argus.analyzer.collectives import Decomposition, decompose, slow_links, transfer_medians
 from argus.analyzer.findings import Finding
@@ -23,7 +24,6 @@ from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
 from argus.analyzer.phase import WARMUP_STEPS, compare_phases
 from argus.analyzer.window import Window
-
 from argus.diagnosis import Diagnosis
 
 __all__ = ["JobAnalysis", "WindowResult"]

@@ -41,7 +41,6 @@ from argus.analyzer.store_io import (
 )
 from argus.collector.metrics import TOP_SUSPECTS, Metrics
 from argus.collector.store import Store, open_store
-
 from argus.diagnosis import Cause, Diagnosis, State
 from argus.errors import ArgusError, ConfigError
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
+
 from argus.analyzer.window import (
     Collectives,
     HostSamples,
@@ -36,8 +38,6 @@ from argus.analyzer.window import (
     Window,
 )
 from argus.collector.store import Store
-from numpy.typing import NDArray
-
 from argus.diagnosis import Diagnosis
 from argus.schema import PHASES, TABLES
 

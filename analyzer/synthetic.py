@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
+
 from argus.analyzer.window import (
     Collectives,
     HostSamples,
@@ -47,8 +49,6 @@ from argus.analyzer.window import (
     Window,
     progress_position,
 )
-from numpy.typing import NDArray
-
 from argus.schema import PHASES, wire_schema
 
 __all__ = ["FAULT_CAUSE", "Fault", "JobSpec", "Simulation", "simulate"]

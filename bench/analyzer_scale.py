@@ -29,6 +29,7 @@ import resource
 import time
 
 import numpy as np
+
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.wasserstein import U_WEIGHTS, mixture_quantiles
 from argus.analyzer.window import KernelClusters

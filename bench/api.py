@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fastapi.testclient import TestClient
+
 from argus.collector.api import create_app
 from argus.collector.metrics import Metrics
 from argus.collector.store import open_store
-from fastapi.testclient import TestClient
-
 from tests.api.jobdata import insert_direct, synthetic_job
 
 

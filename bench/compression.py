@@ -31,9 +31,9 @@ from pathlib import Path
 import ijson
 import numpy as np
 import pyarrow as pa
+
 from argus.collector.kineto import parse_trace
 from argus.collector.trace_tables import RankTrace, kernel_summaries_table, summary_window
-
 from argus.kde import compress, fidelity
 
 KINETO_DIR = Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto"))

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.synthetic import Fault, JobSpec, simulate
 

@@ -18,18 +18,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from argus.collector.api_errors import ERROR_RESPONSES, error_response, install_error_handlers
-from argus.collector.api_jobs import recent_job_status_counts
-from argus.collector.api_models import Health
-from argus.collector.api_routes import build_router
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from fastapi import FastAPI, Request, Response, Security
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from argus import __version__
+from argus.collector.api_errors import ERROR_RESPONSES, error_response, install_error_handlers
+from argus.collector.api_jobs import recent_job_status_counts
+from argus.collector.api_models import Health
+from argus.collector.api_routes import build_router
+from argus.collector.metrics import Metrics
+from argus.collector.store import Store
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import StoreError, Unauthenticated
 
@@ -61,6 +61,7 @@ def create_app(
     metrics: Metrics,
     token: str | None = None,
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+    window_s: float = DEFAULT_WINDOW_S,
 ) -> FastAPI:
     """The FastAPI app of an `argus server` over ``store``.
 
@@ -69,6 +70,7 @@ def create_app(
         metrics: The server's metrics; ``/metrics`` exposes ``metrics.registry``.
         token: When set, every endpoint but ``/healthz`` requires ``Authorization: Bearer TOKEN``.
         heartbeat_timeout_s: A rank silent this long (no host sample) is not ``running``.
+        window_s: The analysis window; uploaded traces are summarised in windows of this length.
     """
     timeout_ns = int(heartbeat_timeout_s * 1e9)
     # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
@@ -91,7 +93,9 @@ def create_app(
                     return error_response(Unauthenticated(reason))
             return await call_next(request)
 
-    app.include_router(build_router(store, heartbeat_timeout_ns=timeout_ns), dependencies=secured)
+    app.include_router(
+        build_router(store, heartbeat_timeout_ns=timeout_ns, window_s=window_s), dependencies=secured
+    )
 
     @app.get("/healthz", response_model=Health, summary="Liveness (no token needed)")
     def healthz() -> dict[str, str]:

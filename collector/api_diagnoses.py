@@ -12,7 +12,6 @@ from typing import Any
 from argus.collector.api_jobs import require_job
 from argus.collector.api_params import INT64_MAX, decode_cursor, encode_cursor
 from argus.collector.store import Store
-
 from argus.diagnosis import Diagnosis
 from argus.errors import StoreError
 

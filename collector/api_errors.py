@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from argus.collector.api_params import BadParameter
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from argus.collector.api_params import BadParameter
 from argus.errors import (
     ArgusError,
     ConfigError,

@@ -23,9 +23,9 @@ import warnings
 from typing import Any
 
 import numpy as np
+
 from argus.collector.api_jobs import require_job
 from argus.collector.store import Store
-
 from argus.schema import PHASES
 
 __all__ = ["METRICS", "heatmap"]

@@ -23,7 +23,6 @@ from typing import Any
 
 from argus.collector.api_params import INT64_MAX, RankSet, decode_cursor, encode_cursor
 from argus.collector.store import Store
-
 from argus.errors import NotFound
 
 __all__ = [

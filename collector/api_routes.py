@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
+from fastapi import APIRouter, File, Path, Query, UploadFile
+from fastapi.responses import JSONResponse
+
 from argus.collector import importer
 from argus.collector.api_diagnoses import list_diagnoses
 from argus.collector.api_errors import ERROR_RESPONSES
@@ -22,9 +25,6 @@ from argus.collector.api_models import (
 from argus.collector.api_params import BadParameter, RankSet, parse_ranks, parse_time_ns
 from argus.collector.api_trace import chrome_trace
 from argus.collector.store import Store
-from fastapi import APIRouter, File, Path, Query, UploadFile
-from fastapi.responses import JSONResponse
-
 from argus.errors import NotFound
 
 __all__ = ["build_router"]
@@ -63,7 +63,7 @@ def _range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
+def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) -> APIRouter:
     """The ``/api/v1`` router over ``store``; errors are raised, mapped by api_errors."""
     router = APIRouter(prefix="/api/v1", responses={**ERROR_RESPONSES, **_BAD})
 
@@ -181,7 +181,9 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int) -> APIRouter:
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
         names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
-        result = importer.import_traces(store, [f.file for f in file], job_id=job_id, rank=rank, names=names)
+        result = importer.import_traces(
+            store, [f.file for f in file], job_id=job_id, rank=rank, names=names, window_s=window_s
+        )
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}
 
     return router

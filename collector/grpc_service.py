@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
-
 from argus.config import MAX_MESSAGE_BYTES
 from argus.errors import (
     ArgusError,

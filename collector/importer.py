@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+
+from argus import config
 from argus.collector.kineto import ParsedTrace, file_digest, parse_trace, trace_name
 from argus.collector.store import ChdbStore, Store, open_store
 from argus.collector.trace_tables import (
@@ -57,8 +59,6 @@ from argus.collector.trace_tables import (
     ranks_table,
     steps_table,
 )
-
-from argus import config
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import StoreError, TraceError
 

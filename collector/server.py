@@ -20,11 +20,12 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
-from argus.collector.api import create_app
+
+from argus.collector.api import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
 from argus.collector.grpc_service import CollectorServer, start_collector
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store, open_store
-
+from argus.config import DEFAULT_WINDOW_S
 from argus.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def start_http(
     token: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
 ) -> HttpServer:
     """Serve ``argus.collector.api.create_app`` on ``listen`` (port 0 picks a free one).
 
@@ -93,7 +95,13 @@ def start_http(
         raise ConfigError(f"cannot listen for HTTP on {listen}: {exc}") from exc
     sock.listen(1024)
     port = sock.getsockname()[1]
-    app = create_app(store, metrics=metrics, token=token)
+    app = create_app(
+        store,
+        metrics=metrics,
+        token=token,
+        window_s=window_s,
+        heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
+    )
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -155,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
         collector = start_collector(store, metrics, args.grpc_listen, token=args.token, **tls)
         if not args.no_analyzer:
             analyzer = _start_analyzer(store, metrics, args.window_s)
-        http = start_http(store, metrics, args.http_listen, token=args.token, **tls)
+        http = start_http(store, metrics, args.http_listen, token=args.token, window_s=args.window_s, **tls)
         notes = [" (TLS)" if collector.tls else "", ", token required" if args.token else ""]
         print(
             f"argus server: gRPC on {collector.address}{notes[0]}, HTTP on {http.url}, "

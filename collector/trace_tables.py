@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from argus.collector.kineto import KINDS, ParsedTrace
 from numpy.typing import NDArray
 
+from argus.collector.kineto import KINDS, ParsedTrace
 from argus.kde import compress
 from argus.schema import wire_schema
 

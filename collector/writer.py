@@ -18,7 +18,6 @@ from concurrent.futures import Future
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-
 from argus.errors import StoreError
 from argus.proto import collector_pb2 as pb
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
+
 from argus.agent.cupti import (
     KIND_CONCURRENT_KERNEL,
     KIND_EXTERNAL_CORRELATION,
@@ -16,7 +17,6 @@ from argus.agent.cupti import (
     is_collective_kernel,
 )
 from argus.agent.kernels import KernelWindows, summarize
-
 from argus.kde import CLUSTER_DTYPE, fidelity
 from argus.schema import wire_schema
 

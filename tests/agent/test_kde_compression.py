@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
 from argus.agent.kernels import summarize
 from argus.agent.protocol import ipc_bytes
-
 from argus.kde import compress, fidelity
 from argus.schema import wire_schema
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from argus.agent.run import bootstrap_dir
 from argus.agent.sink import AgentLink
-
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import job_env, run, short_dir, torchrun

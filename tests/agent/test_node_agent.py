@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from argus.agent.node import NodeAgent
 from argus.agent.protocol import FrameType, decode_json, encode_json, read_frame
 from argus.agent.sink import AgentLink
-
 from argus.errors import ConfigError
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink

@@ -6,6 +6,7 @@ import socket
 
 import pyarrow as pa
 import pytest
+
 from argus.agent.buffers import RowBuffer
 from argus.agent.clock import estimate_offset
 from argus.agent.node import shift_times
@@ -18,7 +19,6 @@ from argus.agent.protocol import (
     read_frame,
 )
 from argus.agent.steps import BACKWARD, DATA, FORWARD, OPTIMIZER, StepTracker
-
 from argus.schema import wire_schema
 
 
@@ -127,6 +127,7 @@ def test_offset_shifts_only_time_columns() -> None:
 def test_cupti_steps_aside_while_a_user_profiler_runs() -> None:
     import torch
     import torch.autograd.profiler as ap
+
     from argus.agent import profiler_yield
 
     saved = ap.profile._prepare_trace, ap.profile.__exit__

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader, split_rows
-
 from argus.proto import collector_pb2
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from argus.analyzer.synthetic import Simulation
 from argus.collector.store import Store, open_store
 

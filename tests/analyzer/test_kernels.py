@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.window import KernelClusters
-
 from argus.kde import compress
 
 RNG = np.random.default_rng(3)

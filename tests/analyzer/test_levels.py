@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from argus.analyzer.collectives import decompose, slow_links, transfer_medians
 from argus.analyzer.iteration import compare_iterations, job_step_times
 from argus.analyzer.liveness import find_unresponsive

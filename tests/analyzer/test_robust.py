@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import iqr
+
 from argus.analyzer.robust import grouped_median, one_sided_scores
 from argus.analyzer.wasserstein import U_POINTS, w1
-from scipy.stats import iqr
 
 RNG = np.random.default_rng(5)
 

@@ -6,13 +6,13 @@ import argparse
 import json
 
 import pytest
+from prometheus_client import generate_latest
+
 from argus.analyzer.service import Analyzer, main
 from argus.analyzer.store_io import read_diagnoses
 from argus.analyzer.synthetic import NS, Fault, JobSpec, simulate
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-from prometheus_client import generate_latest
-
 from argus.errors import StoreError
 
 from .conftest import load, rows_between

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import wasserstein_distance
+
 from argus.analyzer.wasserstein import (
     U_POINTS,
     U_WEIGHTS,
@@ -12,8 +14,6 @@ from argus.analyzer.wasserstein import (
     w1,
     w1_excess,
 )
-from scipy.stats import wasserstein_distance
-
 from argus.kde import compress, fidelity, mixture_quantile
 
 RNG = np.random.default_rng(11)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+
 from argus.collector.api import create_app
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store, open_store

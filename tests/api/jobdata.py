@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
-from argus.collector.store import Store
 
+from argus.collector.store import Store
 from argus.proto import collector_pb2, collector_pb2_grpc
 from argus.schema import TABLES, wire_schema
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from argus.collector.store import Store
 
+from argus.collector.store import Store
 from argus.diagnosis import Diagnosis
 from tests.api.conftest import LiveApp
 from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job

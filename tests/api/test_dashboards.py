@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import yaml
+
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-
 from argus.schema import TABLES
 from tests.api.jobdata import insert_direct, synthetic_job
 

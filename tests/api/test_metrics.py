@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from argus.collector.metrics import TOP_SUSPECTS, Metrics
 from prometheus_client import generate_latest
+
+from argus.collector.metrics import TOP_SUSPECTS, Metrics
 
 
 def _series(metrics: Metrics, name: str) -> list[str]:

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from argus.collector.store import Store
 
+from argus.collector.store import Store
 from tests.api.conftest import LiveApp
 from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
 from tests.api.prom import CHROMIUM, chromium

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from argus.collector.api_params import (
     BadParameter,
     decode_cursor,

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from fastapi.testclient import TestClient
+
 from argus.collector.api import create_app
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-from fastapi.testclient import TestClient
-
 from argus.diagnosis import Diagnosis
 from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
 

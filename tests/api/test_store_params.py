@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+
 from argus.collector.store import Store
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
 from argus.collector.store import Store, open_store
 
 CLICKHOUSE_ENV = "ARGUS_TEST_CLICKHOUSE_URL"

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-from argus.collector.store import open_store, retention_statements
 
+from argus.collector.store import open_store, retention_statements
 from argus.schema import TABLES, create_statements
 
 

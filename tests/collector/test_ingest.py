@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+
 from argus.collector import ingest
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
-
 from argus.errors import InvalidBatch, StoreError
 from argus.proto import collector_pb2 as pb
 from tests.collector.bad_batches import bad_batches

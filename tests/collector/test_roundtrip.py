@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import grpc
 import pyarrow as pa
 import pytest
-from argus.collector.store import open_store
 
+from argus.collector.store import open_store
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc

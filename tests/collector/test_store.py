@@ -6,8 +6,8 @@ import threading
 
 import pyarrow as pa
 import pytest
-from argus.collector.store import Store, apply_retention, open_store, retention_statements
 
+from argus.collector.store import Store, apply_retention, open_store, retention_statements
 from argus.errors import ConfigError, StoreError, StoreLocked
 from argus.schema import TABLES, WIRE_TABLES, wire_schema
 from tests.collector.wire import sample
@@ -155,6 +155,7 @@ def test_threads_insert_and_query_at_once(store: Store) -> None:
 def test_identical_plain_inserts_are_both_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Without a token nothing is deduplicated, although every table keeps a dedup window."""
     import pyarrow as pa
+
     from argus.collector.store import open_store
 
     store = open_store(f"chdb://{tmp_path / 'store'}")

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 import grpc
 import numpy as np
 import pyarrow as pa
-from argus.collector.ingest import encode_arrow_ipc
 
+from argus.collector.ingest import encode_arrow_ipc
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc

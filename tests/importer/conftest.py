@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from argus.collector.store import Store, open_store
 
 #: The real traces of the data README (override with $ARGUS_KINETO_DIR).

@@ -33,8 +33,9 @@ import re
 from pathlib import Path
 
 import numpy as np
-from argus.collector.kineto import KINDS, CollectiveMeta, ParsedTrace
 from numpy.typing import NDArray
+
+from argus.collector.kineto import KINDS, CollectiveMeta, ParsedTrace
 
 __all__ = ["GEMM", "resample_job", "write_kineto"]
 

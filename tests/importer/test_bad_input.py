@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from argus.collector import importer
 from argus.collector.importer import import_traces
 from argus.collector.store import Store
-
 from argus.errors import StoreError, TraceError
 from argus.schema import TABLES
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from argus.collector import kineto
 from argus.collector.importer import default_job_id, import_traces
 from argus.collector.kineto import file_digest, parse_trace

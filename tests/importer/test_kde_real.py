@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from argus.collector.kineto import parse_trace
 
+from argus.collector.kineto import parse_trace
 from argus.kde import CLUSTER_DTYPE, MAX_CLUSTERS, compress, fidelity, mixture_quantile
 
 

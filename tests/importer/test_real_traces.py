@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from argus.collector.importer import ImportResult, import_traces
 from argus.collector.store import Store, open_store
 

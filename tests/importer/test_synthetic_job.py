@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from argus.collector.importer import import_parsed, import_traces
 from argus.collector.kineto import ParsedTrace, parse_trace
 from argus.collector.store import Store, open_store
-
 from argus.diagnosis import Diagnosis
 
 from .synthetic_job import GEMM, resample_job, write_kineto

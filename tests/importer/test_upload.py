@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from argus.collector.importer import default_job_id
 from argus.collector.kineto import file_digest
 
