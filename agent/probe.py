@@ -330,6 +330,9 @@ class Probe:
         source = self._cupti
         if source is None or self._cupti_yielded or now_ns < self._next_edge_ns:
             return
+        self._next_edge_ns = (
+            now_ns + 1_000_000_000
+        )  # should update fail: try again in a second, not in a spin
         self._next_edge_ns = source.update(now_ns)
         self.correlate = self._correlator if source.correlates and self.active else None
 
