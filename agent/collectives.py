@@ -12,13 +12,16 @@ one way in: the probe registers a delegating Python hook at a DDP model's first
 forward unless the user registered one, and wraps a user's hook (registered
 before or after) in the same delegate, so the user's hook still runs, exactly
 once per bucket. The default inner hook, :func:`recorded_allreduce`, computes
-what PyTorch's ``default_hooks.allreduce_hook`` computes (the same result as
-DDP's built-in all-reduce: divide by the group size, then sum) with the
-recording fused in, so a bucket costs one Python callback. A built-in C++ hook
+what DDP computes without a hook (scale by the reciprocal of the group size,
+then sum) with the recording fused in, so a bucket costs one Python callback
+(the future's ``then``, which a Python hook needs anyway to hand DDP a tensor).
+A built-in C++ hook
 (``_register_builtin_comm_hook``) registered before the first forward cannot be
 wrapped; its buckets are then not captured and a warning says so. A Python
-comm hook costs a few GIL hand-offs per bucket, which tiny CPU steps can feel;
-``ARGUS_DDP_HOOK=0`` keeps DDP's C++ all-reduce and gives up bucket capture.
+comm hook costs a GIL hand-off per bucket and one extra pass over the bucket
+(DDP fuses the scaling into its gradient copy only when it has no hook), which
+tiny CPU steps can feel; ``ARGUS_DDP_HOOK=0`` keeps DDP's C++ all-reduce and
+gives up bucket capture.
 
 Collectives issued from C++ elsewhere (functional collectives of DTensor/TP,
 DDP's construction-time parameter checks) are invisible to this layer; on GPUs
@@ -32,6 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -94,17 +98,22 @@ class CollectiveRecorder(Protocol):
     def collective_count(self) -> int:
         """How many collectives were recorded so far (monotonic)."""
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> tuple[Any, ...] | None:
-        """Number a collective issued at ``issue_ns``; returns the row head, None when not recording."""
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> int:
+        """Number a collective issued at ``issue_ns``, hold it as pending; its key (0: not recorded)."""
 
-    def close_collective(self, head: tuple[Any, ...], end_ns: int, uid: int = 0) -> None:
-        """Record the collective of ``head`` (from :meth:`open_collective`) as completed at ``end_ns``."""
+    def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
+        """Record the pending collective ``key`` (from :meth:`open_collective`) as completed at ``end_ns``."""
+
+    def bucket_done(self, key: int, uid: int, fut: Any) -> Any:
+        """``then`` callback of a recorded DDP bucket: close ``key`` now, return the reduced bucket."""
 
 
 _recorder: CollectiveRecorder | None = None
 _originals: dict[tuple[Any, str], Any] = {}
 _lock = threading.Lock()
 _now = time.time_ns
+#: The unwrapped ``ProcessGroup.allreduce`` (through the wrapper a DDP bucket would be recorded twice).
+_allreduce: Callable[..., Any] = dist.ProcessGroup.allreduce
 
 
 def nbytes(obj: Any, depth: int = 0) -> int:
@@ -174,12 +183,15 @@ class _HookSlot:
 
 def _delegate(slot, bucket):  # type: ignore[no-untyped-def]  # DDP inspects the annotations
     """Run the inner comm hook; record the bucket itself if the hook issued no visible collective."""
+    hook = slot.hook
+    if hook is recorded_allreduce:
+        return recorded_allreduce(slot.state, bucket)
     rec = _recorder
     if rec is None:
-        return slot.hook(slot.state, bucket)
+        return hook(slot.state, bucket)
     before = rec.collective_count()
     issue_ns = _now()
-    fut = slot.hook(slot.state, bucket)
+    fut = hook(slot.state, bucket)
     if rec.collective_count() == before:
         try:
             pg = slot.process_group or dist.distributed_c10d._get_default_group()
@@ -194,37 +206,38 @@ def _first(fut: Any) -> Any:
 
 
 def recorded_allreduce(process_group: Any, bucket: Any) -> Any:
-    """DDP's default all-reduce as a comm hook (divide by the group size, sum), recording the bucket.
+    """DDP's all-reduce as a comm hook (scale by 1 / group size, sum), recording the bucket.
 
-    Same result as PyTorch's ``default_hooks.allreduce_hook`` (which DDP documents
-    as equivalent to having no hook), fused with the recording so a bucket costs
-    one Python callback: it calls the process group directly and stamps the end
-    in the ``then`` callback that unwraps the result.
+    The same arithmetic as DDP without a hook (which multiplies by the
+    reciprocal while copying gradients into the bucket), so training with and
+    without the probe gives the same numbers. It calls the process group
+    directly and stamps the end in the ``then`` callback that unwraps the
+    result, so a bucket costs one Python callback and no closure.
     """
     group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
     buf = bucket.buffer()
-    buf.div_(group.size())
-    allreduce = _originals.get((dist.ProcessGroup, "allreduce"), dist.ProcessGroup.allreduce)
+    size = group.size()
+    if size > 1:
+        buf.mul_(1.0 / size)
     rec = _recorder
     if rec is None:
-        return allreduce(group, [buf]).get_future().then(_first)
+        return _allreduce(group, [buf]).get_future().then(_first)
     corr = rec.correlate
-    uid = corr.push() if corr is not None else 0
-    issue_ns = _now()
-    try:
-        work = allreduce(group, [buf])
-    finally:
-        if corr is not None:
+    if corr is None:
+        issue_ns = _now()
+        work = _allreduce(group, [buf])
+        uid = 0
+    else:
+        uid = corr.push()
+        issue_ns = _now()
+        try:
+            work = _allreduce(group, [buf])
+        finally:
             corr.pop()
-    head = rec.open_collective(group, "allreduce", buf.numel() * buf.element_size(), issue_ns)
-    if head is None:
+    key = rec.open_collective(group, "allreduce", buf.nbytes, issue_ns)
+    if not key:
         return work.get_future().then(_first)
-
-    def done(fut: Any) -> Any:
-        rec.close_collective(head, _now(), uid)
-        return fut.value()[0]
-
-    return work.get_future().then(done)
+    return work.get_future().then(partial(rec.bucket_done, key, uid))
 
 
 class _FutureWork:
@@ -337,7 +350,7 @@ def _make_delegate(inner: Callable[..., Any]) -> Callable[..., Any]:
 
 def install(recorder: CollectiveRecorder) -> None:
     """Wrap ProcessGroup methods, ``_broadcast_coalesced`` and DDP; idempotent (the recorder is replaced)."""
-    global _recorder  # noqa: PLW0603  (read on the hot path: a plain global)
+    global _recorder, _allreduce  # noqa: PLW0603  (read on the hot path: plain globals)
     with _lock:
         _recorder = recorder
         if _originals:
@@ -349,6 +362,7 @@ def install(recorder: CollectiveRecorder) -> None:
                 continue
             _originals[(pg_class, method)] = orig
             setattr(pg_class, method, _wrap_method(method, op, arg, orig))
+        _allreduce = _originals.get((pg_class, "allreduce"), _allreduce)
         for module in (dist, dist.distributed_c10d):
             orig = module.__dict__.get("_broadcast_coalesced")
             if orig is not None:

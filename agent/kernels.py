@@ -7,6 +7,11 @@ each (rank, kind, kernel, stream) group of durations is compressed with
 :func:`argus.kde.compress` into ``kernel_summaries`` rows. Events for a window
 already compressed are counted as dropped, never summarised twice.
 
+Probes with duty-cycled CUPTI capture report the spans they captured
+(:meth:`KernelWindows.cover`); each summary row carries ``covered_ns``, the
+part of its window its rank captured (``window_ns`` when the rank reported no
+spans: capture ran throughout).
+
 Raw events also go to a ring bounded by rows; they leave the node only when
 asked for (:meth:`KernelWindows.raw`), as ``kernel_events`` rows.
 """
@@ -29,13 +34,16 @@ __all__ = ["KernelWindows", "summarize"]
 RESOLUTION_NS = 1
 
 
-def summarize(events: pa.Table, window_start_ns: int, window_ns: int) -> pa.Table:
+def summarize(
+    events: pa.Table, window_start_ns: int, window_ns: int, covered_ns: dict[int, int] | None = None
+) -> pa.Table:
     """Compress one window's kernel events into ``kernel_summaries`` rows.
 
     Args:
         events: ``kernel_events`` wire rows of one window (any ranks).
         window_start_ns: Start of the window, ns since the epoch.
         window_ns: Window length, ns.
+        covered_ns: rank → ns of the window its capture ran; a rank not in it: ``window_ns``.
 
     Returns:
         A table of :func:`argus.schema.wire_schema` ``("kernel_summaries")``, one row
@@ -52,6 +60,7 @@ def summarize(events: pa.Table, window_start_ns: int, window_ns: int) -> pa.Tabl
     names = grouped["kernel"].to_pylist()
     streams = grouped["stream"].to_pylist()
     durs = grouped["dur_ns_list"]
+    covered = covered_ns or {}
     for i in range(grouped.num_rows):
         d = np.asarray(durs[i].values, dtype=np.float64)
         clusters = compress(d, RESOLUTION_NS)
@@ -74,6 +83,7 @@ def summarize(events: pa.Table, window_start_ns: int, window_ns: int) -> pa.Tabl
             cols["log_hi"].append(float(c["log_hi"]))
             cols["sum_ns"].append(float(c["sum_ns"]))
             cols["resolution_ns"].append(RESOLUTION_NS)
+            cols["covered_ns"].append(covered.get(int(ranks[i] or 0), window_ns))
     return pa.Table.from_pydict(cols, schema=schema)
 
 
@@ -95,6 +105,7 @@ class KernelWindows:
         self._lock = threading.Lock()
         self._open: dict[tuple[str, int], list[pa.Table]] = {}
         self._closed_upto: dict[str, int] = {}
+        self._spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._ring: deque[tuple[str, pa.Table]] = deque()
         self._ring_size = 0
         #: Events that arrived after their window was compressed (monotonic).
@@ -123,17 +134,45 @@ class KernelWindows:
                     continue
                 self._open.setdefault((job_id, int(win)), []).append(part)
 
+    def cover(self, job_id: str, rank: int, spans: list[tuple[int, int]]) -> None:
+        """Note that ``rank`` of ``job_id`` captured kernels during ``spans`` (``(start_ns, end_ns)``)."""
+        if spans:
+            with self._lock:
+                self._spans.setdefault((job_id, rank), []).extend(spans)
+
+    def _covered(self, job_id: str, win: int) -> dict[int, int]:
+        """rank → ns of window ``win`` its capture spans cover (ranks that reported spans only)."""
+        end = win + self.window_ns
+        out: dict[int, int] = {}
+        for (job, rank), spans in self._spans.items():
+            if job == job_id:
+                out[rank] = sum(max(0, min(b, end) - max(a, win)) for a, b in spans)
+        return out
+
     def ready(self, now_ns: int) -> list[tuple[str, pa.Table]]:
         """Compress every window that ended more than ``grace_s`` ago: ``(job_id, summaries)``."""
         out: list[tuple[str, pa.Table]] = []
         with self._lock:
-            due = [k for k in self._open if k[1] + self.window_ns + self.grace_ns <= now_ns]
-            parts = {k: self._open.pop(k) for k in due}
+            due = sorted(
+                (k for k in self._open if k[1] + self.window_ns + self.grace_ns <= now_ns), key=lambda k: k[1]
+            )
+            parts = [(k, self._open.pop(k), self._covered(*k)) for k in due]
             for job_id, win in due:
                 self._closed_upto[job_id] = max(self._closed_upto.get(job_id, win), win + self.window_ns)
-        for (job_id, win), tables in sorted(parts.items(), key=lambda kv: kv[0][1]):
-            out.append((job_id, summarize(pa.concat_tables(tables), win, self.window_ns)))
+            self._prune_spans(now_ns)
+        for (job_id, win), tables, covered in parts:
+            out.append((job_id, summarize(pa.concat_tables(tables), win, self.window_ns, covered)))
         return out
+
+    def _prune_spans(self, now_ns: int) -> None:
+        """Forget spans that only cover windows already compressed (or long past)."""
+        for key, spans in list(self._spans.items()):
+            floor = self._closed_upto.get(key[0], now_ns - 2 * (self.window_ns + self.grace_ns))
+            keep = [(a, b) for a, b in spans if b > floor]
+            if keep:
+                self._spans[key] = keep
+            else:
+                del self._spans[key]
 
     def flush_all(self) -> list[tuple[str, pa.Table]]:
         """Compress every open window now (at shutdown)."""

@@ -54,8 +54,10 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "collectives": ("issue_ns", "start_ns"),
     "kernel_summaries": ("window_start_ns",),
     "kernel_events": ("start_ns",),
-    "host_samples": ("time_ns",),
+    "host_samples": ("time_ns", "pending_issue_ns"),
 }
+#: Timestamp columns where 0 means "none" and stays 0.
+ZERO_IS_NONE = frozenset({"pending_issue_ns"})
 #: Seconds between clock offset estimates once one succeeded.
 CLOCK_EVERY_S = 300.0
 #: A new estimate replaces the old one only when they differ by more than this (ns).
@@ -73,9 +75,14 @@ def shift_times(table: str, data: pa.Table, offset_ns: int) -> pa.Table:
     """``data`` with ``offset_ns`` added to the timestamp columns of ``table``."""
     if offset_ns == 0:
         return data
+    offset = pa.scalar(offset_ns, pa.int64())
     for name in TIME_COLUMNS.get(table, ()):
         i = data.schema.get_field_index(name)
-        data = data.set_column(i, name, pc.add(data[name], pa.scalar(offset_ns, pa.int64())))
+        col = data[name]
+        shifted = pc.add(col, offset)
+        if name in ZERO_IS_NONE:
+            shifted = pc.if_else(pc.equal(col, pa.scalar(0, pa.int64())), col, shifted)
+        data = data.set_column(i, name, shifted)
     return data
 
 
@@ -224,6 +231,15 @@ class NodeAgent:
                     table, data = decode_batch(payload)
                     self._ingest(str(hello["job_id"]), table, data)
                     conn.sendall(encode_frame(FrameType.ACK, seq))
+                elif kind == FrameType.CAPTURE:
+                    if hello is None:
+                        raise ProtocolError("CAPTURE before HELLO")
+                    spans = [(int(a), int(b)) for a, b in decode_json(payload)["spans"]]
+                    off = self.offset_ns
+                    self.windows.cover(
+                        str(hello["job_id"]), int(hello["rank"]), [(a + off, b + off) for a, b in spans]
+                    )
+                    conn.sendall(encode_frame(FrameType.ACK, seq))
                 elif kind == FrameType.BYE:
                     clean = True
                 elif kind == FrameType.DUMP:
@@ -232,7 +248,7 @@ class NodeAgent:
                     conn.sendall(encode_frame(FrameType.ACK, rows))
                 else:
                     raise ProtocolError(f"unexpected frame {kind.name} from a probe")
-        except (ProtocolError, OSError, KeyError, ValueError) as exc:
+        except (ProtocolError, OSError, KeyError, ValueError, TypeError) as exc:
             if not self._stop.is_set():
                 log.warning("argus agent: dropping a probe connection: %s", exc)
         finally:

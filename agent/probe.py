@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from argus import config
 from argus.agent import collectives, identity
 from argus.agent.buffers import RowBuffer
-from argus.agent.cupti import CollectiveJoin, CuptiSource, Decoded
+from argus.agent.cupti import Activity, CollectiveJoin, CuptiSource, decode
 from argus.agent.host import HostSampler
 from argus.agent.nvml import cuda_present
 from argus.agent.sink import AgentLink
@@ -52,9 +53,12 @@ SAMPLE_S = 1.0
 IDLE_STEP_NS = 1_000_000_000
 #: Rows each buffer holds between two shipments.
 CAPACITY = {"steps": 4096, "phases": 16384, "collectives": 65536, "ranks": 1024, "host_samples": 256}
+#: Kernel/memcpy/memset records held between two shipments.
 KERNEL_CAPACITY = 1 << 20
 #: Seconds the exit flush may take.
 EXIT_FLUSH_S = 3.0
+#: Collectives held as pending (issued, not complete) at most; more are dropped and counted.
+MAX_PENDING = 65536
 ENV_CUPTI = "ARGUS_CUPTI"
 
 
@@ -120,14 +124,25 @@ class Probe:
         self.active = True
         self.identity: identity.Identity | None = None
         self.buffers = {name: RowBuffer(cap) for name, cap in CAPACITY.items()}
-        self.kernels = RowBuffer(KERNEL_CAPACITY)
+        self._activity: list[Activity] = []
+        self._activity_rows = 0
+        self._activity_lock = threading.Lock()
+        self._activity_dropped = 0
+        self._cupti_dropped = 0
         self.tracker = StepTracker(self.buffers["steps"], self.buffers["phases"], self.attach_ns)
         self._hooks = TorchHooks(self.tracker, lambda: self.active)
         self._pg_info: dict[Any, tuple[str, Any]] = {}
         self._groups_seen: set[str] = set()
         self._ncollectives = 0
+        #: Issued and not yet completed collectives, oldest first: key -> row head.
+        self._pending: dict[int, tuple[Any, ...]] = {}
+        self._keys = itertools.count(1)
+        self._pending_dropped = 0
         self.correlate: _Correlator | None = None
         self._cupti: CuptiSource | None = None
+        self._correlator: _Correlator | None = None
+        self._cupti_yielded = False
+        self._next_edge_ns = 0
         self._join: CollectiveJoin | None = None
         self._sampler: HostSampler | None = None
         self._link: AgentLink | None = None
@@ -173,15 +188,13 @@ class Probe:
             self._thread.join(timeout=10.0)
         try:
             self.tracker.finish()
+            self.correlate = None
             if self._cupti is not None:
                 self._cupti.stop()
-            if self._join is not None:
-                for row in self._join.drain():
-                    self.buffers["collectives"].append(row)
             self.buffers["ranks"].append(("exit", time.time_ns(), code, "", [], ""))
             if self.identity is None:
                 self._resolve_identity(final=True)
-            self._ship(force_sample=True)
+            self._ship(force_sample=True, final=True)
             if self._link is not None:
                 self._link.close(code, EXIT_FLUSH_S)
         except Exception:
@@ -197,8 +210,8 @@ class Probe:
 
     def collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        head = self.open_collective(pg, op, nbytes, issue_ns)
-        if head is None:
+        key = self.open_collective(pg, op, nbytes, issue_ns)
+        if not key:
             return
         fut = None
         if work is not None:
@@ -207,24 +220,40 @@ class Probe:
             except Exception:
                 fut = None
         if fut is None:
-            self.close_collective(head, time.time_ns(), uid)
+            self.close_collective(key, time.time_ns(), uid)
             return
-        close, now = self.close_collective, time.time_ns
-        fut.add_done_callback(lambda _fut: close(head, now(), uid))
+        fut.add_done_callback(partial(self._work_done, key, uid))
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> tuple[Any, ...] | None:
-        """Number a collective: ``(step, process_group, seq, op, bytes, issue_ns)``; None when inactive."""
+    def _work_done(self, key: int, uid: int, _fut: Any) -> None:
+        self.close_collective(key, time.time_ns(), uid)
+
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> int:
+        """Number a collective and hold it as pending until it completes; its key, 0 when not recorded.
+
+        The pending row is ``(step, process_group, seq, op, bytes, issue_ns)``.
+        At most :data:`MAX_PENDING` collectives are pending; past that a new one
+        is counted as dropped and not recorded.
+        """
         if not self.active:
-            return None
+            return 0
         info = self._pg_info.get(pg)
         if info is None:
             info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
             self._note_group(pg, info[0])
         self._ncollectives += 1
-        return (self.tracker.event_step(), info[0], next(info[1]), op, nbytes, issue_ns)
+        pending = self._pending
+        if len(pending) >= MAX_PENDING:
+            self._pending_dropped += 1
+            return 0
+        key = next(self._keys)
+        pending[key] = (self.tracker.event_step(), info[0], next(info[1]), op, nbytes, issue_ns)
+        return key
 
-    def close_collective(self, head: tuple[Any, ...], end_ns: int, uid: int = 0) -> None:
-        """Store a completed collective (GPU ones wait for their kernels in the join)."""
+    def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
+        """Store pending collective ``key`` as completed at ``end_ns`` (GPU ones wait for their kernels)."""
+        head = self._pending.pop(key, None)
+        if head is None:
+            return
         issue_ns = head[5]
         row = (*head, issue_ns, end_ns - issue_ns)
         join = self._join
@@ -232,6 +261,24 @@ class Probe:
             join.expect(uid, row)
         else:
             self.buffers["collectives"].append(row)
+
+    def bucket_done(self, key: int, uid: int, fut: Any) -> Any:
+        """``then`` callback of a recorded DDP bucket (:func:`argus.agent.collectives.recorded_allreduce`)."""
+        self.close_collective(key, time.time_ns(), uid)
+        return fut.value()[0]
+
+    def oldest_pending(self) -> tuple[str, int, str, int]:
+        """``(process_group, seq, op, issue_ns)`` of the oldest collective issued and not yet complete.
+
+        ``("", -1, "", 0)`` when none is pending. Collectives are pending from
+        their issue until their work's future completes (gloo: the transfer
+        ended; NCCL: the kernels were enqueued, so a GPU rank shows a pending
+        collective only while it blocks inside the issuing call).
+        """
+        pending = self._pending.copy()  # one C call: safe against concurrent inserts and pops
+        for head in pending.values():
+            return head[1], head[2], head[3], head[5]
+        return "", -1, "", 0
 
     def collective_count(self) -> int:
         return self._ncollectives
@@ -254,32 +301,53 @@ class Probe:
     def _start_gpu(self) -> None:
         if not self._device.startswith("cuda") or os.environ.get(ENV_CUPTI, "1") == "0":
             return
-        join = CollectiveJoin()
-
-        def on_rows(decoded: Decoded) -> None:
-            for row in decoded.rows:
-                self.kernels.append(row)
-            join.feed(decoded)
-
-        source = CuptiSource(on_rows)
+        source = CuptiSource(self._on_activity)
         if source.start():
-            self._cupti, self._join = source, join
-            if source.correlates:
-                self.correlate = _Correlator(source)
+            self._cupti, self._join = source, CollectiveJoin()
+            self._correlator = _Correlator(source)
             from argus.agent import profiler_yield
 
             profiler_yield.install(self._release_cupti, self._resume_cupti)
 
+    def _on_activity(self, activity: Activity) -> None:
+        """A completed CUPTI buffer (CUPTI's thread): keep it for the shipper, bounded by records."""
+        n = len(activity)
+        with self._activity_lock:
+            if self._activity_rows + n > KERNEL_CAPACITY:
+                self._activity_dropped += n
+                return
+            self._activity.append(activity)
+            self._activity_rows += n
+
+    def _take_activity(self) -> list[Activity]:
+        with self._activity_lock:
+            out, self._activity = self._activity, []
+            self._activity_rows = 0
+        return out
+
+    def _duty(self, now_ns: int) -> None:
+        """At an edge of the CUPTI duty cycle, start or end a capture slice (shipper thread)."""
+        source = self._cupti
+        if source is None or self._cupti_yielded or now_ns < self._next_edge_ns:
+            return
+        self._next_edge_ns = (
+            now_ns + 1_000_000_000
+        )  # should update fail: try again in a second, not in a spin
+        self._next_edge_ns = source.update(now_ns)
+        self.correlate = self._correlator if source.correlates and self.active else None
+
     def _release_cupti(self) -> None:
         """Give CUPTI to the user's torch.profiler (see :mod:`argus.agent.profiler_yield`)."""
+        self._cupti_yielded = True
         self.correlate = None
         if self._cupti is not None:
             self._cupti.stop()
 
     def _resume_cupti(self) -> None:
         source = self._cupti
-        if source is not None and self.active and source.start() and source.correlates:
-            self.correlate = _Correlator(source)
+        if source is not None and self.active and source.start():
+            self._next_edge_ns = 0
+            self._cupti_yielded = False
 
     def _gpu_reader(self) -> Any:
         if not self._device.startswith("cuda"):
@@ -366,48 +434,76 @@ class Probe:
     # --- shipping (shipper thread) ---------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop.wait(self.flush_s):
+        next_ship = time.monotonic() + self.flush_s
+        while True:
+            wait = next_ship - time.monotonic()
+            if self._cupti is not None and not self._cupti_yielded:
+                wait = min(wait, (self._next_edge_ns - time.time_ns()) / 1e9)
+            if self._stop.wait(max(wait, 0.0)):
+                return
             try:
-                self._ship()
+                self._duty(time.time_ns())
+                if time.monotonic() >= next_ship:
+                    next_ship = time.monotonic() + self.flush_s
+                    self._ship()
             except Exception:
                 self._errors += 1
                 if self._errors <= 3:
                     log.warning("argus: probe shipment failed", exc_info=True)
 
-    def _ship(self, force_sample: bool = False) -> None:
+    def _ship(self, force_sample: bool = False, final: bool = False) -> None:
         if self.identity is None:
             self._resolve_identity()
             if self.identity is None:
                 return
         now = time.time_ns()
         self.tracker.flush_idle(now, IDLE_STEP_NS)
-        if self._cupti is not None:
-            self._cupti.flush()
-        if self._join is not None:
-            for row in self._join.ready(now):
-                self.buffers["collectives"].append(row)
+        link = self._link
+        assert link is not None
+        kernel_rows = self._gpu_rows(now, final)
+        if kernel_rows is not None:
+            link.enqueue("kernel_events", kernel_rows)
         self._scan_groups()
         mono = time.monotonic()
         if (force_sample or mono >= self._next_sample) and self._sampler is not None:
             self._next_sample = mono + SAMPLE_S
-            self.buffers["host_samples"].append((*self._sampler.sample(), self._take_dropped()))
-        link = self._link
-        assert link is not None
+            self.buffers["host_samples"].append(
+                (*self._sampler.sample(), self._take_dropped(), *self.oldest_pending())
+            )
         for table, buf in self.buffers.items():
             rows = buf.take()
             if rows:
                 link.enqueue(table, self._batch(table, rows))
-        rows = self.kernels.take()
-        if rows:
-            link.enqueue("kernel_events", self._batch("kernel_events", rows))
+        if self._cupti is not None:
+            spans = self._cupti.take_spans(now)
+            if spans:
+                link.enqueue_capture(spans)
         link.pump()
 
+    def _gpu_rows(self, now_ns: int, final: bool) -> pa.Table | None:
+        """Decode the CUPTI buffers taken since the last shipment; collectives whose kernels came go out."""
+        source, join = self._cupti, self._join
+        if source is None or join is None:
+            return None
+        source.flush()
+        activity = self._take_activity()
+        table = None
+        if activity:
+            decoded = decode(activity, source.offset_ns)
+            self._cupti_dropped += decoded.dropped
+            join.feed(decoded)
+            if len(decoded):
+                assert self.identity is not None
+                table = decoded.table(self.identity.rank)
+        for row in join.drain() if final else join.ready(now_ns):
+            self.buffers["collectives"].append(row)
+        return table
+
     def _take_dropped(self) -> int:
-        total = sum(b.dropped for b in self.buffers.values()) + self.kernels.dropped
+        total = sum(b.dropped for b in self.buffers.values()) + self._pending_dropped
+        total += self._activity_dropped + self._cupti_dropped
         if self._link is not None:
             total += self._link.dropped_rows
-        if self._cupti is not None:
-            total += self._cupti.dropped
         new = total - self._dropped_reported
         self._dropped_reported = total
         return new
@@ -466,7 +562,22 @@ class Probe:
                 backend,
             ]
         elif table == "host_samples":
-            (t, interval, cpu, host_pct, gc_ns, gc_n, rss, sm, temp, power, util, throttle, dropped) = cols
+            (
+                t,
+                interval,
+                cpu,
+                host_pct,
+                gc_ns,
+                gc_n,
+                rss,
+                sm,
+                temp,
+                power,
+                util,
+                throttle,
+                dropped,
+                *pending,
+            ) = cols
             arrays = [
                 rank,
                 [ident.host] * n,
@@ -483,10 +594,8 @@ class Probe:
                 power,
                 util,
                 throttle,
+                *pending,
             ]
-        elif table == "kernel_events":
-            kind, name, stream, device, corr, start, dur = cols
-            arrays = [rank, kind, name, stream, device, corr, start, dur]
         else:
             raise KeyError(table)
         schema = wire_schema(table)

@@ -6,11 +6,13 @@ A connection carries length-prefixed frames in both directions::
 
 Probe → agent: one ``HELLO`` first (JSON identity of the rank), then ``BATCH``
 frames (``u8`` table code of ``argus.v1.Table``, then an Arrow IPC stream of
-exactly :func:`argus.schema.wire_schema` of that table), and a ``BYE`` (JSON
-``{"exit_code": int}``) when the process exits. Agent → probe: one ``ACK`` per
-``BATCH`` once the agent has taken it (queued in its spool or its kernel
-window), carrying the batch's message sequence. A probe resends batches that
-were never acknowledged when it reconnects to a (restarted) agent.
+exactly :func:`argus.schema.wire_schema` of that table), ``CAPTURE`` frames
+(JSON ``{"spans": [[start_ns, end_ns], ...]}``: when the rank's CUPTI capture
+ran, host clock), and a ``BYE`` (JSON ``{"exit_code": int}``) when the process
+exits. Agent → probe: one ``ACK`` per ``BATCH`` or ``CAPTURE`` once the agent
+has taken it (queued in its spool or its kernel window), carrying the frame's
+message sequence. A probe resends frames that were never acknowledged when it
+reconnects to a (restarted) agent.
 
 Any client may send ``DUMP`` (JSON ``{"job_id", "start_ns", "end_ns"}``) to ask
 the agent to upload the raw kernel events it still holds for that range; the
@@ -60,6 +62,7 @@ class FrameType(enum.IntEnum):
     BYE = 3
     ACK = 4
     DUMP = 5
+    CAPTURE = 6
 
 
 class ProtocolError(Exception):

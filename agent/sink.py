@@ -88,7 +88,15 @@ class AgentLink:
     def enqueue(self, table: str, batch: pa.RecordBatch | pa.Table) -> None:
         """Queue one batch of ``table`` (wire schema); drops the oldest batches past the bound."""
         self._seq += 1
-        msg = _Msg(self._seq, encode_batch(self._seq, table, batch), batch.num_rows)
+        self._queue(_Msg(self._seq, encode_batch(self._seq, table, batch), batch.num_rows))
+
+    def enqueue_capture(self, spans: list[tuple[int, int]]) -> None:
+        """Queue the spans ``(start_ns, end_ns)`` during which CUPTI capture ran (a ``CAPTURE`` frame)."""
+        self._seq += 1
+        doc = {"spans": [[int(a), int(b)] for a, b in spans]}
+        self._queue(_Msg(self._seq, encode_json(FrameType.CAPTURE, self._seq, doc), 0))
+
+    def _queue(self, msg: _Msg) -> None:
         self._unsent.append(msg)
         self._bytes += len(msg.frame)
         while self._bytes > self.max_pending_bytes and len(self._unsent) > 1:

@@ -519,6 +519,10 @@ class _Sim:
                 "gpu_power_w": zeros + (300.0 if s.gpu else 0.0),
                 "gpu_util_pct": zeros + (90.0 if s.gpu else 0.0),
                 "gpu_throttle_reasons": host["reason"],
+                "pending_group": [""] * hr.size,
+                "pending_seq": np.full(hr.size, -1),
+                "pending_op": [""] * hr.size,
+                "pending_issue_ns": np.zeros(hr.size, np.int64),
             },
         )
         ev: dict[str, list[object]] = {c: [] for c in wire_schema("ranks").names}
@@ -580,6 +584,7 @@ class _Sim:
                 ("log_hi", k.log_hi),
                 ("sum_ns", k.sum_ns),
                 ("resolution_ns", np.ones(m, np.int64)),
+                ("covered_ns", np.full(m, w.end_ns - w.start_ns)),
             ):
                 ks[c].append(v)
         if ks["rank"]:

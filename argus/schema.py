@@ -161,6 +161,13 @@ KERNEL_SUMMARIES = TableDef(
         _c("log_hi", "Float64", pa.float64(), "ln of the largest duration in ns"),
         _c("sum_ns", "Float64", pa.float64(), "total duration of the cluster"),
         _c("resolution_ns", "Int64", pa.int64(), "timer resolution of the raw durations"),
+        _c(
+            "covered_ns",
+            "Int64",
+            pa.int64(),
+            "ns of the window the rank's capture ran (window_ns when throughout): count and sum_ns "
+            "cover only this time; scale by window_ns / covered_ns for whole-window totals",
+        ),
     ),
     ("job_id", "window_start_ns", "kernel", "rank"),
     "KDE clusters of kernel durations per (window, rank, kernel, stream); see argus.kde.",
@@ -200,9 +207,28 @@ HOST_SAMPLES = TableDef(
         _c("gpu_power_w", "Float32", pa.float32()),
         _c("gpu_util_pct", "Float32", pa.float32()),
         _c("gpu_throttle_reasons", "UInt64", pa.uint64(), "NVML clocks-event reasons bitmask"),
+        _c(
+            "pending_group",
+            "LowCardinality(String)",
+            pa.string(),
+            "process group of the rank's oldest pending collective at time_ns, '' when none",
+        ),
+        _c(
+            "pending_seq",
+            "Int64",
+            pa.int64(),
+            "its seq (as in collectives.seq): issued by the rank, not complete at time_ns; -1 when none",
+        ),
+        _c("pending_op", "LowCardinality(String)", pa.string(), "its op ('allreduce', ...), '' when none"),
+        _c(
+            "pending_issue_ns",
+            "Int64",
+            pa.int64(),
+            "when the rank issued it, ns since the epoch; 0 when none",
+        ),
     ),
     ("job_id", "rank", "time_ns"),
-    "Host signals per rank and interval; also the rank's heartbeat.",
+    "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in).",
 )
 
 DIAGNOSES = TableDef(

@@ -1,30 +1,43 @@
-"""Overhead of the probe + node agent on a real DDP job, interleaved A/B pairs.
+"""Overhead of the probe + node agent on real DDP jobs: arms interleaved, separate processes.
 
-CPU (default): a 4-rank gloo DDP job (one thread per rank) of a small MLP with a
-DataLoader, run under torchrun; arm A plain, arm B under `argus run` (probe in
-every rank, one node agent streaming to an acknowledge-only gRPC collector in
-this process, as if the collector were on another machine). The full stack (a
-local `argus server` with chDB and the analyzer on this machine) is measured
-in separate pairs.
+CPU (default), the main figure: the `argus demo` training job (``argus.demo_job``:
+the TinyLM transformer on synthetic tokens, a DataLoader, DDP over gloo with
+default buckets, one thread per rank), 4 ranks under torchrun. Arm ``plain``
+runs it as is; arm ``argus`` under `argus run` (probe in every rank, one node
+agent streaming to an acknowledge-only gRPC collector in this process, as if
+the collector were on another machine). Runs alternate plain/argus, argus/plain,
+...; a pair's ratio is argus/plain, the figure the median of ``--pairs`` ratios
+with a bootstrap 95 % interval. The full stack (a local `argus server` with
+chDB and the analyzer on this machine) is measured in separate pairs.
 
-``--cuda``: the same on one GPU (NCCL DDP, world size 1, CUPTI kernel capture on
-when cupti-python is installed), with a model launching a few hundred kernels
-per step.
+Secondary, the worst case (``micro_*``): a tiny MLP with ``bucket_cap_mb=0.1``
+(several DDP buckets per sub-ms step, so the per-bucket comm-hook cost shows):
+``--micro-pairs`` process pairs, and ``--inprocess-pairs`` pairs of ``--block``
+steps inside one probed job that alternate step by step between a DDP copy on
+DDP's built-in C++ all-reduce with the probe switched off and the probed model
+(the probe's hot-path cost with the machine's load identical for both arms).
 
-Each run reports rank 0's median step time over its last ``--steps`` steps
-(after ``--warmup``); a pair's ratio is B/A; runs alternate AB, BA, ... The
-result is the median ratio with a bootstrap 95 % interval over pairs.
+``--cuda``: one GPU, NCCL, a model launching a few hundred kernels per step,
+three arms: ``plain``, ``cupti_off`` (probe + agent, ``ARGUS_CUPTI=0``) and
+``argus`` (CUPTI capture on, duty-cycled; ``--cupti-duty`` sets
+``ARGUS_CUPTI_DUTY``). Each run measures ``--measure-s`` seconds (whole duty
+periods, so every run holds the same share of capture). ``cupti_slice_ratio``
+compares, inside the ``argus`` runs, the steps that ended while CUPTI captured
+with those that did not: the cost of capture while it is on.
 
-Also, inside one probed job, ``--inprocess-pairs`` pairs of ``--block`` steps
-per arm, alternating step by step, compare a DDP copy on DDP's built-in C++
-all-reduce with the probe switched off (A) against the probed model (B): the
-probe's hot-path cost with the machine's load identical for both arms
-(``inprocess_ratio``, median of the pairs' ratios).
+A run's figure is rank 0's mean step time over its measured steps (after
+``--warmup``): throughput, so that costs paid once a second (the shipper thread)
+count. ``cpu_ratio`` compares the CPU time per step of all ranks together
+(training, probe and gloo threads), a figure the machine's load disturbs less;
+``agent_cpu_pct`` is the node agent's CPU use during the probed runs (% of one
+core). Progress goes to stdout; the last line holds every figure::
 
-Last line: ``step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=…
-inprocess_ratio=…`` (plus ``cupti=…`` and ``kernel_summary_rows=…`` with ``--cuda``).
+    step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=… micro_ratio=…
+    micro_inprocess_ratio=… cpu_ratio=… agent_cpu_pct=… failed_runs=… load_avg=START/END
+    (--cuda adds cupti_off_ratio=… cupti_slice_ratio=… captured_share=… cupti=… kernel_summary_rows=…)
 
-    python bench/overhead.py [--pairs 15] [--full-stack-pairs 5] [--cuda]
+    python bench/overhead.py [--pairs 15] [--full-stack-pairs 5] [--micro-pairs 5]
+    python bench/overhead.py --cuda --full-stack-pairs 0      # about 4-5 minutes on one GPU
 """
 
 from __future__ import annotations
@@ -40,7 +53,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,105 +63,152 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-# --- the training job (run by torchrun as `overhead.py --worker`) --------------------------------
+# --- the training jobs (run by torchrun as `overhead.py --worker`) -------------------------------
+
+
+@dataclass
+class Job:
+    """One training job: a model to wrap in DDP, its DDP options, batches and a step."""
+
+    model: Any
+    ddp_kwargs: dict[str, Any]
+    batches: Iterator[Any]
+    loss: Callable[[Any, Any], Any]
+    optimizer: Callable[[Any], Any]
+
+
+def build_job(kind: str, device: Any) -> Job:
+    """``demo`` (the argus demo job), ``micro`` (tiny MLP, small buckets) or ``gpu``."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    rank = int(os.environ.get("RANK", "0"))
+    torch.manual_seed(0)
+    if kind == "demo":
+        from argus.demo_job import Fault, TinyLM, Tokens, parse_args
+
+        d = parse_args([])
+        fault = Fault("none", None, 0.0)
+        model: nn.Module = TinyLM(d.vocab, d.dim, fault, d.compute_repeat)
+        data = Tokens(d.batch_size * 64, d.seq_len, d.vocab, fault, d.sample_delay_s)
+        loader = DataLoader(data, batch_size=d.batch_size, shuffle=True, drop_last=True)
+        ce = nn.CrossEntropyLoss()
+
+        def loss(out: Any, y: Any) -> Any:
+            return ce(out.reshape(-1, d.vocab), y.reshape(-1))
+
+        return Job(model, {}, _forever(loader), loss, lambda p: torch.optim.AdamW(p, lr=1e-3))
+    g = torch.Generator().manual_seed(rank)
+    if kind == "gpu":
+        # ~12 blocks of (LayerNorm, Linear, GELU): a few hundred kernels per step.
+        width, depth, batch, dim_in = 1024, 12, 256, 256
+        layers: list[nn.Module] = [nn.Linear(dim_in, width)]
+        for _ in range(depth):
+            layers += [nn.LayerNorm(width), nn.Linear(width, width), nn.GELU()]
+        layers.append(nn.Linear(width, 10))
+        model = nn.Sequential(*layers).to(device)
+        kwargs: dict[str, Any] = {"device_ids": [device.index]}
+    else:
+        width, batch, dim_in = 256, 32, 128
+        model = nn.Sequential(
+            nn.Linear(dim_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+        )
+        kwargs = {"bucket_cap_mb": 0.1}
+    n = batch * 64
+    tensors = TensorDataset(torch.randn(n, dim_in, generator=g), torch.randint(0, 10, (n,), generator=g))
+    loader: Any = DataLoader(tensors, batch_size=batch, shuffle=False, pin_memory=kind == "gpu")
+    return Job(model, kwargs, _forever(loader), nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.01))
+
+
+def _forever(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
 
 
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch import nn
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
-    cuda = args.cuda
+    cuda = args.job == "gpu"
     dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    torch.manual_seed(0)
-    if cuda:
-        # ~12 blocks of (Linear, LayerNorm, GELU, residual): a few hundred kernels per step.
-        width, depth, batch = 1024, 12, 256
-        layers: list[nn.Module] = [nn.Linear(256, width)]
-        for _ in range(depth):
-            layers += [nn.LayerNorm(width), nn.Linear(width, width), nn.GELU()]
-        layers.append(nn.Linear(width, 10))
-        model: nn.Module = nn.Sequential(*layers).to(device)
-        ddp = DistributedDataParallel(model, device_ids=[device.index])
-    else:
-        width, batch = 256, 32
-        model = nn.Sequential(
-            nn.Linear(128, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
-        )
-        ddp = DistributedDataParallel(model, bucket_cap_mb=0.1)
-    g = torch.Generator().manual_seed(rank)
-    n = batch * 64
-    data = TensorDataset(
-        torch.randn(n, 256 if cuda else 128, generator=g), torch.randint(0, 10, (n,), generator=g)
-    )
-    loader = DataLoader(data, batch_size=batch, shuffle=False, pin_memory=cuda)
-    loss_fn = nn.CrossEntropyLoss()
+    job = build_job(args.job, device)
+    ddp = DistributedDataParallel(job.model, **job.ddp_kwargs)
+    opt = job.optimizer(ddp.parameters())
+    probe = _probe()
 
-    def batches() -> Any:
-        while True:
-            yield from loader
+    def capturing() -> bool:
+        source = getattr(probe, "_cupti", None) if probe is not None else None
+        return bool(getattr(source, "capturing", False))
 
-    stream = batches()
-
-    def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
+    def train(model: Any, opt: Any, steps: int = 0, seconds: float = 0.0) -> tuple[list[float], list[bool]]:
         times: list[float] = []
-        t_prev = time.perf_counter()
-        for _ in range(steps):
-            xb, yb = next(stream)
+        flags: list[bool] = []
+        t_start = t_prev = time.perf_counter()
+        while (steps and len(times) < steps) or (seconds and t_prev - t_start < seconds):
+            xb, yb = next(job.batches)
             x, y = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
+            job.loss(model(x), y).backward()
             opt.step()
             if cuda:
                 torch.cuda.synchronize()
             t = time.perf_counter()
             times.append(t - t_prev)
+            flags.append(capturing())
             t_prev = t
-        return times
+        return times, flags
 
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     if not args.inprocess_pairs:
-        times = train(ddp, opt, args.warmup + args.steps)[args.warmup :]
+        train(ddp, opt, steps=args.warmup)
+        cpu0 = time.process_time()
+        times, flags = train(ddp, opt, steps=args.steps, seconds=args.measure_s)
+        cpu_per_step = (time.process_time() - cpu0) / max(len(times), 1)
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, cpu_per_step)
         if rank == 0:
-            Path(args.out).write_text(json.dumps(times))
+            doc = {"times": times, "capturing": flags, "cpu_per_step": sum(every)}
+            Path(args.out).write_text(json.dumps(doc))
     else:
-        # Same processes, alternating blocks: A = a second DDP copy on DDP's built-in C++ all-reduce
-        # with the probe switched off, B = the probed model. Isolates the probe's hot-path cost.
+        # Same processes, alternating step by step: A = a second DDP copy on DDP's built-in C++
+        # all-reduce with the probe switched off, B = the probed model. Isolates the hot-path cost.
         import copy
 
-        import argus.agent
-
-        probe = argus.agent._probe
         assert probe is not None, "run the in-process mode under argus run"
-        plain = DistributedDataParallel(copy.deepcopy(model), **({} if cuda else {"bucket_cap_mb": 0.1}))
-        plain.__dict__["_argus_builtin_hook"] = True  # keep DDP's own C++ hook
-        plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01)
-        arms = {"A": (plain, plain_opt, False), "B": (ddp, opt, True)}
+        plain = DistributedDataParallel(copy.deepcopy(job.model), **job.ddp_kwargs)
+        plain.__dict__["_argus_builtin_hook"] = True  # keep DDP's own C++ all-reduce
+        arms = {"A": (plain, job.optimizer(plain.parameters()), False), "B": (ddp, opt, True)}
         for arm in ("B", "A"):
             model_, opt_, active = arms[arm]
             probe.active = active
-            train(model_, opt_, args.warmup)
+            train(model_, opt_, steps=args.warmup)
         ratios = []
         for i in range(args.inprocess_pairs):
-            # Within a pair the arms alternate step by step, so both see the same machine load.
             got: dict[str, list[float]] = {"A": [], "B": []}
             for k in range(2 * args.block):
                 arm = "AB"[(k + i) % 2]
                 model_, opt_, active = arms[arm]
                 probe.active = active
-                got[arm] += train(model_, opt_, 1)
+                got[arm] += train(model_, opt_, steps=1)[0]
             ratios.append(statistics.median(got["B"]) / statistics.median(got["A"]))
         probe.active = True
         if rank == 0:
-            Path(args.out).write_text(json.dumps(ratios))
+            Path(args.out).write_text(json.dumps({"ratios": ratios}))
     dist.destroy_process_group()
+
+
+def _probe() -> Any:
+    if "argus.agent" not in sys.modules:
+        return None
+    import argus.agent
+
+    return argus.agent._probe
 
 
 # --- an acknowledge-only collector ----------------------------------------------------------------
@@ -194,6 +256,30 @@ class AckCollector:
 # --- orchestration --------------------------------------------------------------------------------
 
 
+@dataclass
+class Run:
+    """One measured run: rank 0's step times and whether CUPTI captured at each step's end."""
+
+    times: list[float]
+    capturing: list[bool] = field(default_factory=list)
+    #: CPU seconds per measured step, summed over the ranks (their training, probe and gloo threads).
+    cpu_per_step: float = float("nan")
+    #: The node agent's CPU seconds per second of the run (0 for plain runs).
+    agent_cpu: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.times)
+
+    def slice_ratio(self) -> float | None:
+        """Mean step time while capturing / while not; None without both kinds of step."""
+        on = [t for t, c in zip(self.times, self.capturing, strict=True) if c]
+        off = [t for t, c in zip(self.times, self.capturing, strict=True) if not c]
+        if len(on) < 5 or len(off) < 5:
+            return None
+        return statistics.fmean(on) / statistics.fmean(off)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,41 +290,42 @@ class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
-        self.nproc = 1 if args.cuda else args.ranks
+        self.t0 = time.monotonic()
+        # Our own environment, without the caller's Argus settings; arms add theirs.
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("ARGUS_", "TORCHELASTIC_"))}
         self.env.update(XDG_STATE_HOME=str(work / "state"), OMP_NUM_THREADS="1")
         self.agents: list[subprocess.Popen[bytes]] = []
+        self.agent_pids: dict[str, int] = {}
         self.runs = 0
         self.failures: list[str] = []
+        self.run_s: list[float] = []
 
-    def job(self) -> list[str]:
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def arm_env(self, arm: str) -> dict[str, str]:
+        env = dict(self.env)
+        if arm == "cupti_off":
+            env["ARGUS_CUPTI"] = "0"
+        elif arm == "argus" and self.args.cupti_duty:
+            env["ARGUS_CUPTI_DUTY"] = self.args.cupti_duty
+        return env
+
+    def job(self, kind: str, nproc: int, extra: list[str]) -> tuple[list[str], Path]:
         out = self.work / f"times-{self.runs}.json"
         self.runs += 1
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={self.nproc}",
-            __file__,
-            "--worker",
-            "--steps",
-            str(self.args.steps),
-            "--warmup",
-            str(self.args.warmup),
-            "--out",
-            str(out),
-            "--inprocess-pairs",
-            "0",
-            *(["--cuda"] if self.args.cuda else []),
-        ]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        cmd += [__file__, "--worker", "--job", kind, "--warmup", str(self.args.warmup), "--out", str(out)]
+        return cmd + extra, out
 
     def start_agent(self, collector: str, name: str) -> str:
         sock = str(self.work / f"{name}.sock")
         cmd = [sys.executable, "-m", "argus.cli", "agent", "--socket", sock, "--collector", collector]
         cmd += ["--spool", str(self.work / f"spool-{name}"), "--window-s", "10"]
         log = (self.work / f"agent-{name}.log").open("wb")
-        self.agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env))
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.agents.append(proc)
+        self.agent_pids[sock] = proc.pid
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with socket.socket(socket.AF_UNIX) as s:
@@ -249,57 +336,80 @@ class Bench:
                     time.sleep(0.1)
         raise RuntimeError(f"the node agent did not start; see {self.work}/agent-{name}.log")
 
-    def run(self, sock: str | None, job_id: str) -> float:
-        cmd = self.job()
-        out = Path(cmd[cmd.index("--out") + 1])
-        if sock is not None:
+    def launch(self, cmd: list[str], out: Path, arm: str, sock: str | None, job_id: str) -> dict[str, Any]:
+        import psutil
+
+        agent = None
+        if arm != "plain":
+            assert sock is not None
             cmd = [sys.executable, "-m", "argus.cli", "run", "--socket", sock, "--job-id", job_id, "--", *cmd]
+            agent = psutil.Process(self.agent_pids[sock])
         for attempt in range(3):
-            proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600, check=False)
+            t = time.monotonic()
+            agent_cpu = sum(agent.cpu_times()[:2]) if agent is not None else 0.0
+            proc = subprocess.run(
+                cmd, env=self.arm_env(arm), capture_output=True, text=True, timeout=900, check=False
+            )
             if proc.returncode == 0:
-                return statistics.median(json.loads(out.read_text()))
-            self.failures.append(f"{'argus' if sock else 'plain'} run {job_id} attempt {attempt + 1}")
+                wall = time.monotonic() - t
+                self.run_s.append(wall)
+                doc = dict(json.loads(out.read_text()))
+                if agent is not None:
+                    doc["agent_cpu"] = (sum(agent.cpu_times()[:2]) - agent_cpu) / wall
+                return doc
+            self.failures.append(f"{arm} run {job_id} attempt {attempt + 1}")
             print(
-                f"overhead: a {'probed' if sock else 'plain'} job failed ({proc.returncode}); "
-                f"stderr tail:\n{proc.stderr[-1500:]}",
+                f"overhead: a {arm} run failed ({proc.returncode}); stderr tail:\n{proc.stderr[-1500:]}",
                 flush=True,
             )
-        raise RuntimeError(f"job {job_id} failed three times")
+        raise RuntimeError(f"run {job_id} ({arm}) failed three times")
 
-    def inprocess(self, sock: str) -> list[float]:
-        cmd = self.job()
-        out = Path(cmd[cmd.index("--out") + 1])
-        cmd += ["--inprocess-pairs", str(self.args.inprocess_pairs), "--block", str(self.args.block)]
-        cmd = [
-            sys.executable,
-            "-m",
-            "argus.cli",
-            "run",
-            "--socket",
-            sock,
-            "--job-id",
-            "bench-inproc",
-            "--",
-            *cmd,
-        ]
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=900, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"in-process job failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        ratios = [float(r) for r in json.loads(out.read_text())]
-        print(f"[in-process] {len(ratios)} block pairs: " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
-        return ratios
+    def run(self, kind: str, arm: str, sock: str | None, job_id: str) -> Run:
+        nproc = 1 if kind == "gpu" else self.args.ranks
+        extra = ["--steps", str(self.args.steps), "--measure-s", str(self.args.measure_s)]
+        cmd, out = self.job(kind, nproc, extra)
+        got = self.launch(cmd, out, arm, sock, job_id)
+        return Run(got["times"], got["capturing"], got["cpu_per_step"], got.get("agent_cpu", 0.0))
 
-    def pairs(self, sock: str, n: int, label: str) -> list[float]:
-        ratios = []
+    def rounds(
+        self, kind: str, arms: list[str], sock: str, n: int, label: str, budget_s: float = 0.0
+    ) -> list[dict[str, Run]]:
+        """``n`` rounds of every arm, the order rotating each round; stops early past ``budget_s``."""
+        out: list[dict[str, Run]] = []
         for i in range(n):
-            order = ("A", "B") if i % 2 == 0 else ("B", "A")
-            got = {arm: self.run(sock if arm == "B" else None, f"bench-{label}-{i}") for arm in order}
-            ratios.append(got["B"] / got["A"])
+            if budget_s and out:
+                per_run = statistics.fmean(self.run_s[-len(arms) :])
+                if self.elapsed() + len(arms) * per_run > budget_s:
+                    print(f"[{label}] stopping after {len(out)} rounds: the time budget is spent", flush=True)
+                    break
+            order = arms[i % len(arms) :] + arms[: i % len(arms)]
+            if len(arms) == 2 and i % 2:
+                order = arms[::-1]
+            got = {arm: self.run(kind, arm, sock, f"bench-{label}-{i}-{arm}") for arm in order}
+            out.append(got)
+            plain = got["plain"].mean
+            parts = [
+                f"{arm} {got[arm].mean * 1e3:.2f} ms ({got[arm].cpu_per_step * 1e3:.1f} ms CPU)"
+                for arm in arms
+            ]
+            ratios = [f"{arm}/plain {got[arm].mean / plain:.4f}" for arm in arms if arm != "plain"]
             print(
-                f"[{label}] pair {i + 1}/{n}: plain {got['A'] * 1e3:.2f} ms, argus {got['B'] * 1e3:.2f} ms, "
-                f"ratio {ratios[-1]:.4f}",
+                f"[{label}] round {i + 1}/{n} ({self.elapsed():.0f} s): "
+                f"{', '.join(parts)}; {', '.join(ratios)}",
                 flush=True,
             )
+        return out
+
+    def inprocess(self, kind: str, sock: str) -> list[float]:
+        extra = ["--inprocess-pairs", str(self.args.inprocess_pairs), "--block", str(self.args.block)]
+        cmd, out = self.job(kind, self.args.ranks, extra)
+        got = self.launch(cmd, out, "argus", sock, f"bench-inproc-{kind}")
+        ratios = [float(r) for r in got["ratios"]]
+        print(
+            f"[in-process {kind}] {len(ratios)} block pairs ({self.elapsed():.0f} s): "
+            + " ".join(f"{r:.3f}" for r in ratios),
+            flush=True,
+        )
         return ratios
 
     def close(self) -> None:
@@ -330,10 +440,20 @@ def start_server(work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[byte
 def bootstrap_ci(ratios: list[float], rounds: int = 10_000) -> tuple[float, float]:
     import numpy as np
 
+    if not ratios:
+        return float("nan"), float("nan")
     rng = np.random.default_rng(0)
     a = np.asarray(ratios)
     medians = np.median(a[rng.integers(0, a.size, (rounds, a.size))], axis=1)
     return float(np.quantile(medians, 0.025)), float(np.quantile(medians, 0.975))
+
+
+def median_or_nan(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def ratios_of(rounds: list[dict[str, Run]], arm: str) -> list[float]:
+    return [r[arm].mean / r["plain"].mean for r in rounds]
 
 
 def cupti_available() -> bool:
@@ -344,31 +464,49 @@ def cupti_available() -> bool:
     return True
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--job", default="demo", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--cuda", action="store_true", help="one GPU, NCCL, CUPTI capture on")
-    p.add_argument("--pairs", type=int, default=None, help="A/B pairs (default 15 CPU, 8 CUDA)")
+    p.add_argument("--pairs", type=int, default=None, help="rounds of every arm (default 15 CPU, 2 CUDA)")
     p.add_argument("--full-stack-pairs", type=int, default=None, help="pairs with a local argus server")
+    p.add_argument("--micro-pairs", type=int, default=None, help="process pairs of the worst-case micro job")
     p.add_argument("--ranks", type=int, default=4, help="CPU world size (default 4)")
-    p.add_argument("--steps", type=int, default=None, help="measured steps per run")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per run (CPU default 150)")
+    p.add_argument("--measure-s", type=float, default=None, help="measured seconds per run (CUDA default 20)")
     p.add_argument("--warmup", type=int, default=20, help="steps before measuring")
     p.add_argument(
-        "--inprocess-pairs", type=int, default=15, help="block pairs inside one probed job (0: skip)"
+        "--inprocess-pairs", type=int, default=None, help="micro-job block pairs in one probed job (0: skip)"
     )
     p.add_argument("--block", type=int, default=25, help="steps per in-process block")
-    args = p.parse_args()
+    p.add_argument(
+        "--cupti-duty", default="", help="ARGUS_CUPTI_DUTY for the argus arm (default: the probe's)"
+    )
+    p.add_argument("--budget-s", type=float, default=None, help="start no round past this (CUDA default 300)")
+    p.add_argument(
+        "--arms", default="", help="main arms, comma-separated (default plain,argus; CUDA adds cupti_off)"
+    )
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if args.worker:
+        args.steps, args.measure_s = args.steps or 0, args.measure_s or 0.0
         worker(args)
         return 0
-    args.pairs = args.pairs or (8 if args.cuda else 15)
-    args.full_stack_pairs = (
-        args.full_stack_pairs if args.full_stack_pairs is not None else (3 if args.cuda else 5)
-    )
-    args.steps = args.steps or (200 if args.cuda else 150)
+    cuda = args.cuda
+    args.pairs = args.pairs or (2 if cuda else 15)
+    args.full_stack_pairs = args.full_stack_pairs if args.full_stack_pairs is not None else (0 if cuda else 5)
+    args.micro_pairs = args.micro_pairs if args.micro_pairs is not None else (0 if cuda else 5)
+    args.inprocess_pairs = args.inprocess_pairs if args.inprocess_pairs is not None else (0 if cuda else 15)
+    args.measure_s = args.measure_s if args.measure_s is not None else (20.0 if cuda else 0.0)
+    args.steps = args.steps if args.steps is not None else (0 if cuda else 150)
+    budget = args.budget_s if args.budget_s is not None else (300.0 if cuda else 0.0)
     cupti = "n/a"
-    if args.cuda:
+    if cuda:
         import torch
 
         if not torch.cuda.is_available():
@@ -381,23 +519,42 @@ def main() -> int:
                 "off, the figure covers steps, phases, collectives and NVML only",
                 flush=True,
             )
+    load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="argus-bench-", dir="/tmp"))
     bench = Bench(args, work)
     collector = AckCollector()
     server = None
-    t0 = time.monotonic()
+    main_rounds: list[dict[str, Run]] = []
+    micro_rounds: list[dict[str, Run]] = []
+    full_rounds: list[dict[str, Run]] = []
+    inproc: list[float] = []
+    arms: list[str] = []
     try:
-        print(
-            f"overhead: {'cuda, 1 GPU' if args.cuda else f'cpu, {args.ranks} ranks'}; work dir {work}",
-            flush=True,
-        )
+        what = "cuda, 1 GPU, arms plain/cupti_off/argus" if cuda else f"cpu, {args.ranks} ranks, demo job"
+        print(f"overhead: {what}; load average {load_start:.2f}; work dir {work}", flush=True)
         sock = bench.start_agent(collector.address, "ack")
-        inproc = bench.inprocess(sock) if args.inprocess_pairs else []
-        ratios = bench.pairs(sock, args.pairs, "probe+agent")
-        full: list[float] = []
+        arms = (
+            args.arms.split(",")
+            if args.arms
+            else ["plain", "cupti_off", "argus"]
+            if cuda
+            else ["plain", "argus"]
+        )
+        if "plain" not in arms or "argus" not in arms:
+            raise SystemExit("overhead: --arms needs plain and argus")
+        main_rounds = bench.rounds("gpu" if cuda else "demo", arms, sock, args.pairs, "main", budget)
+        if not cuda:
+            if args.micro_pairs:
+                micro_rounds = bench.rounds("micro", ["plain", "argus"], sock, args.micro_pairs, "micro")
+            if args.inprocess_pairs:
+                inproc = bench.inprocess("micro", sock)
         if args.full_stack_pairs:
             server, target = start_server(work, bench.env)
-            full = bench.pairs(bench.start_agent(target, "server"), args.full_stack_pairs, "full stack")
+            full_sock = bench.start_agent(target, "server")
+            kind = "gpu" if cuda else "demo"
+            full_rounds = bench.rounds(
+                kind, ["plain", "argus"], full_sock, args.full_stack_pairs, "full stack"
+            )
     finally:
         bench.close()
         collector.stop()
@@ -409,19 +566,36 @@ def main() -> int:
                 server.kill()
         rows = dict(collector.rows)
         shutil.rmtree(work, ignore_errors=True)
+    ratios = ratios_of(main_rounds, "argus")
     lo, hi = bootstrap_ci(ratios)
     line = (
-        f"step_time_ratio={statistics.median(ratios):.4f} ci95_low={lo:.4f} ci95_high={hi:.4f} "
-        f"pairs={len(ratios)} full_stack_ratio={statistics.median(full) if full else float('nan'):.4f}"
+        f"step_time_ratio={median_or_nan(ratios):.4f} ci95_low={lo:.4f} ci95_high={hi:.4f} "
+        f"pairs={len(ratios)} full_stack_ratio={median_or_nan(ratios_of(full_rounds, 'argus')):.4f}"
     )
-    if inproc:
-        line += f" inprocess_ratio={statistics.median(inproc):.4f}"
-    line += f" failed_runs={len(bench.failures)}"
-    if args.cuda:
+    cpu = [r["argus"].cpu_per_step / r["plain"].cpu_per_step for r in main_rounds]
+    agent_cpu = [r["argus"].agent_cpu * 100 for r in main_rounds]
+    line += f" cpu_ratio={median_or_nan(cpu):.4f} agent_cpu_pct={median_or_nan(agent_cpu):.2f}"
+    if "cupti_off" in arms:
+        line += f" cupti_off_ratio={median_or_nan(ratios_of(main_rounds, 'cupti_off')):.4f}"
+    if cuda:
         from argus.proto import collector_pb2
 
-        line += f" cupti={cupti} kernel_summary_rows={rows.get(collector_pb2.KERNEL_SUMMARIES, 0)}"
-    print(f"overhead: {time.monotonic() - t0:.0f} s", flush=True)
+        slices = [s for r in main_rounds if (s := r["argus"].slice_ratio()) is not None]
+        flags = [c for r in main_rounds for c in r["argus"].capturing]
+        share = sum(flags) / len(flags) if flags else float("nan")
+        line += (
+            f" cupti_slice_ratio={median_or_nan(slices):.4f} captured_share={share:.3f}"
+            f" step_ms={median_or_nan([r['plain'].mean * 1e3 for r in main_rounds]):.2f}"
+            f" cupti={cupti} kernel_summary_rows={rows.get(collector_pb2.KERNEL_SUMMARIES, 0)}"
+        )
+    else:
+        line += (
+            f" micro_ratio={median_or_nan(ratios_of(micro_rounds, 'argus')):.4f}"
+            f" micro_inprocess_ratio={median_or_nan(inproc):.4f}"
+            f" step_ms={median_or_nan([r['plain'].mean * 1e3 for r in main_rounds]):.2f}"
+        )
+    line += f" failed_runs={len(bench.failures)} load_avg={load_start:.2f}/{os.getloadavg()[0]:.2f}"
+    print(f"overhead: {bench.elapsed():.0f} s", flush=True)
     print(line)
     return 0
 

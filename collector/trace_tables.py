@@ -225,6 +225,7 @@ def kernel_summaries_table(rt: RankTrace, window_ns: int) -> pa.Table:
     cols["rank"] = _full(n, rt.rank)
     cols["window_ns"] = _full(n, window_ns)
     cols["resolution_ns"] = _full(n, t.resolution_ns)
+    cols["covered_ns"] = _full(n, window_ns)
     return _table("kernel_summaries", rt.job_id, cols)
 
 

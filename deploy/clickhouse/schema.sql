@@ -104,7 +104,7 @@ CREATE TABLE IF NOT EXISTS argus.kernel_summaries_local ON CLUSTER argus (
     `window_start_ns` Int64,
     `window_ns` Int64,
     `kind` LowCardinality(String),
-    `kernel` String,
+    `kernel` LowCardinality(String),
     `stream` UInt32,
     `collective` UInt8,
     `cluster` UInt16,
@@ -115,6 +115,7 @@ CREATE TABLE IF NOT EXISTS argus.kernel_summaries_local ON CLUSTER argus (
     `log_hi` Float64,
     `sum_ns` Float64,
     `resolution_ns` Int64,
+    `covered_ns` Int64,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
@@ -129,7 +130,7 @@ CREATE TABLE IF NOT EXISTS argus.kernel_events_local ON CLUSTER argus (
     job_id LowCardinality(String),
     `rank` UInt32,
     `kind` LowCardinality(String),
-    `kernel` String,
+    `kernel` LowCardinality(String),
     `stream` UInt32,
     `device` Int32,
     `correlation` UInt64,
@@ -162,6 +163,10 @@ CREATE TABLE IF NOT EXISTS argus.host_samples_local ON CLUSTER argus (
     `gpu_power_w` Float32,
     `gpu_util_pct` Float32,
     `gpu_throttle_reasons` UInt64,
+    `pending_group` LowCardinality(String),
+    `pending_seq` Int64,
+    `pending_op` LowCardinality(String),
+    `pending_issue_ns` Int64,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')

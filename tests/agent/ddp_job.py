@@ -1,6 +1,7 @@
 """A tiny gloo DDP training job with no Argus line in it (the tests run it under `argus run`).
 
-Knobs: ``--steps``, ``--delay-rank/--delay-s/--delay-from`` (sleep before backward),
+Knobs: ``--steps``, ``--delay-rank/--delay-s/--delay-from/--delay-to`` (sleep before backward
+in steps ``[delay-from, delay-to)``),
 ``--hook fp16`` (the user's own DDP comm hook), ``--inplace`` (a model with
 in-place ops), ``--loss-out FILE`` (rank 0 writes the final loss). Deterministic:
 same seeds, same data, so two runs give the same loss.
@@ -39,6 +40,7 @@ def main() -> None:
     p.add_argument("--delay-rank", type=int, default=-1)
     p.add_argument("--delay-s", type=float, default=0.0)
     p.add_argument("--delay-from", type=int, default=0)
+    p.add_argument("--delay-to", type=int, default=1 << 30)
     p.add_argument("--step-sleep-s", type=float, default=0.0)
     p.add_argument("--hook", choices=["none", "fp16"], default="none")
     p.add_argument("--inplace", action="store_true")
@@ -73,7 +75,7 @@ def main() -> None:
                 break
             opt.zero_grad()
             loss = loss_fn(ddp(xb), yb)
-            if rank == args.delay_rank and step >= args.delay_from:
+            if rank == args.delay_rank and args.delay_from <= step < args.delay_to:
                 time.sleep(args.delay_s)
             loss.backward()
             opt.step()

@@ -6,14 +6,21 @@ from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from argus.agent.cupti import (
+    DEFAULT_DUTY,
     KIND_CONCURRENT_KERNEL,
     KIND_EXTERNAL_CORRELATION,
     KIND_MEMCPY,
     KIND_MEMSET,
     CollectiveJoin,
+    CuptiSource,
+    DutyCycle,
+    collect,
+    decode,
     decode_records,
+    duty_from_env,
     is_collective_kernel,
 )
 from argus.agent.kernels import KernelWindows, summarize
@@ -162,3 +169,101 @@ def test_summary_rebuilds_within_five_percent() -> None:
         dtype=CLUSTER_DTYPE,
     )
     assert fidelity(durs, clusters) < 0.05
+
+
+def test_collected_batches_decode_together_with_memcpy_names_and_external_ids() -> None:
+    first = collect(
+        [
+            kernel("gemm", 100, 400, corr=1),
+            SimpleNamespace(
+                kind=KIND_MEMCPY, copy_kind=8, stream_id=7, device_id=0, correlation_id=2, start=500, end=900
+            ),
+            SimpleNamespace(kind=KIND_EXTERNAL_CORRELATION, correlation_id=3, external_id=42),
+        ]
+    )
+    second = collect(
+        [
+            kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1_000, 1_800, stream=13, corr=3),
+            SimpleNamespace(
+                kind=KIND_MEMCPY, copy_kind=99, stream_id=7, device_id=0, correlation_id=4, start=0, end=50
+            ),
+            SimpleNamespace(
+                kind=KIND_MEMSET, stream_id=7, device_id=0, correlation_id=5, start=2_000, end=2_100
+            ),
+        ]
+    )
+    assert (len(first), len(second)) == (2, 3)
+    out = decode([first, second], offset_ns=10)
+    assert out.dropped == 1 and out.external == {3: 42}
+    assert out.rows == [
+        ("kernel", "gemm", 7, 0, 1, 110, 300),
+        ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 13, 0, 3, 1_010, 800),
+        ("memcpy", "Memcpy DtoD", 7, 0, 2, 510, 400),
+        ("memset", "Memset", 7, 0, 5, 2_010, 100),
+    ]
+    table = out.table(rank=5)
+    assert table.schema == wire_schema("kernel_events") and table["rank"].to_pylist() == [5] * 4
+    assert decode([]).rows == [] and len(decode([collect([])])) == 0
+
+
+def test_duty_cycle_slices_are_epoch_aligned_and_cover_their_share() -> None:
+    s = 1_000_000_000
+    duty = DutyCycle.parse("1/10")
+    assert (duty.on_ns, duty.period_ns, duty.always) == (s, 10 * s, False)
+    t0 = 1_790_000_000 * s  # a multiple of 10 s
+    assert duty.state(t0) == (True, t0 + s)
+    assert duty.state(t0 + s - 1) == (True, t0 + s)
+    assert duty.state(t0 + s) == (False, t0 + 10 * s)
+    assert duty.state(t0 + 9 * s) == (False, t0 + 10 * s)
+    # Any interval of whole periods holds exactly the duty's share, wherever it starts.
+    for start in (t0, t0 + 300_000_000, t0 + 5 * s):
+        assert duty.covered_ns(start, start + 20 * s) == 2 * s
+    assert duty.covered_ns(t0 + s // 2, t0 + 2 * s) == s // 2
+    always = DutyCycle.parse("always")
+    assert always.always and always.state(t0 + 3) == (True, t0 + 3 + s) and always.covered_ns(0, 7) == 7
+    assert DutyCycle.parse(" 0.5/2 ") == DutyCycle(s // 2, 2 * s)
+    for bad in ("", "10", "2/1", "0/10", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="ARGUS_CUPTI_DUTY"):
+            DutyCycle.parse(bad)
+    assert duty_from_env({"ARGUS_CUPTI_DUTY": "nonsense"}) == DutyCycle.parse(DEFAULT_DUTY)
+    assert duty_from_env({}) == DutyCycle.parse(DEFAULT_DUTY)
+
+
+class _FakeCupti:
+    """Records the activity calls CuptiSource.update makes (unit test of that one method)."""
+
+    class ActivityKind:
+        CONCURRENT_KERNEL, MEMCPY, MEMSET, EXTERNAL_CORRELATION = 10, 1, 2, 39
+
+    def __init__(self) -> None:
+        self.enabled: set[int] = set()
+        self.flushes = 0
+
+    def activity_enable(self, kind: int) -> None:
+        self.enabled.add(kind)
+
+    def activity_disable(self, kind: int) -> None:
+        self.enabled.discard(kind)
+
+    def activity_flush_all(self, _flag: int) -> None:
+        self.flushes += 1
+
+
+def test_update_enables_capture_inside_slices_only_and_reports_spans() -> None:
+    s = 1_000_000_000
+    source = CuptiSource(lambda _a: None, duty=DutyCycle(s, 10 * s))
+    fake = _FakeCupti()
+    source._cupti, source.active = fake, True
+    source._kinds = [10, 1, 2, 39]
+    source._ext_kind = object()
+    t0 = 1_790_000_000 * s
+    assert source.update(t0 + 5 * s) == t0 + 10 * s and not source.capturing and not fake.enabled
+    assert source.update(t0 + 10 * s) == t0 + 11 * s
+    assert source.capturing and source.correlates and fake.enabled == {10, 1, 2, 39}
+    assert source.update(t0 + 11 * s) == t0 + 20 * s
+    assert not source.capturing and not source.correlates and not fake.enabled and fake.flushes == 1
+    spans = source.take_spans()
+    assert len(spans) == 1 and spans[0][0] <= spans[0][1] and source.take_spans() == []
+    source.update(t0 + 20 * s)  # inside a slice: an open span is cut at each take
+    first = source.take_spans(now_ns=spans[0][1] + 10)
+    assert len(first) == 1 and source.take_spans(now_ns=first[0][1] + 5) == [(first[0][1], first[0][1] + 5)]

@@ -4,6 +4,8 @@ Must show 1-4 of issue 3: steps, phases, every DDP bucket all-reduce with
 matching sequence numbers, timings that nest, lifecycle rows; a delayed rank
 waits least; a collector killed for 10 s loses and duplicates nothing; a
 user's comm hook and in-place ops train to the same loss with and without Argus.
+And a rank that stops issuing collectives: its peers' heartbeats name the
+collective they wait in, which the stuck rank never issued.
 """
 
 from __future__ import annotations
@@ -114,6 +116,43 @@ def test_delayed_rank_waits_least(argus_server_factory) -> None:
     assert ((others - wait[slow]) > 0.7 * delay_s).all() and ((others - wait[slow]) < 1.5 * delay_s).all(), (
         wait
     )
+
+
+def test_heartbeats_name_the_collective_a_stuck_rank_never_issued(argus_server_factory) -> None:
+    server = argus_server_factory("--no-analyzer")
+    stuck, stall_s, stall_step = 3, 6.0, 4
+    args = ["--steps", "7", "--delay-rank", str(stuck), "--delay-s", str(stall_s)]
+    args += ["--delay-from", str(stall_step), "--delay-to", str(stall_step + 1)]
+    with short_dir() as work:
+        out = run(argus_run(work, server.grpc_target, "e2e-hang", torchrun(4, *args)), job_env(work))
+    assert out.returncode == 0, out.stderr[-3000:]
+    t = _frames(server, "e2e-hang")
+    hs, co = t["host_samples"], t["collectives"]
+    waiting = hs[hs.pending_seq >= 0]
+    # For seconds every peer's heartbeat names one collective instance: the stalled step's first bucket.
+    stalled = co[(co.step == stall_step) & (co.op == "allreduce") & (co.process_group == "0")]
+    first_seq = int(stalled.seq.min())
+    assert (stalled.groupby("rank").seq.min() == first_seq).all()
+    long_waits = waiting[waiting.pending_seq == first_seq]
+    for r in range(4):
+        if r != stuck:
+            mine = long_waits[long_waits["rank"] == r]
+            assert len(mine) >= 3, (r, waiting)
+            assert set(mine.pending_group) == {"0"} and set(mine.pending_op) == {"allreduce"}
+            issued = stalled[(stalled["rank"] == r) & (stalled.seq == first_seq)].issue_ns.item()
+            assert (mine.pending_issue_ns == issued).all()  # the same instance, its issue time
+    # Meanwhile the stuck rank waits in nothing, and the last collective it had issued is lower.
+    during = long_waits.time_ns
+    lo, hi = int(during.min()), int(during.max())
+    mine = hs[(hs["rank"] == stuck) & (hs.time_ns >= lo) & (hs.time_ns <= hi)]
+    assert len(mine) >= 3 and (mine.pending_seq == -1).all() and (mine.pending_group == "").all()
+    assert (mine.pending_op == "").all() and (mine.pending_issue_ns == 0).all()
+    before = co[(co["rank"] == stuck) & (co.process_group == "0") & (co.issue_ns <= lo)]
+    assert int(before.seq.max()) == first_seq - 1
+    late = stalled[(stalled["rank"] == stuck) & (stalled.seq == first_seq)].issue_ns.item()
+    assert late > hi  # it issued the collective only after its peers had waited for it for seconds
+    # Outside the stall a beat names a collective only when it lands inside one.
+    assert len(waiting) - len(long_waits) <= 0.25 * len(hs), waiting
 
 
 def test_collector_killed_for_ten_seconds_loses_and_duplicates_nothing(argus_server_factory) -> None:

@@ -76,6 +76,8 @@ def test_kernels_become_summaries_raw_events_come_on_request() -> None:
                 schema=wire_schema("ranks"),
             )  # fmt: skip
             link.enqueue("ranks", ranks)
+            span = (now - 3_100_000_000, now - 2_850_000_000)  # the duty-cycled capture ran 0.25 s
+            link.enqueue_capture([span])
             assert link.flush(10)
             wait_for(lambda: sink.table("kernel_summaries").num_rows >= 2)
             s = sink.table("kernel_summaries").to_pandas()
@@ -83,6 +85,10 @@ def test_kernels_become_summaries_raw_events_come_on_request() -> None:
             assert s.groupby("kernel")["count"].sum().tolist() == [200, 200]
             assert (s.window_start_ns % 1_000_000_000 == 0).all()
             assert s.window_start_ns.min() > now  # shifted onto the collector's clock
+            # Each summary says how much of its window the rank's capture covered.
+            for w, covered in zip(s.window_start_ns, s.covered_ns, strict=True):
+                a, b = span[0] + agent.offset_ns, span[1] + agent.offset_ns
+                assert covered == max(0, min(b, w + 1_000_000_000) - max(a, w)) > 0
             r = sink.table("ranks").to_pandas()
             assert r.agent_id[0] == agent.agent_id and r.clock_offset_ns[0] == agent.offset_ns
             assert r.time_ns[0] == now + agent.offset_ns

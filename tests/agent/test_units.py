@@ -142,3 +142,58 @@ def test_cupti_steps_aside_while_a_user_profiler_runs() -> None:
     finally:
         ap.profile._prepare_trace, ap.profile.__exit__ = saved
     assert calls == ["release", "user", "resume"]
+
+
+def test_a_zero_pending_issue_time_stays_zero_when_shifted() -> None:
+    cols = {f.name: [0, 0] for f in wire_schema("host_samples")}
+    cols.update(host=["h", "h"], pending_group=["", "0"], pending_op=["", "allreduce"])
+    cols.update(time_ns=[10, 20], pending_seq=[-1, 4], pending_issue_ns=[0, 15])
+    data = pa.Table.from_pydict(cols, schema=wire_schema("host_samples"))
+    got = shift_times("host_samples", data, 1000).to_pydict()
+    assert got["time_ns"] == [1010, 1020] and got["pending_issue_ns"] == [0, 1015]
+
+
+class _Group:
+    """A stand-in process group for the probe's numbering (hashable, named)."""
+
+    def __init__(self, name: str) -> None:
+        self.group_name = name
+
+
+def test_oldest_pending_collective_is_the_earliest_issued_not_completed() -> None:
+    from argus.agent import probe as probe_module
+
+    probe = probe_module.Probe(socket_path="/nonexistent/argus.sock")
+    world, pair = _Group("0"), _Group("1")
+    assert probe.oldest_pending() == ("", -1, "", 0)
+    a = probe.open_collective(world, "allreduce", 64, 100)
+    b = probe.open_collective(pair, "broadcast", 8, 200)
+    c = probe.open_collective(world, "allreduce", 64, 300)
+    assert probe.oldest_pending() == ("0", 0, "allreduce", 100)
+    probe.close_collective(a, 150)
+    assert probe.oldest_pending() == ("1", 0, "broadcast", 200)
+    probe.close_collective(b, 250)
+    assert probe.oldest_pending() == ("0", 1, "allreduce", 300)
+    probe.close_collective(c, 350)
+    assert probe.oldest_pending() == ("", -1, "", 0)
+    rows = probe.buffers["collectives"].take()
+    assert [(r[1], r[2], r[3], r[5], r[7]) for r in rows] == [
+        ("0", 0, "allreduce", 100, 50),
+        ("1", 0, "broadcast", 200, 50),
+        ("0", 1, "allreduce", 300, 50),
+    ]
+    probe.close_collective(c, 400)  # completing twice records nothing more
+    assert len(probe.buffers["collectives"]) == 0
+
+
+def test_pending_collectives_are_bounded_and_the_excess_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from argus.agent import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "MAX_PENDING", 3)
+    probe = probe_module.Probe(socket_path="/nonexistent/argus.sock")
+    world = _Group("0")
+    keys = [probe.open_collective(world, "allreduce", 4, t) for t in range(5)]
+    assert keys[3:] == [0, 0] and all(keys[:3])
+    assert probe._take_dropped() == 2
+    probe.active = False
+    assert probe.open_collective(world, "allreduce", 4, 9) == 0

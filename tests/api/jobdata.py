@@ -126,6 +126,9 @@ def synthetic_job(
             h_cols["proc_cpu_ns"].append(950_000_000)  # a busy training process
             h_cols["host_cpu_pct"].append(100.0)
             h_cols["rss_bytes"].append(2 << 30)
+            h_cols["pending_group"].append("")
+            h_cols["pending_seq"].append(-1)
+            h_cols["pending_op"].append("")
             for name, values in h_cols.items():
                 if name not in (
                     "rank",
@@ -135,6 +138,9 @@ def synthetic_job(
                     "proc_cpu_ns",
                     "host_cpu_pct",
                     "rss_bytes",
+                    "pending_group",
+                    "pending_seq",
+                    "pending_op",
                 ):
                     values.append(0)
         if exited:
