@@ -4,7 +4,11 @@ Listens on a unix socket for the probes of this node (see
 :mod:`argus.agent.protocol`), shifts their timestamps onto the collector's
 clock, compresses kernel durations per window, and hands everything to the
 :class:`~argus.agent.uploader.Uploader` (spool, then gRPC). One agent serves
-any number of jobs and ranks.
+any number of jobs and ranks. A probe's frame is acknowledged once what it
+carried is in the spool (within the uploader's flush period, in frame order),
+so an agent killed at any moment loses nothing it acknowledged: the probe
+sends the rest again to the next agent. (Kernel events wait in memory for
+their window by design; they are acknowledged in the same order.)
 
 Threads: one accepting connections, one per probe connection, one for the
 clock offset, one closing kernel windows; the uploader has its own.
@@ -130,6 +134,13 @@ class NodeAgent:
             collector, self.spool, self.agent_id, token=token, tls_cert=tls_cert, flush_s=flush_s
         )
         self.windows = KernelWindows(window_s, grace_s=grace_s)
+        self.uploader.on_spooled = self._spooled
+        # Acknowledgements waiting for their rows to be spooled: (connection, seq, generation), in order.
+        self._acks: list[tuple[socket.socket, int, int]] = []
+        self._ack_lock = threading.Lock()
+        # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
+        self._intake = threading.Lock()
+        self._closing = False
         self.offset_ns = 0
         self._clock_known = False
         self._jobs_seen: set[str] = set()
@@ -169,13 +180,21 @@ class NodeAgent:
         )
 
     def stop(self, drain_s: float = 10.0) -> None:
-        """Stop taking probes, compress open windows, drain the uploader for at most ``drain_s``."""
+        """Stop taking probes, compress open windows, drain the uploader for at most ``drain_s``.
+
+        Every frame taken is spooled and acknowledged before the probes' connections
+        close; frames after that are left unacknowledged for the next agent.
+        """
         self._stop.set()
         if self._listener is not None:
             try:
                 self._listener.close()
             finally:
                 Path(self.socket_path).unlink(missing_ok=True)
+        with self._intake:
+            self._closing = True
+        with contextlib.suppress(Exception):
+            self.uploader.flush()  # spools what was taken and acknowledges it
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
@@ -229,23 +248,29 @@ class NodeAgent:
                     if hello is None:
                         raise ProtocolError("BATCH before HELLO")
                     table, data = decode_batch(payload)
-                    self._ingest(str(hello["job_id"]), table, data)
-                    conn.sendall(encode_frame(FrameType.ACK, seq))
+                    with self._intake:
+                        if self._closing:
+                            break  # not acknowledged: the probe sends it to the next agent
+                        self._ack_later(conn, seq, self._ingest(str(hello["job_id"]), table, data))
                 elif kind == FrameType.CAPTURE:
                     if hello is None:
                         raise ProtocolError("CAPTURE before HELLO")
                     spans = [(int(a), int(b)) for a, b in decode_json(payload)["spans"]]
                     off = self.offset_ns
-                    self.windows.cover(
-                        str(hello["job_id"]), int(hello["rank"]), [(a + off, b + off) for a, b in spans]
-                    )
-                    conn.sendall(encode_frame(FrameType.ACK, seq))
+                    with self._intake:
+                        if self._closing:
+                            break
+                        self.windows.cover(
+                            str(hello["job_id"]), int(hello["rank"]), [(a + off, b + off) for a, b in spans]
+                        )
+                        self._ack_later(conn, seq, self.uploader.generation)
                 elif kind == FrameType.BYE:
                     clean = True
                 elif kind == FrameType.DUMP:
                     doc = decode_json(payload)
                     rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
-                    conn.sendall(encode_frame(FrameType.ACK, rows))
+                    with self._ack_lock:
+                        conn.sendall(encode_frame(FrameType.ACK, rows))
                 else:
                     raise ProtocolError(f"unexpected frame {kind.name} from a probe")
         except (ProtocolError, OSError, KeyError, ValueError, TypeError) as exc:
@@ -254,7 +279,9 @@ class NodeAgent:
         finally:
             with self._lock:
                 self._conns.discard(conn)
-            conn.close()
+            with self._ack_lock:
+                self._acks = [a for a in self._acks if a[0] is not conn]
+                conn.close()
         if hello is not None and not clean and not self._stop.is_set():
             self._maybe_lost(hello)
 
@@ -300,7 +327,22 @@ class NodeAgent:
         }
         self._ingest(str(hello["job_id"]), "ranks", pa.Table.from_pydict(row, schema=wire_schema("ranks")))
 
-    def _ingest(self, job_id: str, table: str, data: pa.Table) -> None:
+    def _ack_later(self, conn: socket.socket, seq: int, generation: int) -> None:
+        """Acknowledge frame ``seq`` once the rows of flush ``generation`` are spooled."""
+        with self._ack_lock:
+            self._acks.append((conn, seq, generation))
+
+    def _spooled(self, generation: int) -> None:
+        """Uploader callback: send the acknowledgements of every frame up to ``generation``, in order."""
+        with self._ack_lock:
+            due = [a for a in self._acks if a[2] <= generation]
+            self._acks = [a for a in self._acks if a[2] > generation]
+            for conn, seq, _ in due:
+                with contextlib.suppress(OSError):
+                    conn.sendall(encode_frame(FrameType.ACK, seq))
+
+    def _ingest(self, job_id: str, table: str, data: pa.Table) -> int:
+        """Take rows of a probe (or of the agent itself); returns the uploader generation holding them."""
         offset = self.offset_ns
         data = shift_times(table, data, offset)
         if table == "ranks":
@@ -322,8 +364,8 @@ class NodeAgent:
                 self.uploader.count_dropped(int(dropped))
         elif table == "kernel_events":
             self.windows.add(job_id, data)
-            return
-        self.uploader.add(job_id, table, data, offset)
+            return self.uploader.generation
+        return self.uploader.add(job_id, table, data, offset)
 
     def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:
         """Queue the raw kernel events of ``job_id`` in ``[start_ns, end_ns)`` still held; returns rows."""

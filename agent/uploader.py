@@ -4,6 +4,9 @@
   every ``flush_s`` they become ``argus.v1.Batch``\\ es of at most
   ``max_message_bytes`` (split by rows), each with the next sequence number of
   this agent, and go to the :class:`~argus.agent.spool.Spool` *before* being sent.
+  :meth:`Uploader.add` returns the flush generation of the rows; once they are
+  spooled, ``on_spooled(generation)`` is called (the node agent acknowledges
+  the probes' frames then, so a killed agent loses nothing it acknowledged).
 - One :class:`_Sender` per agent id streams its spooled batches in sequence
   order over ``argus.v1.Collector/Stream`` with a bounded number in flight.
   STORED and DUPLICATE acks delete the batch; REJECTED deletes it too (it
@@ -24,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,7 +129,11 @@ class Uploader:
             response_deserializer=collector_pb2.Ack.FromString,
         )
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._queued: dict[tuple[str, str, int], list[pa.Table]] = {}
+        self._generation = 0
+        #: Called with a generation once every row added in it (and before) is spooled.
+        self.on_spooled: Callable[[int], None] | None = None
         self._seq = itertools.count(1)
         self._dropped_unreported = 0
         self._stop = threading.Event()
@@ -142,12 +149,22 @@ class Uploader:
         for agent_id in {self.agent_id, *self.spool.agent_ids()}:
             self._sender(agent_id)
 
-    def add(self, job_id: str, table: str, data: pa.Table, clock_offset_ns: int = 0) -> None:
-        """Queue rows of ``table`` (wire schema, times already shifted by ``clock_offset_ns``)."""
-        if data.num_rows == 0:
-            return
+    def add(self, job_id: str, table: str, data: pa.Table, clock_offset_ns: int = 0) -> int:
+        """Queue rows of ``table`` (wire schema, times already shifted by ``clock_offset_ns``).
+
+        Returns:
+            The flush generation the rows belong to (see ``on_spooled``).
+        """
         with self._lock:
-            self._queued.setdefault((job_id, table, clock_offset_ns), []).append(data)
+            if data.num_rows:
+                self._queued.setdefault((job_id, table, clock_offset_ns), []).append(data)
+            return self._generation
+
+    @property
+    def generation(self) -> int:
+        """The generation rows added now would belong to."""
+        with self._lock:
+            return self._generation
 
     def count_dropped(self, rows: int) -> None:
         """Add rows lost upstream (probes, windows) to the next batch's ``dropped_events``."""
@@ -157,14 +174,22 @@ class Uploader:
 
     def flush(self) -> int:
         """Turn queued rows into spooled batches now; returns how many batches were made."""
-        with self._lock:
-            queued, self._queued = self._queued, {}
-        made = 0
-        for (job_id, table, offset), parts in queued.items():
-            data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
-            for chunk in split_rows(data, self.max_message_bytes - _HEADROOM):
-                self._spool_batch(job_id, table, chunk, offset)
-                made += 1
+        with self._flush_lock:
+            with self._lock:
+                queued, self._queued = self._queued, {}
+                generation = self._generation
+                self._generation += 1
+            made = 0
+            try:
+                for (job_id, table, offset), parts in queued.items():
+                    data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+                    for chunk in split_rows(data, self.max_message_bytes - _HEADROOM):
+                        self._spool_batch(job_id, table, chunk, offset)
+                        made += 1
+            finally:
+                callback = self.on_spooled
+                if callback is not None:
+                    callback(generation)
         return made
 
     def pending_batches(self) -> int:

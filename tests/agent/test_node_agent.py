@@ -128,3 +128,27 @@ def test_a_second_agent_on_the_same_socket_is_refused() -> None:
 
 def test_hello_json_round_trips() -> None:
     assert decode_json(encode_json(FrameType.HELLO, 0, HELLO)[13:]) == HELLO
+
+
+def test_a_frame_is_acknowledged_only_once_its_rows_are_spooled() -> None:
+    sink = Sink()
+    with short_dir() as work:
+        agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0, flush_s=3600)
+        agent.start()
+        try:
+            link = AgentLink(str(work / "a.sock"), HELLO)
+            steps = pa.Table.from_pydict(
+                {"rank": [3], "step": [0], "start_ns": [time.time_ns()], "dur_ns": [5]},
+                schema=wire_schema("steps"),
+            )
+            link.enqueue("steps", steps)
+            link.enqueue_capture([(1, 2)])
+            assert not link.flush(1.0)  # taken by the agent, but only in memory: not acknowledged
+            assert link.pending_rows == 1 and len(agent.spool) == 0
+            agent.uploader.flush()
+            assert link.flush(10.0) and link.pending_rows == 0
+            wait_for(lambda: sink.table("steps").num_rows == 1)
+            link.close(0, 2)
+        finally:
+            agent.stop(drain_s=2)
+            sink.stop()
