@@ -31,6 +31,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from argus import config
 from argus.agent.kernels import KernelWindows
 from argus.agent.protocol import (
     FrameType,
@@ -452,7 +453,7 @@ def main(args: argparse.Namespace) -> int:
     agent = NodeAgent(
         args.socket,
         args.collector,
-        args.spool,
+        args.spool or str(config.spool_dir_for(args.collector)),
         args.spool_max_bytes,
         args.window_s,
         token=args.token,

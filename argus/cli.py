@@ -112,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--spool",
-        default=str(config.default_spool_dir()),
+        default=None,
         metavar="DIR",
-        help="spool of unacknowledged batches (default %(default)s)",
+        help=f"spool of unacknowledged batches (default {config.default_spool_dir()}/COLLECTOR)",
     )
     p.add_argument(
         "--spool-max-bytes",
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", default=None, help="only this job")
 
     p = sub.add_parser("diagnose", help="print a job's diagnoses")
-    p.add_argument("--job", required=True, help="job id")
+    p.add_argument("--job", "--job-id", dest="job", required=True, help="job id")
     p.add_argument(
         "--server",
         default=_env(config.ENV_SERVER, config.DEFAULT_SERVER_URL),
@@ -235,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # One INFO line per HTTP request of the REST client is noise on a command's output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     run = _resolve(args.command)
     if run is None:
         print(f"argus {args.command}: not built yet", file=sys.stderr)

@@ -6,6 +6,7 @@ Each default is chosen once here; the CLI, the probe and the README read it from
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "default_spool_dir",
     "env_flag",
+    "spool_dir_for",
 ]
 
 #: gRPC ingest (node agents connect here).
@@ -67,6 +69,16 @@ def default_spool_dir() -> Path:
     """The node agent's spool folder: ``$XDG_STATE_HOME/argus/spool`` (``~/.local/state/...``)."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "argus" / "spool"
+
+
+def spool_dir_for(collector: str) -> Path:
+    """The default spool of a node agent streaming to ``collector`` (``host:port``).
+
+    One folder per collector: batches spooled for one collector are never replayed
+    into another's store when an agent is later started against a different one.
+    """
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", collector).strip("_") or "collector"
+    return default_spool_dir() / slug
 
 
 def env_flag(name: str) -> bool:

@@ -6,7 +6,7 @@ It starts `argus server` on an embedded store, a node agent, and a real N-rank
 polls the REST API until a diagnosis has held for two windows (or, for
 ``--scenario none``, for a fixed time), stops the job cleanly, and prints the
 diagnoses: as a person reads them, or with ``--json`` as one JSON document.
-Progress goes to stderr.
+Progress goes to stderr, the report (or the JSON document) to stdout.
 """
 
 from __future__ import annotations
@@ -103,7 +103,13 @@ def _any_open(diagnoses: list[Diagnosis]) -> bool:
 
 
 def _print_human(
-    console: Console, job_id: str, diagnoses: list[Diagnosis], trace: Path, store: Path, kept: bool
+    console: Console,
+    job_id: str,
+    slow_rank: int | None,
+    diagnoses: list[Diagnosis],
+    trace: Path,
+    store: Path,
+    kept: bool,
 ) -> None:
     if not diagnoses:
         console.print(f"\n[bold green]No diagnosis[/]: the ranks of job {job_id} ran like their peers.")
@@ -130,9 +136,10 @@ def _print_human(
             table.add_row(f"  {key}", json.dumps(value) if not isinstance(value, str) else value)
         console.print(table)
     console.print("\nWhere to look next:")
-    console.print(f"  the timeline of rank 0 and the slow rank (open it in https://ui.perfetto.dev): {trace}")
+    whose = "rank 0" if slow_rank in (None, 0) else f"rank 0 and the slow rank {slow_rank}"
+    console.print(f"  the timeline of {whose} (open it in https://ui.perfetto.dev): {trace}")
     if kept:
-        console.print(f"  this run's data: argus server --store chdb://{store}, then")
+        console.print(f"  this run's data: argus server --store chdb://{store.resolve()}, then")
         console.print(f"    {DEFAULT_SERVER_URL}/ (jobs, heatmap, diagnoses with evidence)")
         console.print(
             f"    {DEFAULT_SERVER_URL}/api/v1/jobs/{job_id}/diagnoses, argus diagnose --job {job_id}"
@@ -205,7 +212,8 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
     with _process(server_cmd, logs / "server.log") as server:
         with console.status("starting argus server (embedded ClickHouse)"):
             _wait(lambda: _get_json(f"{http}/healthz", 1.0), 90, "argus server", server)
-        console.print(f"[green]✓[/] argus server: gRPC {grpc_addr}, REST {http}, store {work / 'store'}")
+        store_url = f"chdb://{(work / 'store').resolve()}"
+        console.print(f"[green]✓[/] argus server: gRPC {grpc_addr}, REST {http}, store {store_url}")
         with _process(agent_cmd, logs / "agent.log") as agent:
             _wait(sock.exists, 60, "node agent", agent)
             console.print(f"[green]✓[/] node agent on {sock}")
@@ -264,8 +272,13 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
             with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
                 ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"
                 urllib.request.urlretrieve(f"{http}/api/v1/jobs/{job_id}/trace?ranks={ranks}", trace)
-            if not args.json:
-                _print_human(console, job_id, found, trace, work / "store", keep_data)
+            if args.json:
+                console.print(f"the timeline of the slow rank, for https://ui.perfetto.dev: {trace}")
+            else:
+                # The report is the command's output: stdout (progress stays on stderr).
+                _print_human(
+                    Console(soft_wrap=True), job_id, slow_rank, found, trace, work / "store", keep_data
+                )
     return {
         "job_id": job_id,
         "scenario": scenario,
@@ -280,7 +293,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--ranks must be at least 2: a straggler needs peers")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.ranks:
         raise ConfigError(f"--slow-rank must be in 0..{args.ranks - 1}")
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     keep = args.data_dir is not None
     work = Path(args.data_dir) if keep else Path(tempfile.mkdtemp(prefix="argus-demo-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -220,5 +220,6 @@ def diagnose_main(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
 
-    Console().print(render_diagnoses(job, diagnoses))
+    # Piped output keeps whole cells (rich would wrap them at 80 columns).
+    Console(width=None if sys.stdout.isatty() else 200).print(render_diagnoses(job, diagnoses))
     return 0

@@ -71,7 +71,8 @@ def test_argus_run_on_the_unmodified_example_then_diagnose(argus_server_factory:
     table = subprocess.run(diagnose, capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0, table.stderr
     assert "no diagnoses" in table.stdout, table.stdout
-    as_json = subprocess.run([*diagnose, "--json"], capture_output=True, text=True, timeout=60, check=False)
+    by_job_id = [*diagnose[:4], "--job-id", job_id, "--server", server.http_url, "--json"]  # the alias
+    as_json = subprocess.run(by_job_id, capture_output=True, text=True, timeout=60, check=False)
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout) == []
 
