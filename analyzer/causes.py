@@ -17,7 +17,10 @@ Order of the rules, each applied to what the earlier ones left:
      it sit in untracked host time or in the compute phases (and kernels).
 
    When more than :data:`MAX_INDIVIDUAL` ranks share a cause, they become one
-   finding with ``rank = None`` and every rank listed.
+   finding with ``rank = None`` and every rank listed. A straggler compared
+   against fewer than :data:`MIN_REFERENCE` healthy ranks ``needs_confirmation``;
+   if, besides, half the compared ranks or more look slow (2 of 4), it is
+   ``ambiguous`` (the lifecycle then asks for a strong score held for two windows).
 3. ``communication`` — a process group with long transfers and no late
    arrival (:func:`argus.analyzer.collectives.slow_links`); L3 adds the
    communication kernel of its ranks that is slowest against its peers. Only
@@ -76,6 +79,10 @@ class _Context:
     def __init__(self, w: Window, l2: PhaseResult, l3: KernelScores, host: HostResult) -> None:
         self.w, self.l2, self.l3, self.host = w, l2, l3, host
         self.l2_index = {int(r): i for i, r in enumerate(l2.rank)}
+        scored = np.isfinite(l2.score)
+        #: Ranks L2 compared, and those of them that look slow (>= KEEP_SCORE).
+        self.n_compared = int(np.sum(scored))
+        self.n_slow = int(np.sum(l2.score[scored] >= KEEP_SCORE))
         gpu_ranks = set(w.status.rank[w.status.has_gpu].tolist()) if w.status.rank.size else set()
         gpu_ranks |= set(host.rank[host.sm_clock_mhz > 0].tolist())
         self.gpu = gpu_ranks
@@ -177,6 +184,12 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
     phase = _phase(cause, comp)
     slowdown = l2.slowdown_pct(l2.rank == rank) if i is not None else _kernel_slowdown(ctx, rank)
     thin = l2_score >= l3_score and int(np.sum(l2.healthy)) < MIN_REFERENCE
+    # Half the ranks or more look slow against a thin reference (2 of 4): the one-sided rule is at
+    # its breakdown point, and on a shared host the scheduler slows ranks in such sets (two ranks
+    # sharing a core with another process).
+    ambiguous = thin and 2 * ctx.n_slow >= ctx.n_compared
+    if ambiguous:
+        ev["ranks_looking_slow"] = f"{ctx.n_slow} of {ctx.n_compared}"
     return Finding(
         cause=cause.value,
         rank=rank,
@@ -189,6 +202,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         subject=f"rank:{rank}",
         evidence=ev,
         needs_confirmation=thin,
+        ambiguous=ambiguous,
     )
 
 
@@ -318,6 +332,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
                 slowdown_pct=slowdown,
                 subject="many",
                 needs_confirmation=any(f.needs_confirmation for f in fs),
+                ambiguous=any(f.ambiguous for f in fs),
                 member_scores={int(f.rank): f.score for f in fs if f.rank is not None},
                 evidence={
                     "ranks_slow": len(ranks),

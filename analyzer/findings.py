@@ -37,6 +37,9 @@ class Finding:
     member_scores: dict[int, float] = field(default_factory=dict)
     #: True when one window is not enough to open a diagnosis (see :mod:`argus.analyzer.lifecycle`).
     needs_confirmation: bool = False
+    #: True when as many ranks look slow as are left to compare them with, on a thin reference:
+    #: which side is slow is unclear, so only a strong score held for two windows opens it.
+    ambiguous: bool = False
 
     @property
     def family(self) -> str:

@@ -4,13 +4,19 @@ A fault is identified by its *family* (``straggler`` for the four straggler
 causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 ``ranks:...``; see :class:`argus.analyzer.findings.Finding`).
 
-* **Open** when a finding with no open diagnosis scores >= :data:`OPEN_SCORE`
-  and the fault has been seen (>= :data:`KEEP_SCORE`) in consecutive windows
-  spanning at least :data:`CONFIRM_NS` (one 10 s window; two 6 s or five 2 s
-  windows): on an oversubscribed host the scheduler can slow a rank by 10 % or
-  more for several seconds, and that is no fail-slow fault. A finding that ``needs_confirmation`` (its
+* **Open** when a finding with no open diagnosis has scored >= its opening
+  score (:data:`OPEN_SCORE`) in every one of consecutive windows spanning at
+  least :data:`CONFIRM_NS` (one 10 s window; two 6 s or five 2 s windows): on
+  an oversubscribed host the scheduler can slow a rank by 10 % or more for
+  several seconds, and that is no fail-slow fault. This is hysteresis proper:
+  the opening threshold must hold for the whole confirmation span, the keep
+  threshold only keeps what is open (a window at 0.6 followed by one at 1.1
+  is not 10 s of evidence at 1). A finding that ``needs_confirmation`` (its
   peers' reference was thin: fewer than four healthy ranks) needs two windows
-  in any case unless it scores >= :data:`STRONG_SCORE`. ``unresponsive`` opens
+  in any case unless it scores >= :data:`STRONG_SCORE`; an ``ambiguous`` one
+  (as many ranks look slow as are left to compare with, on a thin
+  reference: which side is slow is unclear) opens only at
+  :data:`STRONG_SCORE`, held for two windows at least. ``unresponsive`` opens
   at once: its thresholds are durations already.
 * **Update** every window a finding for it scores >= :data:`KEEP_SCORE`
   (hysteresis: a fault hovering around the threshold stays one diagnosis).
@@ -60,6 +66,11 @@ def _family(cause: str) -> str:
     return "straggler" if cause in STRAGGLER_CAUSES else cause
 
 
+def _open_score(f: Finding) -> float:
+    """The score a finding must reach, window after window, to open a diagnosis."""
+    return STRONG_SCORE if f.ambiguous else OPEN_SCORE
+
+
 def _subject(d: Diagnosis) -> str:
     subject = d.evidence.get("subject")
     if isinstance(subject, str):
@@ -95,8 +106,9 @@ class Tracker:
         self.confirm_windows = max(1, -(-CONFIRM_NS // max(int(window_ns), 1)))
         self.window_ns = int(window_ns)
         self._open: dict[tuple[str, str], _Open] = {}
-        #: Faults seen (>= KEEP_SCORE) but not open: key → index of the last window they were seen in.
-        self._streak: dict[tuple[str, str], int] = {}
+        #: Faults not open: key → consecutive windows up to the last one in which they were seen
+        #: (>= KEEP_SCORE), and in which they scored at least their opening score.
+        self._streak: dict[tuple[str, str], tuple[int, int]] = {}
 
     @property
     def open(self) -> list[Diagnosis]:
@@ -123,11 +135,11 @@ class Tracker:
             Diagnoses opened, updated or resolved in this window (to be written).
         """
         findings = self._fold_into_many(findings)
-        streak = {
-            (f.family, f.subject): self._streak.get((f.family, f.subject), 0) + 1
-            for f in findings
-            if f.score >= KEEP_SCORE
-        }
+        streak: dict[tuple[str, str], tuple[int, int]] = {}
+        for f in sorted(findings, key=lambda f: f.score):  # the best finding of a key counts
+            if f.score >= KEEP_SCORE:
+                seen, opening = self._streak.get((f.family, f.subject), (0, 0))
+                streak[(f.family, f.subject)] = (seen + 1, opening + 1 if f.score >= _open_score(f) else 0)
         self._streak = streak
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
@@ -136,13 +148,13 @@ class Tracker:
             o = self._open.get(key)
             if o is None:
                 needed = 1 if f.family == "unresponsive" else self.confirm_windows
-                if f.needs_confirmation and f.score < STRONG_SCORE:
+                if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous:
                     needed = max(needed, 2)
-                confirmed = streak.get(key, 0) >= needed
-                if f.score < OPEN_SCORE or not confirmed:
+                seen, opening = streak.get(key, (0, 0))
+                if f.score < _open_score(f) or opening < needed:
                     continue
                 # The fault was first seen when its streak of windows began.
-                d = self._new(window_ns - (streak[key] - 1) * self.window_ns, f)
+                d = self._new(window_ns - (seen - 1) * self.window_ns, f)
                 o = self._open[key] = _Open(d)
                 changed.extend(self._absorb(key, d))
             elif key in matched or f.score < KEEP_SCORE:

@@ -9,8 +9,11 @@ a job is analysed once, when ``now >= w1 + grace`` (rows may arrive up to
 than that are not in its analysis, and a window in which a rank's rows are
 missing neither opens nor resolves a diagnosis of that rank
 (:mod:`argus.analyzer.lifecycle`). A job's windows run from its first data to
-shortly after its last; the server starts at most ``backlog_s`` back
-(`argus analyze --once` starts at the beginning).
+shortly after its last; on a live job the server starts at most ``backlog_s``
+back (`argus analyze --once` starts at the beginning). An imported job (a
+trace of a past run, ``jobs.source = 'import'``) is analysed over its whole
+span whatever its age; one first met mid-import, before its ``jobs`` row was
+written, starts over from its first row once the import is complete.
 
 Per window the service reads the job's rows (:mod:`argus.analyzer.store_io`),
 runs :class:`argus.analyzer.pipeline.JobAnalysis`, writes every diagnosis that
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.store_io import (
+    JobSpan,
     Liveness,
     list_jobs,
     read_diagnoses,
@@ -65,6 +69,8 @@ class _Job:
     gauge_ranks: set[str] = field(default_factory=set)
     suspects: list[tuple[int, float]] = field(default_factory=list)
     analysed_to_ns: int = 0
+    #: The backlog limit moved its start past its first window (its earliest data is not analysed).
+    capped: bool = False
 
 
 class Analyzer:
@@ -122,7 +128,7 @@ class Analyzer:
         written: list[Diagnosis] = []
         newest_end = 0
         for span in list_jobs(self.store, self.job):
-            job = self._job(span.job_id, span.first_ns, now)
+            job = self._job(span, now)
             end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
             while job.cursor_ns + self.window_ns <= end:
                 written.extend(self._analyze_window(job, job.cursor_ns))
@@ -135,15 +141,22 @@ class Analyzer:
             self.metrics.analysis_lag.set(max(lag, 0.0))
         return written
 
-    def _job(self, job_id: str, first_ns: int, now: int) -> _Job:
-        job = self._jobs.get(job_id)
-        if job is not None:
+    def _job(self, span: JobSpan, now: int) -> _Job:
+        job = self._jobs.get(span.job_id)
+        if job is not None and not (job.capped and span.imported):
             return job
-        start = first_ns if self.backlog_ns is None else max(first_ns, now - self.backlog_ns)
+        # Imported traces are of past runs: the backlog limit (for live jobs) does not apply.
+        start = span.first_ns
+        if self.backlog_ns is not None and not span.imported:
+            start = max(start, now - self.backlog_ns)
         cursor = start - start % self.window_ns
-        job = _Job(JobAnalysis(job_id, self.window_ns), cursor)
-        job.analysis.tracker.load(read_diagnoses(self.store, job_id, state=State.OPEN.value))
-        self._jobs[job_id] = job
+        old = job
+        job = _Job(JobAnalysis(span.job_id, self.window_ns), cursor)
+        job.capped = cursor > span.first_ns - span.first_ns % self.window_ns
+        if old is not None:
+            job.gauge_ranks = old.gauge_ranks  # the labels it set, to be removed when stale
+        job.analysis.tracker.load(read_diagnoses(self.store, span.job_id, state=State.OPEN.value))
+        self._jobs[span.job_id] = job
         return job
 
     def _analyze_window(self, job: _Job, w0: int) -> list[Diagnosis]:

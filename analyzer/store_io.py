@@ -69,11 +69,16 @@ def _codes(t: pa.Table, name: str) -> tuple[NDArray[np.int64], tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class JobSpan:
-    """A job in the store: its id and the time range of its data, ns since the epoch."""
+    """A job in the store: its id and the time range of its data, ns since the epoch.
+
+    ``imported`` is True once the job's ``jobs`` row says it came from a trace
+    import (``source = 'import'``; the importer writes that row after the data).
+    """
 
     job_id: str
     first_ns: int
     last_ns: int
+    imported: bool = False
 
 
 def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
@@ -92,9 +97,16 @@ def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
                 FROM kernel_summaries {where} GROUP BY job_id
         ) GROUP BY job_id ORDER BY job_id
     """
-    t = store.query(sql, {"job": job} if job is not None else None)
+    params = {"job": job} if job is not None else None
+    t = store.query(sql, params)
+    where = "AND job_id = {job:String}" if job is not None else ""
+    imported = set(
+        store.query(f"SELECT DISTINCT job_id FROM jobs WHERE source = 'import' {where}", params)
+        .column("job_id")
+        .to_pylist()
+    )
     return [
-        JobSpan(str(j), int(a), int(b))
+        JobSpan(str(j), int(a), int(b), str(j) in imported)
         for j, a, b in zip(
             t.column("job_id").to_pylist(),
             t.column("first_ns").to_pylist(),

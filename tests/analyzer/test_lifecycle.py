@@ -95,6 +95,38 @@ def test_short_windows_need_consecutive_evidence() -> None:
     assert changed[5][0].first_window_ns == 4 * w2  # first seen when its streak began
 
 
+def test_the_opening_score_must_hold_over_the_whole_confirmation_span() -> None:
+    w6 = 6_000_000_000  # two windows = 12 s >= CONFIRM_NS
+    # Seen at the keep score, then once past the open score: 6 s of evidence at 1, not 10 s.
+    t = Tracker("job", window_ns=w6)
+    windows = [[_f(0, 0.6)], [_f(0, 1.3)], []]
+    assert [t.update(k * w6, fs, {0}) for k, fs in enumerate(windows)] == [[], [], []]
+    # Held past the open score for two windows: opens, first seen when its streak began.
+    t = Tracker("job", window_ns=w6)
+    changed = [t.update(k * w6, [_f(0, s)], {0}) for k, s in enumerate([0.6, 1.2, 1.1])]
+    assert [len(c) for c in changed] == [0, 0, 1] and changed[2][0].first_window_ns == 0
+    # A dip below the open score (but above the keep score) restarts the confirmation.
+    t = Tracker("job", window_ns=w6)
+    changed = [t.update(k * w6, [_f(0, s)], {0}) for k, s in enumerate([1.2, 0.7, 1.2, 1.3])]
+    assert [len(c) for c in changed] == [0, 0, 0, 1]
+
+
+def test_an_ambiguous_split_opens_only_when_strong_for_two_windows() -> None:
+    def amb(rank: int, score: float) -> Finding:
+        return _f(rank, score, needs_confirmation=True, ambiguous=True)
+
+    t = Tracker("job")
+    # Two of four ranks at 1.3-1.9 for three 10 s windows: which half is slow is unclear.
+    assert _run(t, [[amb(1, 1.9), amb(2, 1.3)]] * 3) == [[], [], []]
+    t = Tracker("job")  # strong once is not enough either
+    assert _run(t, [[amb(1, 2.5)], [amb(1, 1.5)], [amb(1, 2.5)]]) == [[], [], []]
+    t = Tracker("job")
+    changed = _run(t, [[amb(1, 2.5), amb(2, 2.2)], [amb(1, 2.4), amb(2, 2.1)]])
+    assert changed[0] == [] and sorted(d.rank for d in changed[1]) == [1, 2]
+    # Once open, an ambiguous window keeps it like any other (hysteresis).
+    assert [d.rank for d in t.update(2 * W, [amb(1, 0.9)], {1, 2})] == [1]
+
+
 def test_thin_reference_needs_a_second_window_unless_strong() -> None:
     t = Tracker("job")
     assert t.update(0, [_f(0, 1.3, needs_confirmation=True)], {0}) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import pyarrow as pa
 import pytest
 from prometheus_client import generate_latest
 
@@ -14,6 +15,7 @@ from argus.analyzer.synthetic import NS, Fault, JobSpec, simulate
 from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 from argus.errors import StoreError
+from argus.schema import wire_schema
 
 from .conftest import load, rows_between
 
@@ -179,3 +181,27 @@ def test_a_failed_write_is_retried_without_counting_the_window_twice(store: Stor
     # The same answer as an analysis that never failed: every window counted once.
     clean = _windows_uninterrupted(sim)
     assert d.evidence["windows"] == clean and d.first_window_ns <= sim.windows[0].start_ns + 6 * NS
+
+
+def _mark_imported(store: Store, job_id: str, sim) -> None:  # type: ignore[no-untyped-def]
+    """The ``jobs`` row a trace import writes last (``source = 'import'``)."""
+    row = {"world_size": [sim.spec.world], "start_ns": [int(sim.windows[0].start_ns)], "command": [""]}
+    row["source"] = ["import"]
+    table = pa.table(row).cast(wire_schema("jobs"))
+    store.insert("jobs", table.add_column(0, "job_id", pa.array([job_id] * table.num_rows, pa.string())))
+
+
+def test_an_imported_job_is_analysed_whole_a_live_one_from_the_backlog(store: Store) -> None:
+    spec = _spec(faults=(Fault("compute", (5,), 0.3, 9.0),))
+    now = _end(simulate(spec, "x")) + 7200 * NS  # both jobs ended two hours ago
+    live, imported = simulate(spec, "old-live"), simulate(spec, "old-import")
+    load(store, live)
+    assert Analyzer(store, window_s=W, job="old-live").run_once(now_ns=now) == []  # past the backlog
+    load(store, imported)
+    a = Analyzer(store, window_s=W, job="old-import")  # the server's default backlog (an hour)
+    assert a.run_once(now_ns=now) == []  # met mid-import: its jobs row is not written yet
+    _mark_imported(store, "old-import", imported)
+    found = a.run_once(now_ns=now + 1)
+    assert {(d.rank, d.cause) for d in found} == {(5, "compute")}
+    assert min(d.first_window_ns for d in found) < now - 3600 * NS
+    assert a.run_once(now_ns=now + 2) == []  # analysed once
