@@ -207,11 +207,17 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
 
 
 def _spiky_share(l2: PhaseResult, i: int) -> float:
-    """Share of a rank's positive excess carried by its worst third of steps (1/3 = even, 1 = spikes)."""
+    """Share of a rank's positive excess carried by its worst third of steps (1/3 = even, 1 = spikes).
+
+    Only the steps from the fault's onset count: a steady slowdown that began late in the
+    window leaves its excess in the last steps, which is no spike. The onset is the first
+    step whose excess reaches half the rank's largest.
+    """
     e = l2.excess_matrix[i]
-    e = np.sort(np.maximum(e[np.isfinite(e)], 0.0))[::-1]
+    e = np.maximum(e[np.isfinite(e)], 0.0)  # in step order
     if e.size == 0 or e.sum() <= 0:
         return np.nan
+    e = np.sort(e[int(np.argmax(e >= 0.5 * e.max())) :])[::-1]
     return float(e[: max(1, -(-e.size // 3))].sum() / e.sum())
 
 
