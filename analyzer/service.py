@@ -171,7 +171,9 @@ class Analyzer:
         if old is not None:
             job.gauge_ranks = old.gauge_ranks  # the labels it set, to be removed when stale
         stored = read_diagnoses(self.store, span.job_id)
-        resume = max((self._analysed_to(d) for d in stored), default=0)
+        # An import met again (see the module doc) is analysed from its start, replacing this
+        # analyzer's own partial pass: nothing to resume.
+        resume = max((self._analysed_to(d) for d in stored), default=0) if old is None else 0
         job.replay_to_ns = -(-resume // self.window_ns) * self.window_ns  # the first whole window after it
         if job.replay_to_ns >= span.last_ns + TRAILING_WINDOWS * self.window_ns:
             job.cursor_ns = max(job.cursor_ns, job.replay_to_ns)  # finished and fully analysed
