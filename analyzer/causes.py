@@ -28,6 +28,24 @@ Order of the rules, each applied to what the earlier ones left:
    do slower communication kernels alone make the finding, and then only
    while no rank is a compute straggler: a straggler makes its peers'
    communication kernels *longer*, because they include the wait.
+
+``slowdown_pct`` (DESIGN §5: the job's estimated loss of throughput, percent) is
+one quantity: ``100 · waited / job wall time``, where ``waited`` is the time the
+job spent waiting for the fault (:class:`argus.analyzer.phase.Slowdown`).
+
+* A straggler: ``waited`` is its lateness at each step's last collective (max
+  over its ranks). The finding carries the window's sums (``cost_ns``) and the
+  lifecycle adds them up over every window of the diagnosis, so a diagnosis's
+  ``slowdown_pct`` is its cost over its whole span; its evidence shows
+  ``100 · waited_ms_per_step / mean_job_step_ms`` over ``slowdown_steps`` steps
+  (and ``window_slowdown_pct``, the latest window alone).
+* A slow link, or an unresponsive rank that still lets steps finish: the rise of
+  the job's median step time over its baseline in healthy windows,
+  ``100 · (1 − baseline_step_ms / job_step_ms)`` (a hung job: 100), latest window.
+* Only kernel records: the extra kernel time against the window
+  (``extra_kernel_ms_in_window`` / ``window_ms``), latest window.
+
+A diagnosis's ``score`` is the latest window's.
 """
 
 from __future__ import annotations
@@ -182,7 +200,8 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
     else:
         cause = _stall_or_compute(ctx, rank, i, pos, total, extra_self_frac, l3_score, ev)
     phase = _phase(cause, comp)
-    slowdown = l2.slowdown_pct(l2.rank == rank) if i is not None else _kernel_slowdown(ctx, rank)
+    cost = l2.slowdown(l2.rank == rank) if i is not None else None
+    slowdown = cost.pct if cost is not None else _kernel_slowdown(ctx, rank, ev)
     thin = l2_score >= l3_score and int(np.sum(l2.healthy)) < MIN_REFERENCE
     # Half the ranks or more look slow against a thin reference (2 of 4): the one-sided rule is at
     # its breakdown point, and on a shared host the scheduler slows ranks in such sets (two ranks
@@ -201,6 +220,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         slowdown_pct=slowdown,
         subject=f"rank:{rank}",
         evidence=ev,
+        cost_ns=cost.sums_ns if cost is not None and cost.steps > 0 else None,
         needs_confirmation=thin,
         ambiguous=ambiguous,
     )
@@ -292,11 +312,16 @@ def _phase(cause: Cause, comp: np.ndarray) -> str | None:
     return COMPONENTS[j] if comp[j] > 0 else None
 
 
-def _kernel_slowdown(ctx: _Context, rank: int) -> float:
-    """Extra kernel time of ``rank`` in slower-than-peers compute kernels, percent of the window."""
+def _kernel_slowdown(ctx: _Context, rank: int, ev: dict[str, Any]) -> float:
+    """Extra kernel time of ``rank`` in slower-than-peers compute kernels, percent of the window.
+
+    Without step records the job waited, at most, for that extra time; the numbers go into ``ev``.
+    """
     sel = (ctx.l3.rank == rank) & ~ctx.l3.collective & (np.nan_to_num(ctx.l3.score) >= 1.0)
     window_ns = max(ctx.w.end_ns - ctx.w.start_ns, 1)
-    return float(min(100.0, 100.0 * max(float(ctx.l3.excess_ns[sel].sum()), 0.0) / window_ns))
+    extra = max(float(ctx.l3.excess_ns[sel].sum()), 0.0)
+    ev.update({"extra_kernel_ms_in_window": _ms(extra), "window_ms": _ms(window_ns)})
+    return float(min(100.0, 100.0 * extra / window_ns))
 
 
 def _group_of(w: Window, rank: int) -> str | None:
@@ -325,7 +350,8 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
         top = sorted(fs, key=lambda f: -f.score)
         phase = Counter(f.phase for f in fs).most_common(1)[0][0]
         kernel = Counter(f.kernel for f in fs).most_common(1)[0][0]
-        slowdown = l2.slowdown_pct(mask) if np.any(mask) else max(f.slowdown_pct for f in fs)
+        cost = l2.slowdown(mask) if np.any(mask) else None
+        slowdown = cost.pct if cost is not None else max(f.slowdown_pct for f in fs)
         out.append(
             Finding(
                 cause=cause,
@@ -340,6 +366,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
                 needs_confirmation=any(f.needs_confirmation for f in fs),
                 ambiguous=any(f.ambiguous for f in fs),
                 member_scores={int(f.rank): f.score for f in fs if f.rank is not None},
+                cost_ns=cost.sums_ns if cost is not None and cost.steps > 0 else None,
                 evidence={
                     "ranks_slow": len(ranks),
                     "top": [{"rank": f.rank, "score": _r(f.score)} for f in top[:10]],

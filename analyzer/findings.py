@@ -37,6 +37,10 @@ class Finding:
     member_scores: dict[int, float] = field(default_factory=dict)
     #: True when one window is not enough to open a diagnosis (see :mod:`argus.analyzer.lifecycle`).
     needs_confirmation: bool = False
+    #: What ``slowdown_pct`` is computed from, when it is a time the job waited:
+    #: ``(waited ns, job wall time ns, steps)`` summed over the window's steps. The lifecycle
+    #: adds these up over a diagnosis's windows.
+    cost_ns: tuple[float, float, int] | None = None
     #: True when as many ranks look slow as are left to compare them with, on a thin reference:
     #: which side is slow is unclear, so only a strong score held for two windows opens it.
     ambiguous: bool = False

@@ -1,7 +1,8 @@
 """L1: the job's step time against its own recent baseline — spikes and change points (DESIGN §5).
 
-The job's time for step ``s`` is the slowest rank's (a synchronous job runs at
-the pace of its slowest rank). Against the baseline of earlier windows' steps:
+The job's time for step ``s`` is the wall time between its end and the end of
+step ``s - 1`` (a synchronous job ends each step when its slowest rank does;
+:func:`job_step_times`). Against the baseline of earlier windows' steps:
 
 * a **change point** is a window whose step times are stochastically larger
   than the baseline's: a one-sided Mann–Whitney U test
@@ -11,6 +12,10 @@ the pace of its slowest rank). Against the baseline of earlier windows' steps:
   medians;
 * a **spike** is a step above ``median + max(K·σ_MAD, SPIKE_MIN_RATIO·median)`` of
   the baseline.
+
+The baseline is the job's step times in recent *healthy* windows (the
+analyzer leaves out windows with an open diagnosis or a finding at the opening
+score), so that a long fault does not become its own baseline.
 
 L1 says *when*; it never names a rank, and a change alone never makes a
 diagnosis (a checkpoint or a slower data epoch changes every rank). The
@@ -29,7 +34,14 @@ from scipy.stats import mannwhitneyu
 from argus.analyzer.robust import MAD_TO_SIGMA
 from argus.analyzer.window import Steps
 
-__all__ = ["CHANGE_MIN_SHIFT", "CHANGE_P", "IterationResult", "compare_iterations", "job_step_times"]
+__all__ = [
+    "CHANGE_MIN_SHIFT",
+    "CHANGE_P",
+    "IterationResult",
+    "compare_iterations",
+    "job_last_end",
+    "job_step_times",
+]
 
 #: p-value below which the window's step times differ from the baseline.
 CHANGE_P = 1e-3
@@ -84,20 +96,48 @@ def _ms(ns: float) -> float | None:
     return None if not np.isfinite(ns) else round(ns / 1e6, 3)
 
 
-def job_step_times(steps: Steps, *, min_step: int = 0) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """The job's time per step: the slowest rank's duration, ns; steps below ``min_step`` dropped.
+def job_step_times(
+    steps: Steps, *, min_step: int = 0, before: tuple[int, int] | None = None
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The job's time per step: wall time between the ends of consecutive steps, ns.
+
+    A step ends for the job when its slowest rank ends it; the job's time for step
+    ``s`` is that end minus step ``s - 1``'s (divided by the step-number gap when steps
+    are missing), so the series sums to wall time and its mean is the inverse of the
+    job's throughput. (The slowest rank's step *duration* would count a pause twice
+    when it falls between steps: once in the pausing rank's step, once in its
+    peers' next step, spent waiting for it.)
+
+    Args:
+        steps: The window's steps.
+        min_step: Steps numbered below this are dropped (warm-up).
+        before: ``(step, end ns)`` of the job's last step before the window, if known, so that
+            the window's first step gets a time too.
 
     Returns:
         ``(step numbers ascending, step time ns)``.
     """
     keep = steps.step >= min_step
-    s, d = steps.step[keep], steps.dur_ns[keep].astype(np.float64)
+    s = steps.step[keep]
+    end = (steps.start_ns[keep] + steps.dur_ns[keep]).astype(np.float64)
     if s.size == 0:
         return np.zeros(0, np.int64), np.zeros(0)
     uniq, inv = np.unique(s, return_inverse=True)
-    out = np.full(uniq.size, -np.inf)
-    np.maximum.at(out, inv, d)
-    return uniq.astype(np.int64), out
+    job_end = np.full(uniq.size, -np.inf)
+    np.maximum.at(job_end, inv, end)
+    if before is not None and before[0] < uniq[0]:
+        uniq = np.r_[before[0], uniq]
+        job_end = np.r_[float(before[1]), job_end]
+    return uniq[1:].astype(np.int64), np.diff(job_end) / np.diff(uniq)
+
+
+def job_last_end(steps: Steps) -> tuple[int, int] | None:
+    """``(step, end ns)`` of the window's last step (its slowest rank's end), or None."""
+    if steps.step.size == 0:
+        return None
+    last = int(steps.step.max())
+    on = steps.step == last
+    return last, int((steps.start_ns[on] + steps.dur_ns[on]).max())
 
 
 def compare_iterations(

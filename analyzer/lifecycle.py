@@ -25,6 +25,12 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 * **Resolve** after :data:`RESOLVE_WINDOWS` consecutive windows in which its
   ranks reported data and no finding kept it; a window where none of its
   ranks reported (missing or late batches) neither keeps nor resolves it.
+* ``slowdown_pct``: when findings carry ``cost_ns`` (the time the job waited for the
+  fault), the waits and the job's wall time are summed over every window that
+  updated the diagnosis, and ``slowdown_pct = 100 · waited / wall time`` over that
+  span (evidence: ``waited_ms_per_step``, ``mean_job_step_ms``, ``slowdown_steps``,
+  and ``window_slowdown_pct`` for the latest window alone); else it is the latest
+  finding's.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
   open every straggler of its cause joins it.
@@ -87,6 +93,10 @@ class _Open:
     diagnosis: Diagnosis
     causes: Counter[str] = field(default_factory=Counter)
     clean: int = 0
+    #: Summed over the windows that updated it: time the job waited for the fault, its wall time (ns), steps.
+    waited_ns: float = 0.0
+    job_ns: float = 0.0
+    steps: int = 0
 
 
 class Tracker:
@@ -121,6 +131,11 @@ class Tracker:
             if d.state == State.OPEN and d.job_id == self.job_id:
                 o = _Open(d)
                 o.causes[d.cause] = int(d.evidence.get("windows", 1))
+                steps = d.evidence.get("slowdown_steps")
+                if isinstance(steps, int) and steps > 0:
+                    o.steps = steps
+                    o.waited_ns = float(d.evidence.get("waited_ms_per_step") or 0.0) * 1e6 * steps
+                    o.job_ns = float(d.evidence.get("mean_job_step_ms") or 0.0) * 1e6 * steps
                 self._open[(_family(d.cause), _subject(d))] = o
 
     def update(self, window_ns: int, findings: list[Finding], observed: set[int]) -> list[Diagnosis]:
@@ -269,6 +284,21 @@ class Tracker:
             "windows": sum(o.causes.values()),
             "cause_votes": dict(o.causes),
         }
+        slowdown = f.slowdown_pct
+        if f.cost_ns is not None:
+            o.waited_ns += f.cost_ns[0]
+            o.job_ns += f.cost_ns[1]
+            o.steps += f.cost_ns[2]
+        if o.steps > 0 and o.job_ns > 0:
+            slowdown = min(100.0, 100.0 * o.waited_ns / o.job_ns)
+            evidence.update(
+                {
+                    "waited_ms_per_step": round(o.waited_ns / o.steps / 1e6, 3),
+                    "mean_job_step_ms": round(o.job_ns / o.steps / 1e6, 3),
+                    "slowdown_steps": o.steps,
+                    "window_slowdown_pct": round(f.slowdown_pct, 3),
+                }
+            )
         same = cause == f.cause or not o.diagnosis.evidence
         ranks = list(f.ranks)
         if f.member_scores:
@@ -285,7 +315,7 @@ class Tracker:
             phase=f.phase if same else o.diagnosis.phase,
             kernel=f.kernel if same else o.diagnosis.kernel,
             score=round(f.score, 4),
-            slowdown_pct=round(f.slowdown_pct, 3),
+            slowdown_pct=round(slowdown, 3),
             last_window_ns=window_ns,
             evidence=evidence,
         )

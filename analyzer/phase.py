@@ -64,7 +64,7 @@ from argus.analyzer.robust import MAD_TO_SIGMA, grouped_median, one_sided_scores
 from argus.analyzer.window import Window
 from argus.schema import PHASES
 
-__all__ = ["COMPONENTS", "REL_FLOOR", "WARMUP_STEPS", "PhaseResult", "compare_phases"]
+__all__ = ["COMPONENTS", "REL_FLOOR", "WARMUP_STEPS", "PhaseResult", "Slowdown", "compare_phases"]
 
 #: Components of a step's self time: the phases, then untracked host time.
 COMPONENTS = (*PHASES, "untracked")
@@ -101,7 +101,8 @@ class PhaseResult:
         ref_wait_ns: Mean over steps of the healthy reference blocked wait.
         healthy: Ranks in the healthy reference set.
         lost_ns: Per rank, summed positive excess over its steps (the time peers waited for it).
-        job_time_ns: Summed job step time (slowest rank per step) over the compared steps.
+        job_time_ns: Wall time from the end of the window's first compared step to the end of its
+            last (each step ends when its slowest rank ends it), ns: ``job_steps`` steps' time.
         excess_matrix: Excess per (rank, step column), NaN where missing; shape ``(n, s)``.
         has_collectives: True when blocked waits were known for most steps.
         trimmed_frac: The trimmed mean excess per step as a fraction of the reference step time
@@ -127,15 +128,59 @@ class PhaseResult:
     trimmed_frac: NDArray[np.float64]
     change_score: NDArray[np.float64]
 
-    def slowdown_pct(self, ranks: NDArray[np.bool_]) -> float:
-        """Estimated job throughput loss, percent, caused by the ranks selected by mask ``ranks``.
+    #: Steps ``job_time_ns`` covers (last compared step number − first).
+    job_steps: int = 0
 
-        Per step, the job waits for the slowest of them: ``Σ_s max_r excess⁺ / Σ_s job step time``.
+    def slowdown(self, ranks: NDArray[np.bool_]) -> Slowdown:
+        """The job's estimated loss of throughput caused by the ranks selected by mask ``ranks``.
+
+        Per step the job waits for the slowest of them, ``max_r excess⁺(r, s)``; its mean over
+        the compared steps after the first is set against the job's wall time per step
+        (``job_time_ns / job_steps``). See :class:`Slowdown`.
         """
-        if not np.any(ranks) or self.job_time_ns <= 0:
-            return 0.0
-        lost = np.nanmax(np.maximum(self.excess_matrix[ranks], 0.0), axis=0, initial=0.0)
-        return float(min(100.0, 100.0 * np.nansum(lost) / self.job_time_ns))
+        job_step = self.job_time_ns / self.job_steps if self.job_steps > 0 else 0.0
+        if not np.any(ranks) or job_step <= 0 or self.excess_matrix.shape[1] < 2:
+            return Slowdown(0.0, 0.0, job_step, self.job_steps)
+        lost = np.nanmax(np.maximum(self.excess_matrix[ranks], 0.0), axis=0, initial=0.0)[1:]
+        waited = min(float(np.nanmean(lost)), job_step)
+        return Slowdown(100.0 * waited / job_step, waited, job_step, self.job_steps)
+
+    def slowdown_pct(self, ranks: NDArray[np.bool_]) -> float:
+        """``self.slowdown(ranks).pct``."""
+        return self.slowdown(ranks).pct
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A fault's cost to the job over one window's steps: ``pct = 100 · waited_ns / job_step_ns``.
+
+    ``slowdown_pct`` of a diagnosis (DESIGN §5: the job's estimated loss of
+    throughput, percent). Every rank of a synchronous job ends each step together,
+    so the time the job spends per step waiting for the straggler is lost to all of
+    it: without the fault a step would take ``job_step_ns - waited_ns``, and the
+    job's throughput (steps per second) would be ``job_step_ns / (job_step_ns -
+    waited_ns)`` times what it is. A 2× slower rank that doubles the step time
+    costs 50 %. ``job_step_ns`` is wall time between step ends (steps per second
+    of the whole job), not the slowest rank's step duration: a rank that pauses
+    between steps makes its own step long and its peers' next step long, yet the
+    job lost the pause once.
+
+    Attributes:
+        pct: Loss of throughput, percent, in [0, 100].
+        waited_ns: Mean time per step the job waited for the fault's ranks, ns.
+        job_step_ns: Mean job step time (slowest rank) over the same steps, ns.
+        steps: Steps it is computed over.
+    """
+
+    pct: float
+    waited_ns: float
+    job_step_ns: float
+    steps: int
+
+    @property
+    def sums_ns(self) -> tuple[float, float, int]:
+        """``(waited ns, job wall time ns, steps)`` summed over the steps (what windows add up)."""
+        return self.waited_ns * self.steps, self.job_step_ns * self.steps, self.steps
 
 
 def _empty() -> PhaseResult:
@@ -374,7 +419,10 @@ def _compare_phases(w: Window, d: Decomposition | None, baseline: Mapping[int, f
         wait_mean = np.nanmean(np.where(valid, wait, np.nan), axis=1)
         self_mean = np.nanmean(np.where(valid, self_t, np.nan), axis=1)
         step_mean = np.nanmean(step_dur, axis=1)
-        job_time = float(np.nansum(np.nanmax(step_dur, axis=0)))
+        step_end = np.full((n_r, n_s), np.nan)
+        step_end[ri, si] = (st.start_ns[keep] + st.dur_ns[keep]).astype(np.float64)
+        job_end = np.nanmax(step_end, axis=0)  # a step ends for the job when its slowest rank ends it
+        job_time = float(job_end[-1] - job_end[0]) if n_s >= 2 else 0.0
     lost = np.nansum(np.maximum(ex0, 0.0), axis=1)
     return PhaseResult(
         rank=ranks.astype(np.int64),
@@ -394,4 +442,5 @@ def _compare_phases(w: Window, d: Decomposition | None, baseline: Mapping[int, f
         job_time_ns=job_time,
         excess_matrix=ex0,
         has_collectives=bool(seen[valid].mean() >= 0.5) if np.any(valid) else False,
+        job_steps=int(step_cols[-1] - step_cols[0]) if n_s >= 2 else 0,
     )

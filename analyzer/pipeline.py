@@ -18,9 +18,9 @@ from argus.analyzer.causes import attribute
 from argus.analyzer.collectives import Decomposition, decompose, slow_links, transfer_medians
 from argus.analyzer.findings import Finding
 from argus.analyzer.host import host_signals
-from argus.analyzer.iteration import compare_iterations, job_step_times
+from argus.analyzer.iteration import compare_iterations, job_last_end, job_step_times
 from argus.analyzer.kernels import score_kernels
-from argus.analyzer.lifecycle import Tracker
+from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
 from argus.analyzer.phase import WARMUP_STEPS, compare_phases
 from argus.analyzer.window import Window
@@ -28,7 +28,7 @@ from argus.diagnosis import Diagnosis
 
 __all__ = ["JobAnalysis", "WindowResult"]
 
-#: Job step times kept as the L1 baseline.
+#: Job step times of healthy windows (no finding at the opening score, nothing open) kept as the L1 baseline.
 HISTORY_STEPS = 512
 #: Healthy windows of each rank's trimmed self-time excess kept as its L2 baseline.
 EXCESS_HISTORY_WINDOWS = 8
@@ -67,10 +67,12 @@ class JobAnalysis:
         self._links: dict[tuple[str, int], deque[float]] = {}
         self._excess: dict[int, deque[float]] = {}
         self._suspects: list[tuple[int, float]] = []
+        #: (step, end ns) of the job's newest step seen, for the next window's first step time.
+        self._last_end: tuple[int, int] | None = None
 
     @property
     def typical_step_ns(self) -> float | None:
-        """Median of the job's recent step times, ns, or None before any step."""
+        """Median of the job's recent step times in healthy windows, ns, or None before any."""
         return float(np.median(self._steps)) if self._steps else None
 
     def analyze(self, w: Window) -> WindowResult:
@@ -78,7 +80,8 @@ class JobAnalysis:
         c = w.collectives
         group_sizes = {name: int(m.size) for name, m in w.status.groups.items()}
         d: Decomposition | None = decompose(c, group_sizes=group_sizes) if c.rank.size else None
-        step, step_ns = job_step_times(w.steps, min_step=WARMUP_STEPS)
+        step, step_ns = job_step_times(w.steps, min_step=WARMUP_STEPS, before=self._last_end)
+        self._last_end = job_last_end(w.steps) or self._last_end
         l1 = compare_iterations(step, step_ns, list(self._steps))
         l2 = compare_phases(w, d, {r: float(np.median(v)) for r, v in self._excess.items() if len(v) >= 2})
         l3 = score_kernels(w.kernels)
@@ -98,7 +101,10 @@ class JobAnalysis:
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
 
-        self._steps.extend(step_ns.tolist())
+        # The L1 baseline is the job's step time while healthy: a fault's windows would make its own
+        # slowdown the baseline (and hide it from the evidence).
+        if not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings):
+            self._steps.extend(step_ns.tolist())
         flagged = {r for f in findings for r in f.ranks}
         for r, frac, score in zip(l2.rank.tolist(), l2.trimmed_frac.tolist(), l2.score.tolist(), strict=True):
             if np.isfinite(frac) and np.isfinite(score) and score < 0.5 and r not in flagged:

@@ -15,6 +15,17 @@ trace of a past run, ``jobs.source = 'import'``) is analysed over its whole
 span whatever its age; one first met mid-import, before its ``jobs`` row was
 written, starts over from its first row once the import is complete.
 
+Restarts: every diagnosis version written records in ``evidence["analysed_to_ns"]``
+the end of the window whose analysis wrote it. A job met for the first time
+(after a restart, or by `argus analyze` over a store a server already analysed)
+resumes after the newest such point of its stored diagnoses: the windows
+before it are *replayed* (analysed to rebuild the job's baselines, nothing
+found in them written), then the tracker takes over the stored open diagnoses
+and analysis goes on as if it had never stopped. A fault already recorded,
+open or resolved, is never recorded again under another id, whatever the
+window size of the earlier analysis. A finished job whose stored diagnoses
+cover its whole analysis is not replayed at all.
+
 Per window the service reads the job's rows (:mod:`argus.analyzer.store_io`),
 runs :class:`argus.analyzer.pipeline.JobAnalysis`, writes every diagnosis that
 was opened, updated or resolved as a new version of its row in ``diagnoses``
@@ -31,8 +42,9 @@ import copy
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.store_io import (
     JobSpan,
@@ -71,6 +83,9 @@ class _Job:
     analysed_to_ns: int = 0
     #: The backlog limit moved its start past its first window (its earliest data is not analysed).
     capped: bool = False
+    #: Windows starting before this were analysed by an earlier analyzer (see the module doc):
+    #: they are replayed, and nothing found in them is written.
+    replay_to_ns: int = 0
 
 
 class Analyzer:
@@ -155,9 +170,27 @@ class Analyzer:
         job.capped = cursor > span.first_ns - span.first_ns % self.window_ns
         if old is not None:
             job.gauge_ranks = old.gauge_ranks  # the labels it set, to be removed when stale
-        job.analysis.tracker.load(read_diagnoses(self.store, span.job_id, state=State.OPEN.value))
+        stored = read_diagnoses(self.store, span.job_id)
+        # An import met again (see the module doc) is analysed from its start, replacing this
+        # analyzer's own partial pass: nothing to resume.
+        resume = max((self._analysed_to(d) for d in stored), default=0) if old is None else 0
+        job.replay_to_ns = -(-resume // self.window_ns) * self.window_ns  # the first whole window after it
+        if job.replay_to_ns >= span.last_ns + TRAILING_WINDOWS * self.window_ns:
+            job.cursor_ns = max(job.cursor_ns, job.replay_to_ns)  # finished and fully analysed
+        if job.replay_to_ns <= job.cursor_ns:
+            job.analysis.tracker.load([d for d in stored if d.state == State.OPEN.value])
         self._jobs[span.job_id] = job
         return job
+
+    def _analysed_to(self, d: Diagnosis) -> int:
+        """End of the window whose analysis wrote ``d``, ns (older rows: the window after its last)."""
+        end = d.evidence.get("analysed_to_ns")
+        return int(end) if isinstance(end, int) else d.last_window_ns + self.window_ns
+
+    def _resume(self, job: _Job) -> None:
+        """End of the replay: the stored open diagnoses replace what the replay found."""
+        job.analysis.tracker = Tracker(job.analysis.job_id, window_ns=self.window_ns)
+        job.analysis.tracker.load(read_diagnoses(self.store, job.analysis.job_id, state=State.OPEN.value))
 
     def _analyze_window(self, job: _Job, w0: int) -> list[Diagnosis]:
         w1 = w0 + self.window_ns
@@ -172,17 +205,23 @@ class Analyzer:
             job.max_seq[k] = max(job.max_seq.get(k, -1), q)
         merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
         window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
+        if w0 < job.replay_to_ns:
+            job.suspects = job.analysis.analyze(window).suspects
+            if w1 >= job.replay_to_ns:
+                self._resume(job)
+            return []
         tracker = copy.deepcopy(job.analysis.tracker)  # small: the open diagnoses and streaks
         result = job.analysis.analyze(window)
-        if result.changed:
+        changed = [replace(d, evidence={**d.evidence, "analysed_to_ns": w1}) for d in result.changed]
+        if changed:
             self._last_version = max(time.time_ns(), self._last_version + 1)
             try:
-                write_diagnoses(self.store, result.changed, self._last_version)
+                write_diagnoses(self.store, changed, self._last_version)
             except ArgusError:
                 job.analysis.tracker = tracker  # the window is analysed again on the next pass
                 raise
         job.suspects = result.suspects
-        for d in result.changed:
+        for d in changed:
             log.info(
                 "%s diagnosis %s job=%s cause=%s rank=%s phase=%s score=%.2f slowdown=%.1f%%",
                 d.state,
@@ -194,7 +233,7 @@ class Analyzer:
                 d.score,
                 d.slowdown_pct,
             )
-        return result.changed
+        return changed
 
     def _update_gauges(self, job_id: str, job: _Job) -> None:
         m = self.metrics
@@ -236,8 +275,9 @@ def main(args: argparse.Namespace) -> int:
     """`argus analyze --store URL [--window-s S] [--once] [--job ID]`.
 
     With ``--once``, analyzes every complete window stored (from each job's first
-    row), prints the resulting diagnoses one per line, and exits 0. Without it,
-    runs until interrupted.
+    row, or after what an earlier analysis recorded), prints every stored diagnosis
+    (of ``--job``, or of every job) one per line, and exits 0. Without it, runs
+    until interrupted.
     """
     store = open_store(args.store)
     analyzer = Analyzer(
@@ -252,10 +292,9 @@ def main(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             analyzer.stop()
         return 0
-    latest: dict[str, Diagnosis] = {}
-    for d in analyzer.run_once():
-        latest[d.id] = d
-    for d in sorted(latest.values(), key=lambda d: (d.job_id, d.first_window_ns)):
+    analyzer.run_once()
+    stored = read_diagnoses(store, args.job)
+    for d in sorted(stored, key=lambda d: (d.job_id, d.first_window_ns)):
         who = f"rank {d.rank}" if d.rank is not None else f"ranks {_ranks(d.ranks)}"
         where = f" phase={d.phase}" if d.phase else ""
         where += f" kernel={d.kernel}" if d.kernel else ""
@@ -264,7 +303,7 @@ def main(args: argparse.Namespace) -> int:
             f"{d.job_id} {d.id} {d.state} {d.cause} {who}{where} "
             f"score={d.score:.2f} slowdown={d.slowdown_pct:.1f}%"
         )
-    if not latest:
+    if not stored:
         print("no diagnoses")
     return 0
 

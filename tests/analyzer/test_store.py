@@ -205,3 +205,57 @@ def test_an_imported_job_is_analysed_whole_a_live_one_from_the_backlog(store: St
     assert {(d.rank, d.cause) for d in found} == {(5, "compute")}
     assert min(d.first_window_ns for d in found) < now - 3600 * NS
     assert a.run_once(now_ns=now + 2) == []  # analysed once
+
+
+def _faults_by_key(store: Store, job_id: str) -> dict[tuple[int | None, str], list[str]]:
+    out: dict[tuple[int | None, str], list[str]] = {}
+    for d in read_diagnoses(store, job_id):
+        out.setdefault((d.rank, d.cause), []).append(d.id)
+    return out
+
+
+@pytest.mark.parametrize("window_s", [W, 5.0])
+def test_a_fresh_analyzer_over_an_analysed_store_records_no_fault_twice(
+    store: Store, window_s: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `argus demo --data-dir D`, then `argus server --store chdb://D/store` (another window size)
+    and `argus analyze --once`: one fault resolved while the job ran, one resolved when it ended."""
+    faults = (Fault("dataloader", (2,), 0.4, 3.0, end_s=11.0), Fault("compute", (5,), 0.4, 15.0))
+    sim = simulate(_spec(windows=14, end_s=26.5, faults=faults), "job-again")
+    load(store, sim)
+    live = Analyzer(store, window_s=W, backlog_s=None)
+    for w in sim.windows:  # window by window, as the demo's server did
+        live.run_once(now_ns=int(w.end_ns + 3 * NS))
+    live.run_once(now_ns=_end(sim) + 30 * NS)
+    first = read_diagnoses(store, "job-again")
+    assert {(d.rank, d.cause, d.state) for d in first} == {
+        (2, "dataloader", "resolved"),
+        (5, "compute", "resolved"),
+    }
+    assert all(d.evidence["analysed_to_ns"] > d.last_window_ns for d in first)
+
+    browse = Analyzer(store, window_s=window_s)  # a server's defaults: an hour of backlog
+    assert browse.run_once(now_ns=_end(sim) + 60 * NS) == []
+    assert main(argparse.Namespace(store=store.url, window_s=window_s, once=True, job=None)) == 0
+    assert read_diagnoses(store, "job-again") == first
+    assert all(len(ids) == 1 for ids in _faults_by_key(store, "job-again").values())
+    out = capsys.readouterr().out  # --once prints what is stored, though it wrote nothing
+    assert "dataloader rank 2" in out and "compute rank 5" in out
+
+
+def test_a_restart_mid_job_continues_without_recording_a_resolved_fault_again(store: Store) -> None:
+    faults = (Fault("dataloader", (2,), 0.4, 3.0, end_s=11.0), Fault("compute", (5,), 0.4, 15.0))
+    sim = simulate(_spec(windows=18, faults=faults), "job-mid")
+    load(store, sim)
+    t0 = sim.windows[0].start_ns
+    before = Analyzer(store, window_s=W, backlog_s=None)
+    for k in range(14):  # the dataloader fault is resolved by then, the compute one is open
+        before.run_once(now_ns=int(sim.windows[k].end_ns + 3 * NS))
+    states = {(d.rank, d.cause): d.state for d in read_diagnoses(store, "job-mid")}
+    assert states == {(2, "dataloader"): "resolved", (5, "compute"): "open"}
+    after = Analyzer(store, window_s=W, backlog_s=None)
+    written = after.run_once(now_ns=_end(sim) + 10 * NS)
+    assert {(d.rank, d.cause) for d in written} == {(5, "compute")}  # continued, not opened again
+    (compute,) = [d for d in read_diagnoses(store, "job-mid") if d.cause == "compute"]
+    assert compute.state == "open" and compute.last_window_ns >= t0 + 32 * NS
+    assert all(len(ids) == 1 for ids in _faults_by_key(store, "job-mid").values())
