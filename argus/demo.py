@@ -98,6 +98,10 @@ def _diagnoses(http: str, job_id: str) -> list[Diagnosis]:
     return [Diagnosis.from_dict(item) for item in body["items"]]
 
 
+#: Evidence keys the analyzer keeps for itself, not for a person reading the report.
+_BOOKKEEPING = frozenset({"analysed_to_ns", "subject"})
+
+
 def _any_open(diagnoses: list[Diagnosis]) -> bool:
     return any(d.state == "open" for d in diagnoses)
 
@@ -133,6 +137,8 @@ def _print_human(
         )
         table = Table("evidence", "value", show_header=False, box=None, pad_edge=False)
         for key, value in d.evidence.items():
+            if key in _BOOKKEEPING:
+                continue
             table.add_row(f"  {key}", json.dumps(value) if not isinstance(value, str) else value)
         console.print(table)
     console.print("\nWhere to look next:")
