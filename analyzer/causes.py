@@ -62,7 +62,7 @@ from argus.analyzer.host import HostResult
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
-from argus.analyzer.phase import COMPONENTS, PhaseResult
+from argus.analyzer.phase import COMPONENTS, PhaseResult, Slowdown
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
@@ -220,10 +220,15 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         slowdown_pct=slowdown,
         subject=f"rank:{rank}",
         evidence=ev,
-        cost_ns=cost.sums_ns if cost is not None and cost.steps > 0 else None,
+        cost_ns=_cost_ns(cost),
         needs_confirmation=thin,
         ambiguous=ambiguous,
     )
+
+
+def _cost_ns(cost: Slowdown | None) -> tuple[float, float, int] | None:
+    """What a finding's slowdown adds to its diagnosis's sums (None without compared steps)."""
+    return cost.sums_ns if cost is not None and cost.steps > 0 else None
 
 
 def _spiky_share(l2: PhaseResult, i: int) -> float:
@@ -366,7 +371,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
                 needs_confirmation=any(f.needs_confirmation for f in fs),
                 ambiguous=any(f.ambiguous for f in fs),
                 member_scores={int(f.rank): f.score for f in fs if f.rank is not None},
-                cost_ns=cost.sums_ns if cost is not None and cost.steps > 0 else None,
+                cost_ns=_cost_ns(cost),
                 evidence={
                     "ranks_slow": len(ranks),
                     "top": [{"rank": f.rank, "score": _r(f.score)} for f in top[:10]],

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from argus.analyzer.findings import STRAGGLER_CAUSES, Finding
+from argus.config import DEFAULT_WINDOW_S
 from argus.diagnosis import Diagnosis, State
 
 __all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]
@@ -108,7 +109,11 @@ class Tracker:
     """
 
     def __init__(
-        self, job_id: str, *, window_ns: int = 10_000_000_000, resolve_windows: int = RESOLVE_WINDOWS
+        self,
+        job_id: str,
+        *,
+        window_ns: int = round(DEFAULT_WINDOW_S * 1e9),
+        resolve_windows: int = RESOLVE_WINDOWS,
     ) -> None:
         self.job_id = job_id
         self.resolve_windows = resolve_windows

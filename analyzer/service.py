@@ -86,6 +86,8 @@ class _Job:
     #: Windows starting before this were analysed by an earlier analyzer (see the module doc):
     #: they are replayed, and nothing found in them is written.
     replay_to_ns: int = 0
+    #: The open diagnoses stored when the job was met (the tracker's state once any replay ends).
+    stored_open: list[Diagnosis] = field(default_factory=list)
 
 
 class Analyzer:
@@ -177,8 +179,9 @@ class Analyzer:
         job.replay_to_ns = -(-resume // self.window_ns) * self.window_ns  # the first whole window after it
         if job.replay_to_ns >= span.last_ns + TRAILING_WINDOWS * self.window_ns:
             job.cursor_ns = max(job.cursor_ns, job.replay_to_ns)  # finished and fully analysed
+        job.stored_open = [d for d in stored if d.state == State.OPEN.value]
         if job.replay_to_ns <= job.cursor_ns:
-            job.analysis.tracker.load([d for d in stored if d.state == State.OPEN.value])
+            job.analysis.tracker.load(job.stored_open)
         self._jobs[span.job_id] = job
         return job
 
@@ -190,7 +193,7 @@ class Analyzer:
     def _resume(self, job: _Job) -> None:
         """End of the replay: the stored open diagnoses replace what the replay found."""
         job.analysis.tracker = Tracker(job.analysis.job_id, window_ns=self.window_ns)
-        job.analysis.tracker.load(read_diagnoses(self.store, job.analysis.job_id, state=State.OPEN.value))
+        job.analysis.tracker.load(job.stored_open)  # nothing of the job is written during a replay
 
     def _analyze_window(self, job: _Job, w0: int) -> list[Diagnosis]:
         w1 = w0 + self.window_ns

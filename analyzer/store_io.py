@@ -97,20 +97,19 @@ def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
                 FROM kernel_summaries {where} GROUP BY job_id
         ) GROUP BY job_id ORDER BY job_id
     """
-    params = {"job": job} if job is not None else None
-    t = store.query(sql, params)
-    where = "AND job_id = {job:String}" if job is not None else ""
-    imported = set(
-        store.query(f"SELECT DISTINCT job_id FROM jobs WHERE source = 'import' {where}", params)
-        .column("job_id")
-        .to_pylist()
-    )
+    sql = f"""
+        SELECT job_id, first_ns, last_ns,
+               job_id IN (SELECT job_id FROM jobs WHERE source = 'import') AS imported
+        FROM ({sql})
+    """
+    t = store.query(sql, {"job": job} if job is not None else None)
     return [
-        JobSpan(str(j), int(a), int(b), str(j) in imported)
-        for j, a, b in zip(
+        JobSpan(str(j), int(a), int(b), bool(i))
+        for j, a, b, i in zip(
             t.column("job_id").to_pylist(),
             t.column("first_ns").to_pylist(),
             t.column("last_ns").to_pylist(),
+            t.column("imported").to_pylist(),
             strict=True,
         )
     ]
