@@ -223,16 +223,12 @@ def recorded_allreduce(process_group: Any, bucket: Any) -> Any:
     if rec is None:
         return _allreduce(group, [buf]).get_future().then(_first)
     corr = rec.correlate
-    if corr is None:
-        issue_ns = _now()
+    uid = corr.push() if corr is not None else 0
+    issue_ns = _now()
+    try:
         work = _allreduce(group, [buf])
-        uid = 0
-    else:
-        uid = corr.push()
-        issue_ns = _now()
-        try:
-            work = _allreduce(group, [buf])
-        finally:
+    finally:
+        if corr is not None:
             corr.pop()
     key = rec.open_collective(group, "allreduce", buf.nbytes, issue_ns)
     if not key:
@@ -265,6 +261,7 @@ def _install_ddp() -> None:
     orig_register = ddp.register_comm_hook
     orig_builtin = ddp._register_builtin_comm_hook
     orig_forward = ddp.forward
+    hook_on = os.environ.get(ENV_DDP_HOOK, "1") != "0"  # read once: forward runs every step
 
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
         slot: _HookSlot | None = self.__dict__.get("_argus_hook_slot")
@@ -300,7 +297,7 @@ def _install_ddp() -> None:
             _recorder is not None
             and "_argus_hook_slot" not in d
             and "_argus_builtin_hook" not in d
-            and os.environ.get(ENV_DDP_HOOK, "1") != "0"
+            and hook_on
         ):
             _install_default_hook(self, orig_register, recorded_allreduce)
         return orig_forward(self, *inputs, **kwargs)

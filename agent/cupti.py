@@ -164,11 +164,6 @@ class DutyCycle:
     def always(self) -> bool:
         return self.on_ns >= self.period_ns
 
-    @property
-    def fraction(self) -> float:
-        """Share of the time captured, 0-1."""
-        return min(self.on_ns / self.period_ns, 1.0)
-
     def state(self, now_ns: int) -> tuple[bool, int]:
         """``(capturing, next_change_ns)`` at ``now_ns``; always on: ``(True, now + period)``."""
         if self.always:
@@ -491,7 +486,6 @@ class CuptiSource:
         self.active = False
         #: Activity kinds are enabled now (inside a slice).
         self.capturing = False
-        self.dropped = 0
         self.errors = 0
 
     def start(self) -> bool:
@@ -559,9 +553,6 @@ class CuptiSource:
                     log.warning(
                         "argus: CUPTI kernel activity cannot be enabled: no GPU kernel capture", exc_info=True
                     )
-                    for k in enabled:
-                        with contextlib.suppress(Exception):
-                            self._cupti.activity_disable(k)
                     self._release()
                     return
                 log.info("argus: CUPTI activity %s unavailable", kind, exc_info=True)

@@ -141,7 +141,6 @@ class Probe:
         self.correlate: _Correlator | None = None
         self._cupti: CuptiSource | None = None
         self._correlator: _Correlator | None = None
-        self._cupti_yielded = False
         self._next_edge_ns = 0
         self._join: CollectiveJoin | None = None
         self._sampler: HostSampler | None = None
@@ -328,17 +327,14 @@ class Probe:
     def _duty(self, now_ns: int) -> None:
         """At an edge of the CUPTI duty cycle, start or end a capture slice (shipper thread)."""
         source = self._cupti
-        if source is None or self._cupti_yielded or now_ns < self._next_edge_ns:
-            return
-        self._next_edge_ns = (
-            now_ns + 1_000_000_000
-        )  # should update fail: try again in a second, not in a spin
+        if source is None or not source.active or now_ns < self._next_edge_ns:
+            return  # no CUPTI, given to torch.profiler or released on an error, or not yet an edge
+        self._next_edge_ns = now_ns + 1_000_000_000  # should update raise: retry in a second, not in a spin
         self._next_edge_ns = source.update(now_ns)
         self.correlate = self._correlator if source.correlates and self.active else None
 
     def _release_cupti(self) -> None:
         """Give CUPTI to the user's torch.profiler (see :mod:`argus.agent.profiler_yield`)."""
-        self._cupti_yielded = True
         self.correlate = None
         if self._cupti is not None:
             self._cupti.stop()
@@ -347,7 +343,6 @@ class Probe:
         source = self._cupti
         if source is not None and self.active and source.start():
             self._next_edge_ns = 0
-            self._cupti_yielded = False
 
     def _gpu_reader(self) -> Any:
         if not self._device.startswith("cuda"):
@@ -437,7 +432,7 @@ class Probe:
         next_ship = time.monotonic() + self.flush_s
         while True:
             wait = next_ship - time.monotonic()
-            if self._cupti is not None and not self._cupti_yielded:
+            if self._cupti is not None and self._cupti.active:
                 wait = min(wait, (self._next_edge_ns - time.time_ns()) / 1e9)
             if self._stop.wait(max(wait, 0.0)):
                 return
