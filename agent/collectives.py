@@ -71,6 +71,9 @@ PG_METHODS: dict[str, tuple[str, int]] = {
     "barrier": ("barrier", -1),
     "monitored_barrier": ("barrier", -1),
 }
+#: Point-to-point methods → index of the argument holding the partner's rank in the group
+#: (``send(tensors, dstRank, tag)``, ``recv(tensors, srcRank, tag)``; ``recv_anysource`` has none).
+PEER_ARG: dict[str, int] = {"send": 1, "recv": 1}
 
 
 class Correlator(Protocol):
@@ -89,16 +92,19 @@ class CollectiveRecorder(Protocol):
     #: Set on GPU ranks with CUPTI capture; None on CPU.
     correlate: Correlator | None
 
-    def collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0) -> None:
+    def collective(
+        self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0, peer: int = -1
+    ) -> None:
         """Record one collective issued at ``issue_ns`` on ``pg``; ``work`` may be None.
 
-        ``uid`` is the id returned by ``correlate.push()`` (0 without CUPTI).
+        ``uid`` is the id returned by ``correlate.push()`` (0 without CUPTI); ``peer`` is the
+        partner's rank in ``pg`` for a point-to-point ``send``/``recv`` (-1 otherwise or unknown).
         """
 
     def collective_count(self) -> int:
         """How many collectives were recorded so far (monotonic)."""
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> int:
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1) -> int:
         """Number a collective issued at ``issue_ns``, hold it as pending; its key (0: not recorded)."""
 
     def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
@@ -126,6 +132,8 @@ def nbytes(obj: Any, depth: int = 0) -> int:
 
 
 def _wrap_method(method: str, op: str, arg: int, orig: Callable[..., Any]) -> Callable[..., Any]:
+    peer_arg = PEER_ARG.get(method, -1)
+
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = _recorder
         if rec is None:
@@ -140,7 +148,8 @@ def _wrap_method(method: str, op: str, arg: int, orig: Callable[..., Any]) -> Ca
                 corr.pop()
         try:
             size = nbytes(args[arg]) if 0 <= arg < len(args) else 0
-            rec.collective(self, op, size, issue_ns, work, uid)
+            peer = int(args[peer_arg]) if 0 <= peer_arg < len(args) else -1
+            rec.collective(self, op, size, issue_ns, work, uid, peer)
         except Exception:  # never let capture break a collective
             log.debug("argus: recording %s failed", method, exc_info=True)
         return work

@@ -106,6 +106,32 @@ class _Correlator:
                 self._source.pop()
 
 
+#: Point-to-point ops: their rows name the partner (``peer``) and count seq per partner.
+P2P_OPS = frozenset({"send", "recv"})
+
+
+class _Group:
+    """What the probe keeps per process group: its name, global ranks and sequence counters."""
+
+    __slots__ = ("name", "p2p", "ranks", "seq")
+
+    def __init__(self, name: str, ranks: tuple[int, ...]) -> None:
+        self.name = name
+        #: Global rank of each group rank.
+        self.ranks = ranks
+        self.seq = itertools.count()
+        #: (op, peer global rank) -> seq counter of point-to-point transfers.
+        self.p2p: dict[tuple[str, int], Any] = {}
+
+
+def _global_ranks(pg: Any) -> tuple[int, ...]:
+    """Global rank of each rank of ``pg`` (empty when torch cannot say)."""
+    try:
+        return tuple(int(r) for r in dist.get_process_group_ranks(pg))
+    except Exception:
+        return ()
+
+
 class Probe:
     """Records one rank's telemetry and ships it to the node agent.
 
@@ -131,7 +157,7 @@ class Probe:
         self._cupti_dropped = 0
         self.tracker = StepTracker(self.buffers["steps"], self.buffers["phases"], self.attach_ns)
         self._hooks = TorchHooks(self.tracker, lambda: self.active)
-        self._pg_info: dict[Any, tuple[str, Any]] = {}
+        self._pg_info: dict[Any, _Group] = {}
         self._groups_seen: set[str] = set()
         self._ncollectives = 0
         #: Issued and not yet completed collectives, oldest first: key -> row head.
@@ -207,9 +233,11 @@ class Probe:
 
     # --- recording (called from training threads) -----------------------------------------------
 
-    def collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0) -> None:
+    def collective(
+        self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0, peer: int = -1
+    ) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        key = self.open_collective(pg, op, nbytes, issue_ns)
+        key = self.open_collective(pg, op, nbytes, issue_ns, peer)
         if not key:
             return
         fut = None
@@ -226,26 +254,37 @@ class Probe:
     def _work_done(self, key: int, uid: int, _fut: Any) -> None:
         self.close_collective(key, time.time_ns(), uid)
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int) -> int:
+    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1) -> int:
         """Number a collective and hold it as pending until it completes; its key, 0 when not recorded.
 
-        The pending row is ``(step, process_group, seq, op, bytes, issue_ns)``.
-        At most :data:`MAX_PENDING` collectives are pending; past that a new one
-        is counted as dropped and not recorded.
+        The pending row is ``(step, process_group, seq, op, bytes, issue_ns, peer)``. A
+        point-to-point ``send``/``recv`` names its partner by group rank in ``peer``; the row
+        holds the partner's global rank and a seq counted per (direction, partner), apart from
+        the group's collectives (``argus.schema`` ``collectives``), so the k-th send from A to
+        B pairs with B's k-th receive from A. At most :data:`MAX_PENDING` collectives are
+        pending; past that a new one is counted as dropped and not recorded.
         """
         if not self.active:
             return 0
         info = self._pg_info.get(pg)
         if info is None:
-            info = self._pg_info.setdefault(pg, (str(pg.group_name), itertools.count()))
-            self._note_group(pg, info[0])
+            info = self._pg_info.setdefault(pg, _Group(str(pg.group_name), _global_ranks(pg)))
+            self._note_group(pg, info.name)
         self._ncollectives += 1
         pending = self._pending
         if len(pending) >= MAX_PENDING:
             self._pending_dropped += 1
             return 0
         key = next(self._keys)
-        pending[key] = (self.tracker.event_step(), info[0], next(info[1]), op, nbytes, issue_ns)
+        if op in P2P_OPS:
+            peer = info.ranks[peer] if 0 <= peer < len(info.ranks) else -1
+            counter = info.p2p.get((op, peer))
+            if counter is None:
+                counter = info.p2p[(op, peer)] = itertools.count()
+            seq = next(counter)
+        else:
+            peer, seq = -1, next(info.seq)
+        pending[key] = (self.tracker.event_step(), info.name, seq, op, nbytes, issue_ns, peer)
         return key
 
     def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
@@ -254,7 +293,7 @@ class Probe:
         if head is None:
             return
         issue_ns = head[5]
-        row = (*head, issue_ns, end_ns - issue_ns)
+        row = (*head[:6], issue_ns, end_ns - issue_ns, head[6])
         join = self._join
         if uid and join is not None:
             join.expect(uid, row)

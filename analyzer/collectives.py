@@ -76,6 +76,7 @@ class Decomposition:
         inst_late_ns: ``last_arrival − median issue``: how late the last rank was.
         inst_transfer_ns: Median transfer over the instance's rows.
         inst_last_rank: Global rank that arrived last.
+        inst_sender, inst_receiver: Global ranks of a point-to-point instance (-1 for collectives).
     """
 
     instance: NDArray[np.int64]
@@ -93,10 +94,17 @@ class Decomposition:
     inst_late_ns: NDArray[np.float64]
     inst_transfer_ns: NDArray[np.float64]
     inst_last_rank: NDArray[np.int64]
+    inst_sender: NDArray[np.int64]
+    inst_receiver: NDArray[np.int64]
 
     @property
     def n_instances(self) -> int:
         return int(self.inst_group.size)
+
+    @property
+    def inst_p2p(self) -> NDArray[np.bool_]:
+        """True for point-to-point instances (a send and its receive)."""
+        return np.asarray(self.inst_sender >= 0)
 
 
 def decompose(
@@ -117,10 +125,19 @@ def decompose(
         :class:`Decomposition`; empty arrays when ``coll`` has no rows.
     """
     n = coll.rank.size
-    key = coll.group * (np.int64(1) << 40) + coll.seq
-    inst_keys, instance = np.unique(key, return_inverse=True)
-    instance = instance.astype(np.int64)
-    n_inst = inst_keys.size
+    # An instance is (group, seq) for a collective, (group, sender, receiver, seq) for a
+    # point-to-point transfer: a send and its matching receive.
+    peer = coll.peers
+    p2p = peer >= 0
+    is_send = np.zeros(n, bool)
+    if coll.op_names:
+        is_send = np.array([o == "send" for o in coll.op_names], bool)[coll.op] & p2p
+    sender = np.where(p2p, np.where(is_send, coll.rank, peer), -1)
+    receiver = np.where(p2p, np.where(is_send, peer, coll.rank), -1)
+    key = np.stack([coll.group, sender, receiver, coll.seq], axis=1) if n else np.zeros((0, 4), np.int64)
+    inst_keys, instance = np.unique(key, axis=0, return_inverse=True)
+    instance = instance.reshape(-1).astype(np.int64)
+    n_inst = inst_keys.shape[0]
     end = (coll.start_ns + coll.dur_ns).astype(np.float64)
     issue = coll.issue_ns.astype(np.float64)
     ranks, rank_idx = np.unique(coll.rank, return_inverse=True)
@@ -148,8 +165,8 @@ def decompose(
     order = np.lexsort((issue_c, instance))
     last_row = order[np.r_[np.flatnonzero(np.diff(instance[order])), n - 1]] if n else np.zeros(0, np.int64)
 
-    inst_group = (inst_keys >> 40).astype(np.int64)
-    inst_seq = (inst_keys & ((np.int64(1) << 40) - 1)).astype(np.int64)
+    inst_group = inst_keys[:, 0].astype(np.int64)
+    inst_seq = inst_keys[:, 3].astype(np.int64)
     first_row = np.zeros(n_inst, np.int64)
     first_row[instance[::-1]] = np.arange(n)[::-1]
     expected = np.zeros(len(coll.group_names), np.int64)
@@ -169,11 +186,17 @@ def decompose(
         inst_op=coll.op[first_row] if n else np.zeros(0, np.int64),
         inst_bytes=coll.bytes[first_row] if n else np.zeros(0, np.int64),
         inst_ranks=inst_count,
-        inst_complete=inst_count >= expected[inst_group] if n else np.zeros(0, bool),
+        inst_complete=(
+            np.where(inst_keys[:, 1] >= 0, inst_count >= 2, inst_count >= expected[inst_group])
+            if n
+            else np.zeros(0, bool)
+        ),
         inst_last_arrival_ns=last_arrival,
         inst_late_ns=last_arrival - med_issue,
         inst_transfer_ns=inst_transfer,
         inst_last_rank=coll.rank[last_row] if n else np.zeros(0, np.int64),
+        inst_sender=inst_keys[:, 1].astype(np.int64),
+        inst_receiver=inst_keys[:, 2].astype(np.int64),
     )
 
 

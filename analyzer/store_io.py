@@ -166,7 +166,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     s = store.query(
         """
         SELECT process_group, toInt64(rank) AS rank, toInt64(max(seq)) AS seq FROM collectives
-        WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64}
+        WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64} AND peer < 0
         GROUP BY process_group, rank
         """,
         p,
@@ -264,7 +264,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     )
     co = store.query(
         f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
-                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns FROM collectives
+                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer
+            FROM collectives
             WHERE job_id = {{job:String}} AND (process_group, seq) IN (
                 SELECT process_group, seq FROM collectives
                 WHERE job_id = {{job:String}} AND issue_ns >= {{lo:Int64}} AND issue_ns < {{w1:Int64}}
@@ -288,6 +289,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         in_window,
         group_names,
         op_names,
+        _col(co, "peer"),
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,

@@ -49,7 +49,7 @@ from argus.analyzer.window import (
     Window,
     progress_position,
 )
-from argus.schema import PHASES, wire_schema
+from argus.schema import PHASES, wire_schema, wire_table
 
 __all__ = ["FAULT_CAUSE", "Fault", "JobSpec", "Simulation", "simulate"]
 
@@ -456,11 +456,7 @@ class _Sim:
         job = self.job_id
 
         def table(name: str, cols: Mapping[str, Any]) -> pa.Table:
-            schema = wire_schema(name)
-            size = len(next(iter(cols.values())))
-            arrays = [pa.array([job] * size, pa.string())]
-            arrays += [pa.array(cols[f.name], f.type) for f in schema]
-            return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field("job_id", pa.string()), *schema]))
+            return wire_table(name, cols, job)
 
         sr, pr, cr = cat["s_rank"], cat["p_rank"], cat["c_rank"]
         phase_names = np.array(PHASES, dtype=object)

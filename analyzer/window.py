@@ -60,7 +60,9 @@ class Collectives:
 
     ``group`` indexes ``group_names``; ``op`` indexes ``op_names``. ``in_window``
     marks rows whose own (rank, step) is one of the window's steps (other rows
-    are peers' rows of the same instances, needed to decompose them).
+    are peers' rows of the same instances, needed to decompose them). ``peer`` is
+    the point-to-point partner's global rank of a ``send``/``recv`` row (-1 for a
+    collective); a send and its receive share (group, sender, receiver, seq).
     """
 
     rank: I64 = field(default_factory=_i64)
@@ -75,6 +77,12 @@ class Collectives:
     in_window: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     group_names: tuple[str, ...] = ()
     op_names: tuple[str, ...] = ()
+    peer: I64 | None = None
+
+    @property
+    def peers(self) -> I64:
+        """``peer`` per row, -1 where the rows carry none."""
+        return self.peer if self.peer is not None else np.full(self.rank.size, -1, np.int64)
 
 
 @dataclass(frozen=True)

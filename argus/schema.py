@@ -12,11 +12,20 @@ are ``dur_ns`` (non-negative). Ranks are global ranks in the job's world.
 Tables (DESIGN §3): jobs, ranks, steps, phases, collectives, kernel_summaries,
 kernel_events, host_samples, diagnoses; plus ingest_batches, the collector's
 record of stored (agent_id, seq) pairs used to acknowledge duplicates.
+
+Schema changes migrate. A column added after a table first shipped carries a
+``default`` (a Python value of its type): a store created before it gets the
+column on start (``ALTER TABLE … ADD COLUMN IF NOT EXISTS``,
+:func:`migration_statements`), and a batch from an older agent that lacks it
+still stores, the column filled with its default (:func:`with_defaults`). A
+column without a default is part of the original contract: a batch must carry it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -29,7 +38,10 @@ __all__ = [
     "Column",
     "TableDef",
     "create_statements",
+    "migration_statements",
     "wire_schema",
+    "wire_table",
+    "with_defaults",
 ]
 
 #: Phase names of a training step, in order (DESIGN §2).
@@ -38,12 +50,37 @@ PHASES = ("data", "forward", "backward", "optimizer")
 
 @dataclass(frozen=True)
 class Column:
-    """One column: its ClickHouse type and the Arrow type it travels as."""
+    """One column: its ClickHouse type and the Arrow type it travels as.
+
+    ``default`` is set on columns added after their table first shipped (see the module
+    docstring): the value an older agent's batch, or an older store's rows, stand for.
+    """
 
     name: str
     ch_type: str
     arrow_type: pa.DataType
     doc: str = ""
+    default: Any = None
+
+    @property
+    def ddl(self) -> str:
+        """The column's definition in CREATE and ALTER statements."""
+        if self.default is None:
+            return f"`{self.name}` {self.ch_type}"
+        return f"`{self.name}` {self.ch_type} DEFAULT {_literal(self.default)}"
+
+
+def _literal(value: Any) -> str:
+    """A ClickHouse literal for a column default (ints, floats, strings, lists of those)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    raise TypeError(f"no ClickHouse literal for a default of type {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -63,8 +100,8 @@ class TableDef:
         return tuple(c.name for c in self.columns)
 
 
-def _c(name: str, ch_type: str, arrow_type: pa.DataType, doc: str = "") -> Column:
-    return Column(name, ch_type, arrow_type, doc)
+def _c(name: str, ch_type: str, arrow_type: pa.DataType, doc: str = "", default: Any = None) -> Column:
+    return Column(name, ch_type, arrow_type, doc, default)
 
 
 _RANK = _c("rank", "UInt32", pa.uint32(), "global rank")
@@ -138,9 +175,18 @@ COLLECTIVES = TableDef(
         _c("issue_ns", "Int64", pa.int64(), "when the rank called the collective"),
         _c("start_ns", "Int64", pa.int64(), "when the transfer started (issue_ns if unknown)"),
         _c("dur_ns", "Int64", pa.int64(), "start to end"),
+        _c(
+            "peer",
+            "Int32",
+            pa.int32(),
+            "point-to-point partner's global rank (send: destination, recv: source); -1 for collectives",
+            default=-1,
+        ),
     ),
     ("job_id", "process_group", "seq", "rank"),
-    "Every collective instance per rank; (process_group, seq) matches across ranks.",
+    "Every collective instance per rank. Collectives: (process_group, seq) matches across ranks. "
+    "Point-to-point (op 'send'/'recv', peer >= 0): seq counts the rank's transfers to (send) or "
+    "from (recv) that peer in the group, so the k-th send from A to B pairs with B's k-th recv from A.",
 )
 
 KERNEL_SUMMARIES = TableDef(
@@ -296,6 +342,48 @@ def wire_schema(table: str) -> pa.Schema:
     return pa.schema([pa.field(c.name, c.arrow_type) for c in TABLES[table].columns])
 
 
+def with_defaults(table: str, data: pa.Table) -> pa.Table:
+    """``data`` with every absent column of ``table`` that has a ``default`` added, filled with it.
+
+    Columns present, and absent ones without a default, are left for the caller to check.
+
+    Raises:
+        KeyError: ``table`` is not a table of this module.
+    """
+    for column in TABLES[table].columns:
+        if column.default is not None and column.name not in data.column_names:
+            filled = pa.array([column.default] * data.num_rows, column.arrow_type)
+            data = data.append_column(pa.field(column.name, column.arrow_type), filled)
+    return data
+
+
+def wire_table(table: str, columns: Mapping[str, Any], job_id: str | None = None) -> pa.Table:
+    """Build a table of ``table``'s wire schema from columns of values (defaulted ones may be absent).
+
+    Args:
+        table: A table of this module.
+        columns: Column name → sequence of values (or an Arrow/NumPy array), all of one length.
+        job_id: When given, a leading ``job_id`` string column holding it (what the store takes).
+
+    Raises:
+        KeyError: a column without a default is missing.
+    """
+    schema = wire_schema(table)
+    size = len(next(iter(columns.values()))) if columns else 0
+    arrays = []
+    for column in TABLES[table].columns:
+        values = columns.get(column.name)
+        if values is None:
+            if column.default is None:
+                raise KeyError(f"{table}: no values for column {column.name}")
+            values = [column.default] * size
+        arrays.append(pa.array(values, column.arrow_type))
+    if job_id is None:
+        return pa.Table.from_arrays(arrays, schema=schema)
+    arrays.insert(0, pa.array([job_id] * size, pa.string()))
+    return pa.Table.from_arrays(arrays, schema=schema.insert(0, pa.field("job_id", pa.string())))
+
+
 #: How many recent insert tokens each table remembers for deduplication.
 DEDUP_WINDOW = 100_000
 
@@ -339,7 +427,7 @@ def create_statements(
         local = f"{table.name}_local" if cluster else table.name
         columns = ",\n    ".join(
             ["job_id LowCardinality(String)"]
-            + [f"`{c.name}` {c.ch_type}" for c in table.columns]
+            + [c.ddl for c in table.columns]
             + ["stored_at DateTime DEFAULT now()"]
         )
         statements.append(
@@ -355,4 +443,27 @@ def create_statements(
                 f"AS {database}.{local}\n"
                 f"ENGINE = Distributed({cluster}, {database}, {local}, cityHash64(job_id))"
             )
+    return statements
+
+
+def migration_statements(*, database: str = DATABASE, cluster: str | None = None) -> list[str]:
+    """``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` for every column with a default, in table order.
+
+    Idempotent: run on every start, they add to a store created before a column existed
+    what it lacks (ClickHouse fills old parts with the default on read). With ``cluster``,
+    both the ``<name>_local`` table and its ``Distributed`` table get the column.
+    """
+    on_cluster = f" ON CLUSTER {cluster}" if cluster else ""
+    statements = []
+    for table in TABLES.values():
+        targets = [f"{table.name}_local", table.name] if cluster else [table.name]
+        for i, column in enumerate(table.columns):
+            if column.default is None:
+                continue
+            after = table.columns[i - 1].name if i else "job_id"
+            for target in targets:
+                statements.append(
+                    f"ALTER TABLE {database}.{target}{on_cluster} "
+                    f"ADD COLUMN IF NOT EXISTS {column.ddl} AFTER `{after}`"
+                )
     return statements

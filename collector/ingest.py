@@ -31,7 +31,7 @@ from argus.collector.metrics import Metrics
 from argus.collector.store import Store
 from argus.errors import InvalidBatch, StoreError
 from argus.proto import collector_pb2 as pb
-from argus.schema import WIRE_TABLES, wire_schema
+from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 
 __all__ = [
     "TABLE_BY_ENUM",
@@ -94,14 +94,16 @@ def _read_ipc(payload: bytes) -> pa.Table:
 def validate_columns(table: str, data: pa.Table) -> pa.Table:
     """Check ``data`` against the wire schema of ``table``; return it in schema column order.
 
-    Checks, each naming the column: every wire column present and no other, the
-    exact Arrow type (expected vs got), no nulls (also inside list columns), no
+    Checks, each naming the column: every wire column present and no other (a column
+    added later with a default may be absent: it is filled, as from an older agent),
+    the exact Arrow type (expected vs got), no nulls (also inside list columns), no
     negative ``dur_ns``, at least one row.
 
     Raises:
         InvalidBatch: the first problem found.
     """
     schema = wire_schema(table)
+    data = with_defaults(table, data)
     got = set(data.column_names)
     missing = [name for name in schema.names if name not in got]
     if missing:

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from argus.config import DATABASE, DEFAULT_RETENTION_DAYS
 from argus.errors import ConfigError, StoreError, StoreLocked
-from argus.schema import TABLES, create_statements
+from argus.schema import TABLES, create_statements, migration_statements
 
 __all__ = [
     "ChdbStore",
@@ -287,7 +287,8 @@ def open_store(
 ) -> Store:
     """Open the store at ``url`` and, with ``create``, create the schema if absent.
 
-    With ``create``, tables that exist already get their retention TTL set to
+    With ``create``, tables that exist already get the columns added since they were
+    created (:func:`argus.schema.migration_statements`) and their retention TTL set to
     ``retention_days`` (see :func:`apply_retention`).
 
     Raises:
@@ -317,6 +318,8 @@ def open_store(
             for statement in create_statements(
                 database=database, retention_days=retention_days, cluster=cluster
             ):
+                store.command(statement)
+            for statement in migration_statements(database=database, cluster=cluster):
                 store.command(statement)
             apply_retention(store, database=database, retention_days=retention_days, cluster=cluster)
         except BaseException:

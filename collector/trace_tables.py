@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 
 from argus.collector.kineto import KINDS, ParsedTrace
 from argus.kde import compress
-from argus.schema import wire_schema
+from argus.schema import wire_schema, wire_table
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -70,11 +70,7 @@ class RankTrace:
 
 
 def _table(name: str, job_id: str, columns: Mapping[str, Any]) -> pa.Table:
-    schema = wire_schema(name)
-    size = len(next(iter(columns.values()))) if columns else 0
-    arrays = [pa.array([job_id] * size, pa.string())]
-    arrays += [pa.array(columns[field.name], field.type) for field in schema]
-    return pa.Table.from_arrays(arrays, schema=schema.insert(0, pa.field("job_id", pa.string())))
+    return wire_table(name, columns, job_id)
 
 
 def _full(size: int, value: object) -> list[object]:

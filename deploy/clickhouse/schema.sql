@@ -88,6 +88,7 @@ CREATE TABLE IF NOT EXISTS argus.collectives_local ON CLUSTER argus (
     `issue_ns` Int64,
     `start_ns` Int64,
     `dur_ns` Int64,
+    `peer` Int32 DEFAULT -1,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')

@@ -46,6 +46,12 @@ def main() -> None:
     p.add_argument("--inplace", action="store_true")
     p.add_argument("--loss-out", default="")
     p.add_argument("--subgroups", action="store_true", help="pairs of ranks all-reduce 3 times at the end")
+    p.add_argument(
+        "--p2p",
+        type=int,
+        default=0,
+        help="at the end, N rounds of a ring exchange (send/recv, then isend/irecv) on the world group",
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -88,6 +94,20 @@ def main() -> None:
         mine = pairs[rank // 2]
         for _ in range(3):
             dist.all_reduce(torch.ones(8), group=mine)
+    if args.p2p:
+        world = dist.get_world_size()
+        right, left = (rank + 1) % world, (rank - 1) % world
+        buf = torch.zeros(16)
+        for _ in range(args.p2p):
+            # Even ranks send first, odd ranks receive first: blocking calls that cannot deadlock.
+            if rank % 2 == 0:
+                dist.send(torch.ones(16), right)
+                dist.recv(buf, left)
+            else:
+                dist.recv(buf, left)
+                dist.send(torch.ones(16), right)
+            for work in (dist.isend(torch.ones(16), left), dist.irecv(buf, right)):
+                work.wait()
     final = loss.detach().clone()
     dist.all_reduce(final)
     if rank == 0 and args.loss_out:

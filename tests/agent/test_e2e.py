@@ -222,3 +222,32 @@ def test_user_comm_hook_and_inplace_model_train_the_same(argus_server_factory) -
     assert len(ar) >= 2 * 15 * 2
     fp32_bucket_bytes = {64 * 4 + 64 * 64 * 4, 32 * 64 * 4 + 64 * 4 + 4 * 64 * 4 + 4 * 4}
     assert not set(ar.bytes) & fp32_bucket_bytes
+
+
+def test_point_to_point_transfers_name_their_peer_and_pair_up(argus_server_factory) -> None:
+    server = argus_server_factory("--no-analyzer")
+    rounds = 3
+    with short_dir() as work:
+        job = torchrun(4, "--steps", "4", "--p2p", str(rounds))
+        out = run(argus_run(work, server.grpc_target, "e2e-p2p", job), job_env(work))
+    assert out.returncode == 0, out.stderr[-3000:]
+    co = _frames(server, "e2e-p2p")["collectives"]
+    p2p = co[co.op.isin(["send", "recv"])]
+    assert (co[~co.op.isin(["send", "recv"])].peer == -1).all()
+    for r in range(4):
+        mine = p2p[p2p["rank"] == r]
+        right, left = (r + 1) % 4, (r - 1) % 4
+        # Blocking and non-blocking rounds: a send to each neighbour, a receive from each.
+        assert sorted(mine[mine.op == "send"].peer) == sorted([right] * rounds + [left] * rounds)
+        assert sorted(mine[mine.op == "recv"].peer) == sorted([left] * rounds + [right] * rounds)
+        for op, peer in (("send", right), ("send", left), ("recv", left), ("recv", right)):
+            seqs = mine[(mine.op == op) & (mine.peer == peer)].seq
+            assert sorted(seqs) == list(range(rounds)), (r, op, peer)
+        # Collectives on the world group keep a seq of their own, with no gap left by transfers.
+        world = co[(co["rank"] == r) & (co.process_group == "0") & (co.peer == -1)]
+        assert sorted(world.seq) == list(range(len(world)))
+    # Every send pairs with exactly one receive: (group, sender, receiver, seq).
+    sends = p2p[p2p.op == "send"].assign(sender=lambda f: f["rank"], receiver=lambda f: f.peer)
+    recvs = p2p[p2p.op == "recv"].assign(sender=lambda f: f.peer, receiver=lambda f: f["rank"])
+    key = ["process_group", "sender", "receiver", "seq"]
+    assert sorted(map(tuple, sends[key].values.tolist())) == sorted(map(tuple, recvs[key].values.tolist()))

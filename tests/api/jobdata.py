@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from argus.collector.store import Store
 from argus.proto import collector_pb2, collector_pb2_grpc
-from argus.schema import TABLES, wire_schema
+from argus.schema import TABLES, wire_schema, wire_table
 
 __all__ = ["LiveFeed", "diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
 
@@ -29,8 +29,7 @@ _PHASE_MS = {"data": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 3.0}
 
 
 def _table(name: str, columns: dict[str, list[object]]) -> pa.Table:
-    schema = wire_schema(name)
-    return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in schema}, schema=schema)
+    return wire_table(name, columns)
 
 
 def synthetic_job(
@@ -108,7 +107,18 @@ def synthetic_job(
             issue = t
             last_arrival = begin + step_ns - 1_000_000
             end = last_arrival + 800_000
-            row = (r, step, "default_pg", step, "allreduce", 4 << 20, issue, last_arrival, end - last_arrival)
+            row = (
+                r,
+                step,
+                "default_pg",
+                step,
+                "allreduce",
+                4 << 20,
+                issue,
+                last_arrival,
+                end - last_arrival,
+                -1,
+            )
             for k, v in zip(c_cols, row, strict=True):
                 c_cols[k].append(v)
             for k, v in zip(s_cols, (r, step, begin, end - begin), strict=True):
