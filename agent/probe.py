@@ -234,10 +234,18 @@ class Probe:
     # --- recording (called from training threads) -----------------------------------------------
 
     def collective(
-        self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0, peer: int = -1
+        self,
+        pg: Any,
+        op: str,
+        nbytes: int,
+        issue_ns: int,
+        work: Any,
+        uid: int = 0,
+        peer: int = -1,
+        overlapped: bool = False,
     ) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        key = self.open_collective(pg, op, nbytes, issue_ns, peer)
+        key = self.open_collective(pg, op, nbytes, issue_ns, peer, overlapped)
         if not key:
             return
         fut = None
@@ -254,10 +262,13 @@ class Probe:
     def _work_done(self, key: int, uid: int, _fut: Any) -> None:
         self.close_collective(key, time.time_ns(), uid)
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1) -> int:
+    def open_collective(
+        self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1, overlapped: bool = False
+    ) -> int:
         """Number a collective and hold it as pending until it completes; its key, 0 when not recorded.
 
-        The pending row is ``(step, process_group, seq, op, bytes, issue_ns, peer)``. A
+        The pending row is ``(step, process_group, seq, op, bytes, issue_ns, peer, overlapped)``;
+        ``overlapped`` says the call returns at once while the rank goes on (a DDP bucket). A
         point-to-point ``send``/``recv`` names its partner by group rank in ``peer``; the row
         holds the partner's global rank and a seq counted per (direction, partner), apart from
         the group's collectives (``argus.schema`` ``collectives``), so the k-th send from A to
@@ -284,7 +295,16 @@ class Probe:
             seq = next(counter)
         else:
             peer, seq = -1, next(info.seq)
-        pending[key] = (self.tracker.event_step(), info.name, seq, op, nbytes, issue_ns, peer)
+        pending[key] = (
+            self.tracker.event_step(),
+            info.name,
+            seq,
+            op,
+            nbytes,
+            issue_ns,
+            peer,
+            int(overlapped),
+        )
         return key
 
     def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
@@ -293,7 +313,7 @@ class Probe:
         if head is None:
             return
         issue_ns = head[5]
-        row = (*head[:6], issue_ns, end_ns - issue_ns, head[6])
+        row = (*head[:6], issue_ns, end_ns - issue_ns, *head[6:])
         join = self._join
         if uid and join is not None:
             join.expect(uid, row)

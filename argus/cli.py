@@ -49,6 +49,19 @@ def _add_auth(p: argparse.ArgumentParser, *, server: bool) -> None:
         p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate of the server to trust: use TLS")
 
 
+def _add_min_loss(p: argparse.ArgumentParser) -> None:
+    from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
+
+    p.add_argument(
+        "--min-loss-pct",
+        type=float,
+        default=DEFAULT_MIN_LOSS_PCT,
+        metavar="PCT",
+        help="loss threshold: a fault opens only when it costs the job at least this share of its time "
+        "over the confirmation span (default %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `argus` parser; each subparser sets ``args.command``."""
     parser = argparse.ArgumentParser(
@@ -84,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=config.DEFAULT_WINDOW_S,
         help="analysis window, seconds (default %(default)s)",
     )
+    _add_min_loss(p)
     p.add_argument(
         "--retention-days",
         type=int,
@@ -200,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=config.DEFAULT_WINDOW_S,
         help="analysis window, seconds (default %(default)s)",
     )
+    _add_min_loss(p)
     p.add_argument("--once", action="store_true", help="analyze what is stored, then exit")
     p.add_argument("--job", default=None, help="only this job")
 

@@ -92,7 +92,9 @@ class DiagnosisModel(BaseModel):
     rank: int | None
     ranks: list[int]
     group: str | None
-    cause: Literal["compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive"]
+    cause: Literal[
+        "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
+    ]
     phase: str | None
     kernel: str | None
     score: float = Field(description="0 = like its peers, >= 1 = past the detection threshold")
