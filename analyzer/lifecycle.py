@@ -26,13 +26,14 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   ranks reported data and no finding kept it; a window where none of its
   ranks reported (missing or late batches) neither keeps nor resolves it.
 * **Lost time.** A fault opens only when, besides its score, the lost time it
-  accounts for over its confirmation streak (:mod:`argus.analyzer.loss`) is at
-  least ``min_loss_pct`` of the wall time of those windows: a fault the job does
+  accounts for over the windows of its confirmation span (the latest ones; the
+  window it began in mid-way does not dilute it; :mod:`argus.analyzer.loss`) is
+  at least ``min_loss_pct`` of the wall time of those windows: a fault the job does
   not feel is no fault. ``unresponsive`` is exempt. Each finding's share
   (``lost_ns``) and the window's wall time (``wall_ns``) are summed over every
   window that updated the diagnosis: ``slowdown_pct = 100 · lost / wall`` over its
-  span, and ``evidence.lost_s`` is the job time it accounts for (with
-  ``window_slowdown_pct`` for the latest window alone).
+  span, ``evidence.lost_s`` is the job time it accounts for and ``evidence.span_s``
+  the wall time of that span (with ``window_slowdown_pct`` for the latest window alone).
 * The job-level fault (family ``job``, :data:`argus.analyzer.findings.JOB_SUBJECT`)
   is one diagnosis however its cause moves: its cause is the one most windows named.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
@@ -69,6 +70,8 @@ STRONG_SCORE = 2.0
 CONFIRM_NS = 10_000_000_000
 #: Clean windows (its ranks reported, nothing kept it) before a diagnosis is resolved.
 RESOLVE_WINDOWS = 3
+#: Windows of a streak's costs kept (enough for the longest confirmation span of short windows).
+MAX_CONFIRM_WINDOWS = 64
 
 
 def diagnosis_id(job_id: str, family: str, subject: str, first_window_ns: int) -> str:
@@ -111,9 +114,8 @@ class _Streak:
     seen: int = 0
     #: Of those, the consecutive windows (up to the last) at its opening score.
     opening: int = 0
-    #: Lost time it accounted for and wall time, ns, over the ``opening`` windows.
-    lost_ns: float = 0.0
-    wall_ns: float = 0.0
+    #: (lost time it accounted for and wall time, ns; cause) of its latest windows, oldest first.
+    costs: tuple[tuple[float, float, str], ...] = ()
 
 
 class Tracker:
@@ -196,11 +198,10 @@ class Tracker:
         for f in sorted(findings, key=lambda f: f.score):  # the best finding of a key counts
             if f.score >= KEEP_SCORE:
                 was = self._streak.get((f.family, f.subject), _Streak())
-                s = _Streak(was.seen + 1)
+                costs = (*was.costs[-MAX_CONFIRM_WINDOWS:], (f.lost_ns, f.wall_ns, f.cause))
+                s = _Streak(was.seen + 1, costs=costs)
                 if f.score >= _open_score(f):
                     s.opening = was.opening + 1
-                    s.lost_ns = was.lost_ns + f.lost_ns
-                    s.wall_ns = was.wall_ns + f.wall_ns
                 streak[(f.family, f.subject)] = s
         self._streak = streak
         changed: list[Diagnosis] = []
@@ -215,11 +216,14 @@ class Tracker:
                 if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
                     needed = max(needed, 2)
                 s = streak.get(key, _Streak())
-                if f.score < _open_score(f) or s.opening < needed or not self._costly(f, s):
+                if f.score < _open_score(f) or s.opening < needed or not self._costly(f, s, needed):
                     continue
-                # The fault was first seen when its streak of windows began.
+                # The fault was first seen when its streak of windows began: its cost counts from there.
                 d = self._new(window_ns - (s.seen - 1) * self.window_ns, f)
                 o = self._open[key] = _Open(d, f.subject)
+                o.lost_ns = sum(c[0] for c in s.costs[:-1])
+                o.wall_ns = sum(c[1] for c in s.costs[:-1])
+                o.causes.update(c[2] for c in s.costs[:-1])
                 changed.extend(self._absorb(key, d))
             elif key in matched or f.score < KEEP_SCORE:
                 continue
@@ -239,11 +243,14 @@ class Tracker:
                 changed.append(replace(o.diagnosis, state=State.RESOLVED.value))
         return changed
 
-    def _costly(self, f: Finding, s: _Streak) -> bool:
-        """The fault cost the job at least the loss threshold over its confirmation streak."""
+    def _costly(self, f: Finding, s: _Streak, windows: int) -> bool:
+        """The fault cost the job at least the loss threshold over its latest ``windows`` windows."""
         if f.family == "unresponsive":
             return True
-        return s.wall_ns > 0 and 100.0 * s.lost_ns >= self.min_loss_pct * s.wall_ns
+        recent = s.costs[-windows:]
+        lost = sum(c[0] for c in recent)
+        wall = sum(c[1] for c in recent)
+        return wall > 0 and 100.0 * lost >= self.min_loss_pct * wall
 
     def finish(self) -> list[Diagnosis]:
         """The job ended (every rank exited): resolve every open diagnosis."""
@@ -341,6 +348,7 @@ class Tracker:
         evidence: dict[str, Any] = {
             **f.evidence,
             "lost_s": round(o.lost_ns / 1e9, 3),
+            "span_s": round(o.wall_ns / 1e9, 3),
             "window_slowdown_pct": round(f.slowdown_pct, 3),
         }
         same = cause == f.cause or not o.diagnosis.evidence

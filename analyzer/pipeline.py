@@ -43,6 +43,9 @@ PROFILE_WINDOWS = 8
 LINK_HISTORY_WINDOWS = 8
 #: Windows over which a rank's stalls count as repeated (a second one is a pattern).
 SPIKE_MEMORY_WINDOWS = 6
+#: The healthy pace needs at least this many healthy windows and this much of their steps, ns.
+PACE_MIN_WINDOWS = 3
+PACE_MIN_NS = 20_000_000_000
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,15 @@ class JobAnalysis:
 
     @property
     def pace_ns(self) -> float | None:
-        """The job's healthy pace: mean step time of its recent healthy windows, ns (None before any)."""
-        enough = self._healthy_windows >= 2 and len(self._steps) >= CONFIDENT_STEPS
-        return float(np.mean(self._steps)) if enough else None
+        """The job's healthy pace: mean step time of its recent healthy windows, ns.
+
+        None until the healthy history spans :data:`PACE_MIN_WINDOWS` windows and
+        :data:`PACE_MIN_NS` of steps: a short history misjudges a job's periodic pauses
+        (checkpoints, evaluation), which its pace must include.
+        """
+        history = float(np.sum(self._steps)) if self._steps else 0.0
+        enough = self._healthy_windows >= PACE_MIN_WINDOWS and history >= PACE_MIN_NS
+        return float(np.mean(self._steps)) if enough and len(self._steps) >= CONFIDENT_STEPS else None
 
     def _baselines(self) -> dict[int, RankBaseline]:
         out = {}
