@@ -89,11 +89,12 @@ class _Context:
         self.w, self.l2, self.l3, self.host = w, l2, l3, host
         self.l2_index = {int(r): i for i, r in enumerate(l2.rank)}
         self.role = l2.roles.of(l2.rank)
+        self.group_of = _groups_of(w)
         gpu_ranks = set(w.status.rank[w.status.has_gpu].tolist()) if w.status.rank.size else set()
         gpu_ranks |= set(host.rank[host.sm_clock_mhz > 0].tolist())
         self.gpu = gpu_ranks
-        healthy = set(l2.rank[l2.healthy].tolist()) if l2.rank.size else set(host.rank.tolist())
-        peer = np.array([int(r) in healthy for r in host.rank], bool) if host.rank.size else np.zeros(0, bool)
+        healthy = l2.rank[l2.healthy] if l2.rank.size else host.rank
+        peer = np.isin(host.rank, healthy)
         if not np.any(peer):
             peer = np.ones(host.rank.size, bool)
         self.peer_cpu = float(np.median(host.cpu_frac[peer])) if host.rank.size else np.nan
@@ -103,14 +104,15 @@ class _Context:
         on_gpu = peer & (host.sm_clock_mhz > 0)
         self.peer_clock = float(np.median(host.sm_clock_mhz[on_gpu])) if np.any(on_gpu) else np.nan
         self.peer_throttled = float(np.median(host.throttled_frac[on_gpu])) if np.any(on_gpu) else 0.0
-        compute = ~l3.collective
+        # Per rank, its compute kernel that scores highest: (score, kernel, W1 excess, mean, peers' mean).
         self.top_kernel: dict[int, tuple[float, int, float, float, float]] = {}
-        for j in np.flatnonzero(compute):
-            r = int(l3.rank[j])
-            s = float(l3.score[j])
-            if np.isfinite(s) and (r not in self.top_kernel or s > self.top_kernel[r][0]):
-                self.top_kernel[r] = (
-                    s,
+        rows = np.flatnonzero(~l3.collective & np.isfinite(l3.score))
+        if rows.size:
+            rows = rows[np.lexsort((-l3.score[rows], l3.rank[rows]))]
+            best = rows[np.r_[True, np.diff(l3.rank[rows]) != 0]]
+            for j in best.tolist():
+                self.top_kernel[int(l3.rank[j])] = (
+                    float(l3.score[j]),
                     int(l3.kernel[j]),
                     float(l3.w1_excess_ns[j]),
                     float(l3.mean_ns[j]),
@@ -223,7 +225,7 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         cause=cause.value,
         rank=rank,
         ranks=(rank,),
-        group=_group_of(ctx.w, rank),
+        group=ctx.group_of.get(rank),
         phase=phase,
         kernel=kernel,
         score=score,
@@ -351,16 +353,18 @@ def _kernel_slowdown(ctx: _Context, rank: int, ev: dict[str, Any]) -> float:
     return float(min(100.0, 100.0 * extra / window_ns))
 
 
-def _group_of(w: Window, rank: int) -> str | None:
-    """The process group whose collectives waited longest on ``rank`` (None without collectives)."""
+def _groups_of(w: Window) -> dict[int, str]:
+    """Per rank, the process group most of its collectives of the window were in."""
     c = w.collectives
-    if c.rank.size == 0:
-        return None
-    mine = c.in_window & (c.rank == rank)
-    if not np.any(mine):
-        return None
-    counts = np.bincount(c.group[mine], minlength=len(c.group_names))
-    return c.group_names[int(np.argmax(counts))]
+    rows = c.in_window
+    if not np.any(rows):
+        return {}
+    n_groups = max(len(c.group_names), 1)
+    keys, counts = np.unique(c.rank[rows].astype(np.int64) * n_groups + c.group[rows], return_counts=True)
+    rank, group = keys // n_groups, keys % n_groups
+    order = np.lexsort((-counts, rank))
+    first = order[np.r_[True, np.diff(rank[order]) != 0]]
+    return {int(r): c.group_names[int(g)] for r, g in zip(rank[first], group[first], strict=True)}
 
 
 def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:

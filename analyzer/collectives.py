@@ -126,7 +126,8 @@ def decompose(
     """
     n = coll.rank.size
     # An instance is (group, seq) for a collective, (group, sender, receiver, seq) for a
-    # point-to-point transfer: a send and its matching receive.
+    # point-to-point transfer: a send and its matching receive. Both become one int64 key:
+    # a "channel" (the group, or a (group, sender, receiver) triple past the groups) and the seq.
     peer = coll.peers
     p2p = peer >= 0
     is_send = np.zeros(n, bool)
@@ -134,10 +135,24 @@ def decompose(
         is_send = np.array([o == "send" for o in coll.op_names], bool)[coll.op] & p2p
     sender = np.where(p2p, np.where(is_send, coll.rank, peer), -1)
     receiver = np.where(p2p, np.where(is_send, peer, coll.rank), -1)
-    key = np.stack([coll.group, sender, receiver, coll.seq], axis=1) if n else np.zeros((0, 4), np.int64)
-    inst_keys, instance = np.unique(key, axis=0, return_inverse=True)
+    channel = coll.group.astype(np.int64).copy()
+    triples = np.zeros((0, 3), np.int64)
+    if np.any(p2p):
+        triples, pair = np.unique(
+            np.stack([coll.group[p2p], sender[p2p], receiver[p2p]], axis=1), axis=0, return_inverse=True
+        )
+        channel[p2p] = len(coll.group_names) + pair.ravel()
+    key = (channel << 40) | (coll.seq & ((np.int64(1) << 40) - 1))
+    inst_keys, instance = np.unique(key, return_inverse=True)
     instance = instance.reshape(-1).astype(np.int64)
-    n_inst = inst_keys.shape[0]
+    n_inst = inst_keys.size
+    inst_channel = inst_keys >> 40
+    n_groups = len(coll.group_names)
+    inst_is_p2p = inst_channel >= n_groups
+    t_idx = np.where(inst_is_p2p, inst_channel - n_groups, 0)
+    inst_group_of = np.where(inst_is_p2p, triples[t_idx, 0] if triples.size else 0, inst_channel)
+    inst_sender = np.where(inst_is_p2p, triples[t_idx, 1] if triples.size else -1, -1)
+    inst_receiver = np.where(inst_is_p2p, triples[t_idx, 2] if triples.size else -1, -1)
     end = (coll.start_ns + coll.dur_ns).astype(np.float64)
     issue = coll.issue_ns.astype(np.float64)
     ranks, rank_idx = np.unique(coll.rank, return_inverse=True)
@@ -165,8 +180,8 @@ def decompose(
     order = np.lexsort((issue_c, instance))
     last_row = order[np.r_[np.flatnonzero(np.diff(instance[order])), n - 1]] if n else np.zeros(0, np.int64)
 
-    inst_group = inst_keys[:, 0].astype(np.int64)
-    inst_seq = inst_keys[:, 3].astype(np.int64)
+    inst_group = inst_group_of.astype(np.int64)
+    inst_seq = (inst_keys & ((np.int64(1) << 40) - 1)).astype(np.int64)
     first_row = np.zeros(n_inst, np.int64)
     first_row[instance[::-1]] = np.arange(n)[::-1]
     expected = np.zeros(len(coll.group_names), np.int64)
@@ -187,7 +202,7 @@ def decompose(
         inst_bytes=coll.bytes[first_row] if n else np.zeros(0, np.int64),
         inst_ranks=inst_count,
         inst_complete=(
-            np.where(inst_keys[:, 1] >= 0, inst_count >= 2, inst_count >= expected[inst_group])
+            np.where(inst_is_p2p, inst_count >= 2, inst_count >= expected[inst_group])
             if n
             else np.zeros(0, bool)
         ),
@@ -195,8 +210,8 @@ def decompose(
         inst_late_ns=last_arrival - med_issue,
         inst_transfer_ns=inst_transfer,
         inst_last_rank=coll.rank[last_row] if n else np.zeros(0, np.int64),
-        inst_sender=inst_keys[:, 1].astype(np.int64),
-        inst_receiver=inst_keys[:, 2].astype(np.int64),
+        inst_sender=inst_sender.astype(np.int64),
+        inst_receiver=inst_receiver.astype(np.int64),
     )
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -61,6 +62,8 @@ __all__ = [
     "Slowdown",
     "compare_phases",
 ]
+
+F64 = NDArray[np.float64]
 
 #: Steps numbered below this are warm-up (allocation, compilation, first batches) and not compared.
 WARMUP_STEPS = 5
@@ -164,10 +167,31 @@ class PhaseResult:
         """
         if not np.any(ranks) or self.excess_matrix.shape[1] == 0:
             return np.zeros(self.excess_matrix.shape[1])
-        x = np.nan_to_num(self.excess_matrix, nan=0.0)
+        x, top, second, top_rank = self._top2
+        selected = np.flatnonzero(ranks)
+        if selected.size == 1:  # one rank: the rest's largest is the top, or the second when it is the top
+            i = int(selected[0])
+            rest = np.where(top_rank == i, second, top)
+            return np.asarray(np.maximum(x[i] - rest, 0.0))
         mine = np.max(x[ranks], axis=0, initial=0.0)
         rest = np.max(x[~ranks], axis=0, initial=0.0)
-        return np.maximum(mine - rest, 0.0)
+        return np.asarray(np.maximum(mine - rest, 0.0))
+
+    @cached_property
+    def _top2(self) -> tuple[F64, F64, F64, NDArray[np.int64]]:
+        """Excess with NaN as 0, and per step column the largest, the second largest, and whose."""
+        x = np.nan_to_num(self.excess_matrix, nan=0.0)
+        if x.shape[0] == 0:
+            z = np.zeros(x.shape[1])
+            return x, z, z, np.zeros(x.shape[1], np.int64)
+        top_rank = np.argmax(x, axis=0)
+        cols = np.arange(x.shape[1])
+        top = x[top_rank, cols]
+        if x.shape[0] == 1:
+            return x, top, np.zeros(x.shape[1]), top_rank
+        masked = x.copy()
+        masked[top_rank, cols] = -np.inf
+        return x, top, np.max(masked, axis=0), top_rank
 
     def slowdown(self, ranks: NDArray[np.bool_]) -> Slowdown:
         """The job's loss of throughput caused by the ranks selected by mask ``ranks`` (:class:`Slowdown`)."""
@@ -300,37 +324,44 @@ def _compare(
     base_step = np.array([baseline[r].step_ns if r in baseline else np.nan for r in ranks.tolist()])
     change = self_t - base_self[:, None]
     common, unchanged = _common_change(np.nanmean(change, axis=1), base_sigma, n_steps, base_step)
-    # The job's common change, step by step (every rank slower together at one step cancels).
-    common_step = np.nanmedian(change[unchanged], axis=0) if np.any(unchanged) else np.full(n_s, common)
-    x_past = change - np.where(np.isfinite(common_step), common_step, common)[None, :]
-    comp_change = np.nanmean(comps, axis=2).T - base_comp  # (n, 5)
-    common_comp = (
-        np.nan_to_num(np.nanmedian(comp_change[unchanged], axis=0), nan=0.0)
-        if np.any(unchanged)
-        else np.zeros(len(COMPONENTS))
+    x_past = change - _common_steps(change, unchanged, common)
+    comp_change = comps - base_comp.T[:, :, None]  # (5, n, s)
+    x_past_comp = np.stack(
+        [comp_change[k] - _common_steps(comp_change[k], unchanged, 0.0) for k in range(len(COMPONENTS))]
     )
+    common_comp = np.nan_to_num(np.nanmean(comp_change - x_past_comp, axis=(1, 2)), nan=0.0)
 
-    # --- per-rank statistics: mean excess, a lone hiccup left out ---
-    sigma_step = _noise(x_peer, healthy, valid)
-    peer_stat, peer_spikes = _mean_excess(x_peer, valid, sigma_step, ref_step, recent_spikes, ranks)
-    past_noise = _rank_noise(x_past, valid)
-    past_stat, past_spikes = _mean_excess(x_past, valid, past_noise, ref_step, recent_spikes, ranks)
-
+    # --- scores: the whole self time and each component, each against its own noise ---
+    # Extra time in one component (a host stall in untracked time) stands out against that
+    # component's noise even when the others' swamp the sum; extra time spread over several
+    # (a slower forward and backward) stands out in the sum.
     shrink = np.minimum(1.0, n_steps / CONFIDENT_STEPS)
-    peer_score = np.full(n_r, np.nan)
-    for g in np.unique(role[has_peers]):
-        members = (role == g) & enough
-        floor = REL_FLOOR * float(np.nanmedian(peer_step[members]))
-        s = one_sided_scores(
-            np.where(members, peer_stat, np.nan),
-            floor=floor,
-            min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)),
-        ).score
-        peer_score[members] = s[members]
     past_floor = REL_FLOOR * np.where(np.isfinite(base_step), base_step, ref_step)
-    past_thr = np.fmax(K_SIGMA * past_noise / np.sqrt(np.maximum(n_steps - 1, 1)), past_floor)
-    past_score = np.where(np.isfinite(past_stat) & enough, past_stat / past_thr, np.nan)
-    peer_score = np.where(enough, peer_score * shrink, np.nan)
+    peer_score = np.full(n_r, np.nan)
+    past_score = np.full(n_r, np.nan)
+    peer_spikes = past_spikes = np.zeros(n_r, np.int64)
+    past_stat = np.full(n_r, np.nan)
+    for j, (xp, xq) in enumerate(
+        [(x_peer, x_past), *((comps[k] - peer_comp[k], x_past_comp[k]) for k in range(len(COMPONENTS)))]
+    ):
+        sigma_step = _noise(xp, healthy, valid)
+        p_stat, p_spikes = _mean_excess(xp, valid, sigma_step, ref_step, recent_spikes, ranks)
+        q_noise = _rank_noise(xq, valid)
+        q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
+        for g in np.unique(role[has_peers]):
+            members = (role == g) & enough
+            floor = REL_FLOOR * float(np.nanmedian(peer_step[members]))
+            sc = one_sided_scores(
+                np.where(members, p_stat, np.nan),
+                floor=floor,
+                min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)),
+            ).score
+            peer_score[members] = np.fmax(peer_score[members], sc[members])
+        q_thr = np.fmax(K_SIGMA * q_noise / np.sqrt(np.maximum(n_steps - 1, 1)), past_floor)
+        past_score = np.fmax(past_score, np.where(np.isfinite(q_stat) & enough, q_stat / q_thr, np.nan))
+        if j == 0:
+            peer_spikes, past_spikes, past_stat = p_spikes, q_spikes, q_stat
+    peer_score = np.where(enough & has_peers, peer_score * shrink, np.nan)
     past_score = past_score * shrink
     score = np.fmax(peer_score, past_score)
 
@@ -410,6 +441,15 @@ def _noise(x: NDArray[np.float64], healthy: NDArray[np.bool_], valid: NDArray[np
     resid = x[healthy][valid[healthy]]
     resid = resid[np.isfinite(resid)]
     return MAD_TO_SIGMA * float(np.median(np.abs(resid - np.median(resid)))) if resid.size else 0.0
+
+
+def _common_steps(change: F64, unchanged: NDArray[np.bool_], fallback: float) -> F64:
+    """Per step column, the change of the ranks not behind (every rank slower together at one step
+    cancels), as a row to subtract; ``fallback`` where no such rank reported."""
+    if not np.any(unchanged):
+        return np.full((1, change.shape[1]), fallback)
+    per_step = np.nanmedian(change[unchanged], axis=0)
+    return np.where(np.isfinite(per_step), per_step, fallback)[None, :]
 
 
 def _rank_noise(x: NDArray[np.float64], valid: NDArray[np.bool_]) -> NDArray[np.float64]:

@@ -217,11 +217,12 @@ class JobAnalysis:
         if profile is not None:
             self._profiles.append(profile)
         t = l2.times
-        flagged = {r for f in findings for r in f.ranks}
         if t is not None:
+            # Every rank's reference comes from the same windows: the job's common change between
+            # then and now is only measurable against references of one period.
             for i, r in enumerate(t.rank.tolist()):
                 own = t.self_ns[i][np.isfinite(t.self_ns[i])]
-                if r in flagged or own.size < CONFIDENT_STEPS:
+                if own.size < CONFIDENT_STEPS:
                     continue
                 med = float(np.median(own))
                 entry = _RankWindow(

@@ -152,11 +152,12 @@ def _signatures(ranks: NDArray[np.int64], c: Collectives, group_sizes: dict[str,
     kinds, k_idx = np.unique(kind[ok], return_inverse=True)
     counts = np.zeros((ranks.size, kinds.size))
     np.add.at(counts, (ri[ok], k_idx.ravel()), 1.0)
-    steps = np.zeros(ranks.size)
-    rank_steps = np.unique(np.stack([ri[ok], c.step[rows][ok]]), axis=1)
-    np.add.at(steps, rank_steps[0], 1.0)
+    rank_steps = np.unique(ri[ok].astype(np.int64) << 40 | c.step[rows][ok])
+    steps = np.bincount(rank_steps >> 40, minlength=ranks.size).astype(np.float64)
     per_step = np.round(counts / np.maximum(steps, 1.0)[:, None], 1)
-    _, sig = np.unique(per_step, axis=0, return_inverse=True)
+    # One id per distinct row: hash the rows, then confirm equal hashes are equal rows.
+    weights = np.random.default_rng(0).random(per_step.shape[1])
+    _, sig = np.unique(np.round(per_step @ weights, 6), return_inverse=True)
     return np.asarray(sig.ravel(), np.int64)
 
 

@@ -124,38 +124,57 @@ def blocking_rows(
     times = [c.issue_ns[c_ok], p.start_ns[p_ok], (p.start_ns + p.dur_ns)[p_ok]]
     owners = [c_ri[c_ok], p_ri[p_ok], p_ri[p_ok]]
     t0 = int(min(int(np.min(x)) for x in times if x.size))
-    events = np.sort(_event_keys(np.concatenate(owners), np.concatenate(times), t0))
-    lo = _event_keys(c_ri, c.issue_ns, t0)
+    # Every event of every rank in (rank, time) order; a row's own issue is one of them, so the
+    # event after it says whether the rank did anything before the row's end.
+    keys = _event_keys(np.concatenate(owners), np.concatenate(times), t0)
+    order = np.argsort(keys, kind="stable")
+    events = keys[order]
+    row_of = np.concatenate([np.flatnonzero(c_ok), np.full(keys.size - int(c_ok.sum()), -1)])[order]
+    at = np.empty(n, np.int64)
+    at[row_of[row_of >= 0]] = np.flatnonzero(row_of >= 0)
     hi = _event_keys(c_ri, end, t0)
-    busy = np.searchsorted(events, hi, side="left") - np.searchsorted(events, lo, side="right") > 0
+    following = np.full(n, np.iinfo(np.int64).max)
+    rows_ok = np.flatnonzero(c_ok)
+    nxt = at[rows_ok] + 1
+    # Events at the very same time as the issue are not "in between".
+    lo = _event_keys(c_ri, c.issue_ns, t0)
+    has = nxt < events.size
+    following[rows_ok[has]] = events[nxt[has]]
+    same_time = np.zeros(n, bool)
+    same_time[rows_ok[has]] = events[nxt[has]] == lo[rows_ok[has]]
+    if np.any(same_time):  # rare: step past events stamped at the issue instant
+        idx = np.flatnonzero(same_time)
+        later = np.searchsorted(events, lo[idx], side="right")
+        ok2 = later < events.size
+        following[idx] = np.where(ok2, events[np.minimum(later, events.size - 1)], np.iinfo(np.int64).max)
+    busy = c_ok & (following < hi)
     if instance is not None and instance.size == n:
         # One participant busy during its call: the call did not block anyone.
         busy_inst = np.zeros(int(instance.max()) + 1 if n else 0, bool)
-        np.logical_or.at(busy_inst, instance, busy & c_ok)
+        np.logical_or.at(busy_inst, instance, busy)
         busy |= busy_inst[instance]
     blocking = ~busy & (end > c.issue_ns)
-    overlapped = c.overlaps
+    overlapped = c.overlaps & c_ok
     if np.any(overlapped):
         # Overlapped calls (DDP buckets) block only where the rank waits for them: its last of the
         # step in that group when the rank's next event follows its end at once (the end of
         # backward, which waits for every bucket); one that ends while the rank works on blocked
         # nobody.
-        key = (c_ri.astype(np.int64) << 32) ^ (c.step.astype(np.int64) << 8) ^ c.group.astype(np.int64)
         idx = np.flatnonzero(overlapped)
-        order = idx[np.lexsort((c.issue_ns[idx], key[idx]))]
-        last = order[np.r_[np.flatnonzero(np.diff(key[order])), order.size - 1]] if order.size else order
-        is_last = np.zeros(n, bool)
-        is_last[last] = True
-        nxt = np.searchsorted(events, hi, side="left")
-        gap = np.full(n, np.inf)
-        has_next = (nxt < events.size) & c_ok
-        after = events[np.minimum(nxt, max(events.size - 1, 0))] if events.size else np.zeros(n, np.int64)
-        same_rank = (after >> _TIME_BITS) == c_ri
-        gap = np.where(
-            has_next & same_rank, (after & ((1 << _TIME_BITS) - 1)) - (hi & ((1 << _TIME_BITS) - 1)), gap
-        )
-        waited_for = gap <= RESUME_NS
-        blocking = np.where(overlapped, is_last & waited_for & ~busy & (end > c.issue_ns), blocking)
+        key = (c_ri[idx].astype(np.int64) << 40) | ((c.step[idx].astype(np.int64) & 0xFFFFFF) << 16)
+        key |= c.group[idx].astype(np.int64) & 0xFFFF
+        uniq, inv = np.unique(key, return_inverse=True)
+        last_issue = np.full(uniq.size, np.iinfo(np.int64).min)
+        np.maximum.at(last_issue, inv.ravel(), c.issue_ns[idx])
+        cand = idx[c.issue_ns[idx] == last_issue[inv.ravel()]]
+        after = np.searchsorted(events, hi[cand], side="left")
+        has_next = after < events.size
+        nxt_key = events[np.minimum(after, events.size - 1)]
+        same_rank = (nxt_key >> _TIME_BITS) == c_ri[cand]
+        gap = (nxt_key & ((1 << _TIME_BITS) - 1)) - (hi[cand] & ((1 << _TIME_BITS) - 1))
+        waited_for = has_next & same_rank & (gap <= RESUME_NS)
+        blocking[idx] = False
+        blocking[cand] = waited_for & ~busy[cand] & (end[cand] > c.issue_ns[cand])
     return blocking & c_ok
 
 
