@@ -118,6 +118,7 @@ def synthetic_job(
                 last_arrival,
                 end - last_arrival,
                 -1,
+                0,
             )
             for k, v in zip(c_cols, row, strict=True):
                 c_cols[k].append(v)
