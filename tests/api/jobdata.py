@@ -239,6 +239,8 @@ def diagnosis_row(
         "state": state,
         "evidence": json.dumps({"forward_ms": {"rank": 30.0, "peers_median": 10.0}}),
         "updated_ns": updated_ns,
+        "analysed_to_ns": 0,
+        "tracker": "",
     }
     row.update(extra)
     schema = pa.schema(
