@@ -138,9 +138,11 @@ def decompose(
     channel = coll.group.astype(np.int64).copy()
     triples = np.zeros((0, 3), np.int64)
     if np.any(p2p):
-        triples, pair = np.unique(
-            np.stack([coll.group[p2p], sender[p2p], receiver[p2p]], axis=1), axis=0, return_inverse=True
-        )
+        # (group, sender, receiver) as one int64: ranks and groups below 2**21 each.
+        triple = (coll.group[p2p].astype(np.int64) << 42) | (sender[p2p] << 21) | receiver[p2p]
+        uniq, pair = np.unique(triple, return_inverse=True)
+        mask = (1 << 21) - 1
+        triples = np.stack([uniq >> 42, (uniq >> 21) & mask, uniq & mask], axis=1)
         channel[p2p] = len(coll.group_names) + pair.ravel()
     key = (channel << 40) | (coll.seq & ((np.int64(1) << 40) - 1))
     inst_keys, instance = np.unique(key, return_inverse=True)
@@ -239,9 +241,18 @@ class LinkFinding:
 
 
 def _instance_keys(d: Decomposition) -> NDArray[np.int64]:
-    """(op, size class) per instance: transfers are compared only between like instances."""
+    """Per instance, what its transfers are compared by: like instances of like groups.
+
+    (op, message-size class) and the kind of its group — how many ranks take part and how
+    often (the log2 of the group's instances in the window): a data-parallel gradient
+    all-reduce across nodes and a tensor-parallel all-reduce inside one are different links,
+    however similar their messages.
+    """
     size_class = np.floor(np.log2(np.maximum(d.inst_bytes, 1))).astype(np.int64)
-    return d.inst_op * 64 + size_class
+    per_group = np.bincount(d.inst_group, minlength=int(d.inst_group.max()) + 1 if d.inst_group.size else 0)
+    frequency = np.floor(np.log2(np.maximum(per_group[d.inst_group], 1))).astype(np.int64)
+    width = np.minimum(d.inst_ranks, 4095)
+    return ((d.inst_op * 64 + size_class) * 64 + frequency) * 4096 + width
 
 
 def slow_links(

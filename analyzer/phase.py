@@ -455,8 +455,12 @@ def _common_steps(change: F64, unchanged: NDArray[np.bool_], fallback: float) ->
 def _rank_noise(x: NDArray[np.float64], valid: NDArray[np.bool_]) -> NDArray[np.float64]:
     """Per rank, the robust per-step standard deviation of its excess, ns (NaN without data)."""
     v = np.where(valid, x, np.nan)
-    med = np.nanmedian(v, axis=1)
-    return MAD_TO_SIGMA * np.nanmedian(np.abs(v - med[:, None]), axis=1)
+    out = np.full(x.shape[0], np.nan)
+    has = np.any(np.isfinite(v), axis=1)
+    if np.any(has):
+        med = np.nanmedian(v[has], axis=1)
+        out[has] = MAD_TO_SIGMA * np.nanmedian(np.abs(v[has] - med[:, None]), axis=1)
+    return out
 
 
 def _mean_excess(

@@ -98,13 +98,16 @@ def _stages(ranks: NDArray[np.int64], d: Decomposition) -> NDArray[np.int64]:
     )
     snd, rcv = snd[ok], rcv[ok]
     when = d.inst_last_arrival_ns[p2p][ok]
-    first: dict[tuple[int, int], tuple[float, int]] = {}  # undirected edge -> (first time, sender)
-    for a, b, t in zip(snd.tolist(), rcv.tolist(), when.tolist(), strict=True):
-        if a == b:
-            continue
-        edge = (min(a, b), max(a, b))
-        if edge not in first or t < first[edge][0]:
-            first[edge] = (t, a)
+    keep = snd != rcv
+    snd, rcv, when = snd[keep], rcv[keep], when[keep]
+    # Per undirected edge, the first transfer in time and who sent it.
+    edge = np.minimum(snd, rcv).astype(np.int64) * ranks.size + np.maximum(snd, rcv)
+    order = np.lexsort((when, edge))
+    firsts = order[np.r_[True, np.diff(edge[order]) != 0]] if order.size else order
+    first: dict[tuple[int, int], tuple[float, int]] = {
+        (int(min(a, b)), int(max(a, b))): (float(t), int(a))
+        for a, b, t in zip(snd[firsts].tolist(), rcv[firsts].tolist(), when[firsts].tolist(), strict=True)
+    }
     neighbours: dict[int, set[int]] = {}
     for a, b in first:
         neighbours.setdefault(a, set()).add(b)
