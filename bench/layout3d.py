@@ -107,6 +107,31 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     step = 0
     xfer_tp, xfer_pp, xfer_dp = 0.02 * unit, 0.05 * unit, 0.3 * unit
     sent = np.zeros(world)
+
+    def compute(r: NDArray[np.int64], s: int, scale: float) -> NDArray[np.float64]:
+        return unit * lay.stage_work[s] * scale * speed[r] * rng.lognormal(0, lay.noise, r.size)
+
+    def tp_allreduce(
+        step: int, r: NDArray[np.int64], s: int, when: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        last = np.full(D, -np.inf)
+        np.maximum.at(last, replica, when)
+        done = last[replica] + xfer_tp
+        coll(r, step, tp_group[s], 0, when, done)
+        return done
+
+    def p2p(
+        step: int,
+        src: NDArray[np.int64],
+        dst: NDArray[np.int64],
+        send_at: NDArray[np.float64],
+        recv_at: NDArray[np.float64],
+    ) -> NDArray[np.float64]:
+        done = np.maximum(send_at, recv_at) + xfer_pp
+        coll(src, step, np.full(src.size, pp_group), 2, send_at, done, dst)
+        coll(dst, step, np.full(dst.size, pp_group), 3, recv_at, done, src)
+        return done
+
     while t.min() < end_all:
         start = t.copy()
         data_end = t.copy()
@@ -115,36 +140,15 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
         cur = data_end.copy()
         fwd_start = cur.copy()
 
-        def compute(r: NDArray[np.int64], s: int, scale: float) -> NDArray[np.float64]:
-            return unit * lay.stage_work[s] * scale * speed[r] * rng.lognormal(0, lay.noise, r.size)
-
-        def tp_allreduce(r: NDArray[np.int64], s: int, when: NDArray[np.float64]) -> NDArray[np.float64]:
-            last = np.full(D, -np.inf)
-            np.maximum.at(last, replica, when)
-            done = last[replica] + xfer_tp
-            coll(r, step, tp_group[s], 0, when, done)
-            return done
-
-        def p2p(
-            src: NDArray[np.int64],
-            dst: NDArray[np.int64],
-            send_at: NDArray[np.float64],
-            recv_at: NDArray[np.float64],
-        ) -> NDArray[np.float64]:
-            done = np.maximum(send_at, recv_at) + xfer_pp
-            coll(src, step, np.full(src.size, pp_group), 2, send_at, done, dst)
-            coll(dst, step, np.full(dst.size, pp_group), 3, recv_at, done, src)
-            return done
-
         # Forward, micro-batch by micro-batch, stage by stage.
         for _m in range(M):
             for s in range(S):
                 r = ranks_of[s]
                 if s > 0:
                     prev = ranks_of[s - 1]
-                    cur[r] = p2p(prev, r, sent[prev], cur[r])
+                    cur[r] = p2p(step, prev, r, sent[prev], cur[r])
                 cur[r] += compute(r, s, 1.0)
-                cur[r] = tp_allreduce(r, s, cur[r])
+                cur[r] = tp_allreduce(step, r, s, cur[r])
                 sent[r] = cur[r]
         fwd_end = cur.copy()
         # Backward in reverse.
@@ -154,11 +158,11 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
                 r = ranks_of[s]
                 if s < S - 1:
                     nxt = ranks_of[s + 1]
-                    cur[r] = p2p(nxt, r, sent[nxt], cur[r])
+                    cur[r] = p2p(step, nxt, r, sent[nxt], cur[r])
                 cur[r] += compute(r, s, 2.0)
                 if m == M - 1:
                     bucket_at[r] = cur[r] - 0.5 * unit
-                cur[r] = tp_allreduce(r, s, cur[r])
+                cur[r] = tp_allreduce(step, r, s, cur[r])
                 sent[r] = cur[r]
         # Data-parallel gradient all-reduce across replicas per (stage, tp position).
         for s in range(S):
