@@ -43,10 +43,10 @@ import resource
 import time
 
 import numpy as np
-from layout3d import Layout3D, windows
 
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.synthetic3d import Layout3D, windows
 from argus.analyzer.wasserstein import U_WEIGHTS, mixture_quantiles
 from argus.analyzer.window import KernelClusters
 

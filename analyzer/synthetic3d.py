@@ -59,14 +59,16 @@ def _rank(
 def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Window]:
     """Play the job for ``n_windows`` windows of ``window_s`` and cut it into windows."""
     rng = np.random.default_rng(lay.seed)
-    S, P, D, M = lay.stages, lay.tp, lay.dp, lay.micro
+    n_stages, n_tp, n_dp, n_micro = lay.stages, lay.tp, lay.dp, lay.micro
     world = lay.world
-    replica = np.repeat(np.arange(D), P)  # (D*P,) for one stage's ranks
-    tpos = np.tile(np.arange(P), D)
-    ranks_of = [_rank(lay, replica, s, tpos) for s in range(S)]
+    replica = np.repeat(np.arange(n_dp), n_tp)  # (n_dp*n_tp,) for one stage's ranks
+    tpos = np.tile(np.arange(n_tp), n_dp)
+    ranks_of = [_rank(lay, replica, s, tpos) for s in range(n_stages)]
     speed = np.ones(world)
     speed[list(lay.slow)] = 1.0 + lay.slowdown
-    unit = lay.step_ms * 1e6 / (2 * M * sum(lay.stage_work) / S * 3)  # compute per micro-batch pass
+    unit = (
+        lay.step_ms * 1e6 / (2 * n_micro * sum(lay.stage_work) / n_stages * 3)
+    )  # compute per micro-batch pass
     # Groups: tensor-parallel "t<stage>.<replica>", data-parallel "d<stage>.<tp position>",
     # and "p" for the point-to-point transfers.
     keys = ("rank", "step", "group", "op", "issue", "end", "peer", "ovl")
@@ -76,8 +78,8 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     def gid(name: str) -> int:
         return group_ids.setdefault(name, len(group_ids))
 
-    tp_group = [np.array([gid(f"t{s}.{r}") for r in range(D)])[replica] for s in range(S)]
-    dp_group = [np.array([gid(f"d{s}.{p}") for p in range(P)])[tpos] for s in range(S)]
+    tp_group = [np.array([gid(f"t{s}.{r}") for r in range(n_dp)])[replica] for s in range(n_stages)]
+    dp_group = [np.array([gid(f"d{s}.{p}") for p in range(n_tp)])[tpos] for s in range(n_stages)]
     pp_group = gid("p")
 
     def coll(
@@ -100,8 +102,11 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
         rows["peer"].append(np.broadcast_to(np.asarray(peer), r.shape).astype(np.int64))
         rows["ovl"].append(np.full(r.size, ovl))
 
-    st_rank, st_step, st_start, st_dur = [], [], [], []
-    ph = {k: [] for k in ("rank", "step", "phase", "start", "dur")}
+    st_rank: list[NDArray[np.int64]] = []
+    st_step: list[NDArray[np.int64]] = []
+    st_start: list[NDArray[np.int64]] = []
+    st_dur: list[NDArray[np.int64]] = []
+    ph: dict[str, list[NDArray[np.int64]]] = {k: [] for k in ("rank", "step", "phase", "start", "dur")}
     t = np.full(world, float(T0 + NS // 3))
     end_all = T0 + n_windows * int(window_s * NS)
     step = 0
@@ -114,7 +119,7 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     def tp_allreduce(
         step: int, r: NDArray[np.int64], s: int, when: NDArray[np.float64]
     ) -> NDArray[np.float64]:
-        last = np.full(D, -np.inf)
+        last = np.full(n_dp, -np.inf)
         np.maximum.at(last, replica, when)
         done = last[replica] + xfer_tp
         coll(r, step, tp_group[s], 0, when, done)
@@ -136,13 +141,13 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
         start = t.copy()
         data_end = t.copy()
         s0 = ranks_of[0]
-        data_end[s0] += 0.05 * unit * M * rng.lognormal(0, lay.noise, s0.size)
+        data_end[s0] += 0.05 * unit * n_micro * rng.lognormal(0, lay.noise, s0.size)
         cur = data_end.copy()
         fwd_start = cur.copy()
 
         # Forward, micro-batch by micro-batch, stage by stage.
-        for _m in range(M):
-            for s in range(S):
+        for _m in range(n_micro):
+            for s in range(n_stages):
                 r = ranks_of[s]
                 if s > 0:
                     prev = ranks_of[s - 1]
@@ -153,22 +158,22 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
         fwd_end = cur.copy()
         # Backward in reverse.
         bucket_at = np.zeros(world)
-        for m in range(M):
-            for s in reversed(range(S)):
+        for m in range(n_micro):
+            for s in reversed(range(n_stages)):
                 r = ranks_of[s]
-                if s < S - 1:
+                if s < n_stages - 1:
                     nxt = ranks_of[s + 1]
                     cur[r] = p2p(step, nxt, r, sent[nxt], cur[r])
                 cur[r] += compute(r, s, 2.0)
-                if m == M - 1:
+                if m == n_micro - 1:
                     bucket_at[r] = cur[r] - 0.5 * unit
                 cur[r] = tp_allreduce(step, r, s, cur[r])
                 sent[r] = cur[r]
         # Data-parallel gradient all-reduce across replicas per (stage, tp position).
-        for s in range(S):
+        for s in range(n_stages):
             r = ranks_of[s]
             for b, (when, ovl) in enumerate(((bucket_at[r], 1), (cur[r], 1))):
-                last = np.full(P, -np.inf)
+                last = np.full(n_tp, -np.inf)
                 np.maximum.at(last, tpos, when)
                 done = last[tpos] + xfer_dp
                 coll(r, step, dp_group[s], 1, when, done, ovl=ovl)
@@ -176,15 +181,15 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
                     cur[r] = np.maximum(cur[r], done) + 0.001 * unit
         bwd_end = cur.copy()
         opt_end = bwd_end + 0.1 * unit * rng.lognormal(0, lay.noise, world)
-        for k, (a, b) in enumerate(
+        for k, (a, z) in enumerate(
             ((start, data_end), (fwd_start, fwd_end), (fwd_end, bwd_end), (bwd_end, opt_end))
         ):
-            keep = b > a
+            keep = z > a
             ph["rank"].append(np.flatnonzero(keep))
             ph["step"].append(np.full(int(keep.sum()), step))
             ph["phase"].append(np.full(int(keep.sum()), k))
             ph["start"].append(a[keep].astype(np.int64))
-            ph["dur"].append((b - a)[keep].astype(np.int64))
+            ph["dur"].append((z - a)[keep].astype(np.int64))
         st_rank.append(np.arange(world))
         st_step.append(np.full(world, step))
         st_start.append(start.astype(np.int64))
@@ -197,9 +202,9 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     # (rank, direction, peer), as the probe numbers them.
     order = np.lexsort((cat["issue"], cat["rank"]))
     cat = {k: v[order] for k, v in cat.items()}
-    p2p = cat["op"] >= 2
+    is_p2p = cat["op"] >= 2
     key = np.where(
-        p2p, (cat["rank"] << 34) | (cat["op"] << 32) | cat["peer"], (cat["rank"] << 34) | cat["group"]
+        is_p2p, (cat["rank"] << 34) | (cat["op"] << 32) | cat["peer"], (cat["rank"] << 34) | cat["group"]
     )
     _, inv = np.unique(key, return_inverse=True)
     inv = inv.ravel()
