@@ -30,6 +30,10 @@ the fault starts; the twin's at the same offset from its own start):
   throughput the fault took);
 - **lost time** = the period's wall time − its steps × the twin's mean step time.
 
+The table also shows, for information only, ``warm%``: the cost with each run's
+fault period first divided by its own warm-up pace, which is less sensitive to a
+machine whose load changes between runs (a shared 2-core machine's does).
+
 Scoring, over every diagnosis Argus gave for the job (open or resolved). A
 diagnosis *names* ``{rank}`` when ``rank`` is set, else its ``ranks``.
 
@@ -290,6 +294,12 @@ def pace(timeline: dict[str, Any]) -> Pace:
     return Pace(len(after), wall, wall / len(after))
 
 
+def warm_step_s(timeline: dict[str, Any], skip: int = 5) -> float:
+    """Mean step time of the warm-up after its first ``skip`` steps (start-up), seconds; NaN if too short."""
+    ends = [t for t in timeline["step_end_ns"] if t <= timeline["fault_start_ns"]][skip:]
+    return (ends[-1] - ends[0]) / 1e9 / (len(ends) - 1) if len(ends) >= 3 else math.nan
+
+
 def named(d: dict[str, Any]) -> set[int]:
     """The ranks a diagnosis names: its rank, else its ``ranks``."""
     return {int(d["rank"])} if d.get("rank") is not None else {int(r) for r in d.get("ranks") or []}
@@ -329,6 +339,9 @@ class Row:
     ranks: str
     exit: int | None
     cost: float = math.nan
+    #: Information only: the cost with each run's fault period against its own warm-up first
+    #: (1 - (twin fault / twin warm-up) / (fault / warm-up)), less sensitive to load between runs.
+    cost_vs_warmup: float = math.nan
     lost_s: float = math.nan
     explained_s: float = 0.0
     tp: int = 0
@@ -378,6 +391,8 @@ def score(
         if faulty and twin is not None and run.timeline and twin.timeline:
             mine, theirs = pace(run.timeline), pace(twin.timeline)
             row.cost = 1 - theirs.step_s / mine.step_s
+            drift = theirs.step_s / warm_step_s(twin.timeline)
+            row.cost_vs_warmup = 1 - drift / (mine.step_s / warm_step_s(run.timeline))
             row.lost_s = max(mine.wall_s - mine.steps * theirs.step_s, 0.0)
             row.counted = row.cost >= RECALL_MIN_COST
         if faulty:
@@ -419,18 +434,19 @@ def _describe(d: dict[str, Any]) -> str:
 def report(rows: list[Row], figures: dict[str, float]) -> None:
     """The per-job table, then the summary lines (the figures last)."""
     print(
-        f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'lost_s':>6} "
+        f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
         f"{'expl_s':>6} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5}  diagnoses"
     )
     for r in rows:
         cost = f"{100 * r.cost:6.1f}" if math.isfinite(r.cost) else f"{'':6}"
+        warm = f"{100 * r.cost_vs_warmup:6.1f}" if math.isfinite(r.cost_vs_warmup) else f"{'':6}"
         lost = f"{r.lost_s:6.1f}" if math.isfinite(r.lost_s) else f"{'':6}"
         share = f"{r.share:5.2f}" if math.isfinite(r.share) else f"{'':5}"
         cause = f"{r.cause_ok}/{r.tp}" if r.tp else ""
         mark = "" if r.counted or r.fault == "clean" else " (cost < 10 %: not in recall)"
         print(
             f"{r.name:24} {r.layout:3} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
-            f"{cost} {lost} {r.explained_s:6.1f} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5}  "
+            f"{cost} {warm} {lost} {r.explained_s:6.1f} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5}  "
             f"{r.diagnoses}{mark}"
         )
     f = figures
