@@ -127,6 +127,9 @@ class CollectiveRecorder(Protocol):
     def bucket_done(self, key: int, uid: int, fut: Any) -> Any:
         """``then`` callback of a recorded DDP bucket: close ``key`` now, return the reduced bucket."""
 
+    def work_waited(self, work: Any) -> None:
+        """A recorded work without a future was waited on (or ``is_completed()`` said True): it ended now."""
+
 
 class _HookFlag(threading.local):
     """True on a thread while it runs a user's DDP comm hook."""
@@ -195,6 +198,34 @@ def _wrap_broadcast_coalesced(orig: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return _broadcast_coalesced
+
+
+def _wrap_work_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = orig(self, *args, **kwargs)
+        rec = _recorder
+        if rec is not None:
+            try:
+                rec.work_waited(self)
+            except Exception:
+                log.debug("argus: recording a wait failed", exc_info=True)
+        return done
+
+    return wait
+
+
+def _wrap_work_is_completed(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def is_completed(self: Any) -> Any:
+        done = orig(self)
+        rec = _recorder
+        if done and rec is not None:
+            try:
+                rec.work_waited(self)
+            except Exception:
+                log.debug("argus: recording a completion failed", exc_info=True)
+        return done
+
+    return is_completed
 
 
 # --- DDP comm hook -------------------------------------------------------------------------------
@@ -396,6 +427,15 @@ def install(recorder: CollectiveRecorder) -> None:
             _originals[(pg_class, method)] = orig
             setattr(pg_class, method, _wrap_method(method, op, arg, orig))
         _allreduce = _originals.get((pg_class, "allreduce"), _allreduce)
+        # gloo's send/recv works have no future: their end is when the caller's wait returns.
+        work_class = dist.Work
+        for method, wrap in (("wait", _wrap_work_wait), ("is_completed", _wrap_work_is_completed)):
+            orig = work_class.__dict__.get(method)
+            if orig is not None:
+                _originals[(work_class, method)] = orig
+                fn = wrap(orig)
+                fn.__doc__ = getattr(orig, "__doc__", None)
+                setattr(work_class, method, fn)
         for module in (dist, dist.distributed_c10d):
             orig = module.__dict__.get("_broadcast_coalesced")
             if orig is not None:

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from functools import partial
 from typing import Any
 
@@ -157,13 +158,18 @@ class Probe:
         self._cupti_dropped = 0
         self.tracker = StepTracker(self.buffers["steps"], self.buffers["phases"], self.attach_ns)
         self._hooks = TorchHooks(self.tracker, lambda: self.active)
-        self._pg_info: dict[Any, _Group] = {}
+        #: Weak keys: holding a process group would keep it (and gloo's threads) alive past the job's
+        #: destroy_process_group, into interpreter finalization.
+        self._pg_info: weakref.WeakKeyDictionary[Any, _Group] = weakref.WeakKeyDictionary()
         self._groups_seen: set[str] = set()
         self._ncollectives = 0
         #: Issued and not yet completed collectives, oldest first: key -> row head.
         self._pending: dict[int, tuple[Any, ...]] = {}
         self._keys = itertools.count(1)
         self._pending_dropped = 0
+        #: id(work) -> (key, uid, finalizer) of point-to-point works without a future, closed when
+        #: the caller's wait returns (see :meth:`work_waited`).
+        self._awaiting: dict[int, tuple[int, int, weakref.finalize[Any, Any]]] = {}
         self.correlate: _Correlator | None = None
         self._cupti: CuptiSource | None = None
         self._correlator: _Correlator | None = None
@@ -255,9 +261,37 @@ class Probe:
             except Exception:
                 fut = None
         if fut is None:
+            if op in P2P_OPS and work is not None and self._await_wait(work, key, uid):
+                return
             self.close_collective(key, time.time_ns(), uid)
             return
         fut.add_done_callback(partial(self._work_done, key, uid))
+
+    def _await_wait(self, work: Any, key: int, uid: int) -> bool:
+        """Hold ``key`` until ``work`` is waited on (gloo's send/recv have no future); False: cannot."""
+        wid = id(work)
+        try:
+            lost = weakref.finalize(work, self._work_lost, wid)
+        except TypeError:
+            return False
+        lost.atexit = False
+        self._awaiting[wid] = (key, uid, lost)
+        return True
+
+    def work_waited(self, work: Any) -> None:
+        """See :class:`argus.agent.collectives.CollectiveRecorder`."""
+        entry = self._awaiting.pop(id(work), None)
+        if entry is None:
+            return
+        key, uid, lost = entry
+        lost.detach()
+        self.close_collective(key, time.time_ns(), uid)
+
+    def _work_lost(self, wid: int) -> None:
+        """A held point-to-point work was freed without a wait: its end is unknown, drop its row."""
+        entry = self._awaiting.pop(wid, None)
+        if entry is not None and self._pending.pop(entry[0], None) is not None:
+            self._pending_dropped += 1
 
     def _work_done(self, key: int, uid: int, _fut: Any) -> None:
         self.close_collective(key, time.time_ns(), uid)

@@ -177,7 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole system on one machine against a real training job with a fault injected",
     )
-    p.add_argument("--scenario", choices=["none", "compute", "host_stall", "dataloader"], default="compute")
+    # The job's names (argus.demo_job.SCENARIOS, LAYOUTS) written out: that module imports torch.
+    p.add_argument(
+        "--scenario",
+        choices=["none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work"],
+        default="compute",
+        help="the fault (default %(default)s)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=["dp", "pp", "tp"],
+        default="dp",
+        help="data parallel, pipeline x data parallel, tensor x data parallel (default %(default)s)",
+    )
     p.add_argument("--ranks", type=int, default=4, help="world size (default %(default)s)")
     p.add_argument("--slow-rank", type=int, default=None, help="the rank to slow down (default: the last)")
     p.add_argument(

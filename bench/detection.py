@@ -8,13 +8,26 @@ mid-window), and from the middle of window 2 on, a fault. The windows go
 straight into :class:`argus.analyzer.pipeline.JobAnalysis` — the service's
 code minus the store (``tests/analyzer/test_store.py`` covers the store path).
 
-Scoring is over (window, rank) pairs, from the diagnoses open after each window:
+Scoring is over (window, unit) pairs, from the diagnoses open after each window.
+A unit is a rank a diagnosis names (``ranks``), or ``job`` for a job-level
+diagnosis (``rank`` null) that names no rank:
 
-* a pair is a true positive when the rank is faulty by the window's end, a
-  false positive otherwise (before onset too);
-* precision = TP / (TP + FP); recall = faulty ranks named in some window / faulty ranks;
+* a rank pair is a true positive when the rank is faulty by the window's end, a
+  false positive otherwise (before onset too); a ``job`` pair is a true
+  positive only in a job-level scenario (a slowdown with no single rank to
+  blame) once its fault began, a false positive otherwise;
+* precision = TP / (TP + FP); recall = faulty ranks named in some window / faulty ranks
+  (a job-level scenario: 1 once a job-level diagnosis, or one naming every
+  faulty rank, was open in some window after onset, else the share of its ranks named);
 * cause accuracy = TP pairs whose diagnosis names the injected cause / TP pairs;
-* windows-to-detect = 1 + (first window where every faulty rank is named − onset window).
+* windows-to-detect = 1 + (first window where every faulty rank is named (a
+  job-level scenario: as for recall) − onset window).
+
+Issue 10's classes are here as far as the synthetic job expresses them: rare
+large stalls (one stop of 4–5 steps every 30), several ranks slow at once (3 of
+4, 6 of 8, 75 % of 64), host work before an extra sync point (a barrier before
+forward, ``JobSpec.sync_before_forward``), and slowdowns with no single rank to
+blame (every rank's compute, data or host time grows together).
 
 A fault's true cost is measured, not assumed: the same job (same seed, same
 jitter) is played without the fault, and the cost is the loss of throughput of
@@ -52,6 +65,8 @@ _STOPS = ("hung", "dead")
 class Scenario:
     name: str
     spec: JobSpec
+    #: A slowdown with no single rank to blame: a job-level diagnosis is the hit.
+    job_level: bool = False
 
 
 @dataclass
@@ -172,6 +187,40 @@ def scenarios(quick: bool) -> list[Scenario]:
                 _gpu(10_000, seed=60, faults=(Fault("compute", _pick(10_000, 0.5, 60), 0.2, ONSET_S),)),
             )
         )
+    # Issue 10's classes: rare large stalls, several ranks slow, host work before a sync point,
+    # slowdowns with no single rank to blame.
+    for seed, spec in ((70, _cpu), (71, lambda **kw: _gpu(64, **kw))):
+        rank = 3 if seed == 70 else 17
+        f = Fault("host_stall", (rank,), 0.15, ONSET_S, period=30)
+        add(Scenario("rare-large-stall", spec(seed=seed, faults=(f,))))
+    add(
+        Scenario(
+            "many-slow-3-of-4", _cpu(world=4, seed=72, faults=(Fault("compute", (0, 1, 3), 0.2, ONSET_S),))
+        )
+    )
+    add(
+        Scenario(
+            "many-slow-6-of-8", _cpu(seed=73, faults=(Fault("compute", _pick(8, 0.75, 73), 0.2, ONSET_S),))
+        )
+    )
+    add(
+        Scenario(
+            "many-slow-75%", _gpu(64, seed=74, faults=(Fault("compute", _pick(64, 0.75, 74), 0.2, ONSET_S),))
+        )
+    )
+    add(Scenario("healthy+barrier", _cpu(seed=75, sync_before_forward=True)))
+    for seed, spec, rank in ((76, _cpu, 5), (77, lambda **kw: _gpu(64, **kw), 33)):
+        f = Fault("host_work", (rank,), 0.15, ONSET_S)
+        add(Scenario("host-work-before-barrier", spec(seed=seed, sync_before_forward=True, faults=(f,))))
+    everyone = tuple(range(8))
+    for seed, name, f in (
+        (78, "job-wide-compute", Fault("compute", everyone, 0.25, ONSET_S)),
+        (79, "job-wide-dataloader", Fault("dataloader", everyone, 0.2, ONSET_S)),
+        (80, "job-wide-host-stall", Fault("host_stall", everyone, 0.15, ONSET_S)),
+    ):
+        add(Scenario(name, _cpu(seed=seed, faults=(f,)), job_level=True))
+    f = Fault("compute", tuple(range(64)), 0.25, ONSET_S)
+    add(Scenario("job-wide-compute", _gpu(64, seed=82, faults=(f,)), job_level=True))
     return out
 
 
@@ -184,23 +233,35 @@ def run(sc: Scenario) -> Outcome:
     all_truth = set().union(*(set(t) for t in sim.truth))
     out.truth = len(all_truth)
     found: set[int] = set()
+    job_found = False
+    job_cause = sc.spec.faults[0].cause if sc.job_level else None
     for k, w in enumerate(sim.windows):
         ja.analyze(w)
-        pred: dict[int, str] = {}
+        pred: dict[int | str, str] = {}
         for d in ja.tracker.open:
             for r in d.ranks:
                 pred[r] = d.cause
-        truth = sim.truth[k]
+            if d.rank is None and not d.ranks:
+                pred["job"] = d.cause
+        truth: dict[int | str, str] = dict(sim.truth[k])
+        job_now = sc.job_level and bool(truth)
+        if job_now and job_cause is not None:
+            truth["job"] = job_cause
         for r, cause in pred.items():
             if r in truth:
                 out.tp += 1
                 out.cause_ok += cause == truth[r]
-                found.add(r)
+                if isinstance(r, int):
+                    found.add(r)
             else:
                 out.fp += 1
-        if onset is not None and truth and np.isnan(out.windows_to_detect) and set(truth) <= set(pred):
+        ranks_now = {r for r in truth if isinstance(r, int)}
+        job_level_open = any(d.rank is None for d in ja.tracker.open)
+        detected = ranks_now <= set(pred) or (job_now and job_level_open)
+        job_found |= job_now and detected
+        if onset is not None and truth and np.isnan(out.windows_to_detect) and detected:
             out.windows_to_detect = k - onset + 1
-    out.found = len(found & all_truth)
+    out.found = out.truth if job_found else len(found & all_truth)
     out.cost = true_cost(sc, sim)
     out.counted = not sc.spec.faults or out.cost >= MIN_COUNTED_COST
     out.seconds = time.perf_counter() - t0

@@ -89,7 +89,7 @@ def build_job(kind: str, device: Any) -> Job:
         from argus.demo_job import Fault, TinyLM, Tokens, parse_args
 
         d = parse_args([])
-        fault = Fault("none", None, 0.0)
+        fault = Fault("none", frozenset(), 0)
         model: nn.Module = TinyLM(d.vocab, d.dim, fault, d.compute_repeat)
         data = Tokens(d.batch_size * 64, d.seq_len, d.vocab, fault, d.sample_delay_s)
         loader = DataLoader(data, batch_size=d.batch_size, shuffle=True, drop_last=True)
@@ -129,11 +129,21 @@ def _forever(loader: Any) -> Iterator[Any]:
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+
+    from argus.demo_job import shutdown  # before init_process_group: see its docstring
 
     torch.set_num_threads(1)
+    dist.init_process_group("nccl" if args.job == "gpu" else "gloo")
+    measure(args)  # its models (and DDP's reducers, which hold the group) are gone when it returns
+    shutdown()
+
+
+def measure(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
     cuda = args.job == "gpu"
-    dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
@@ -200,7 +210,6 @@ def worker(args: argparse.Namespace) -> None:
         probe.active = True
         if rank == 0:
             Path(args.out).write_text(json.dumps({"ratios": ratios}))
-    dist.destroy_process_group()
 
 
 def _probe() -> Any:
