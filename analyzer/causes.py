@@ -280,19 +280,26 @@ def _stall_or_compute(
     l3_score: float,
     ev: dict[str, Any],
 ) -> Cause:
-    """``host_stall`` or ``compute`` by three votes: CPU use, spikiness, where the time went.
+    """``host_stall`` or ``compute``: where the time went, then how it was spent.
 
-    * CPU (CPU ranks, when the excess is well above the peers' CPU-accounting noise):
-      extra CPU below :data:`CPU_SHARE` of the extra self time votes stall, else compute;
-      GC pauses explaining half of it vote stall.
-    * Spikiness: more than :data:`SPIKY_SHARE` of the excess in the worst third of the
-      steps votes stall (periodic pauses); an even excess votes compute.
-    * Location: half the excess in untracked host time votes stall; in the compute phases,
-      or kernels that got slower, compute.
-
-    The majority wins; a tie goes to the CPU vote when there is one, else to compute.
+    * Location first: when untracked host time (the step outside data, forward, backward
+      and optimizer: the training loop's own host code, a checkpoint, a blocked thread)
+      carries half the excess or more, it is ``host_stall``, whether the host slept or
+      worked (host work before a barrier is no slower compute).
+    * Inside the compute phases, by votes: CPU (CPU ranks, when the excess is well above
+      the peers' CPU-accounting noise: extra CPU below :data:`CPU_SHARE` of the extra self
+      time votes stall, else compute; GC pauses explaining half of it vote stall) and
+      spikiness (more than :data:`SPIKY_SHARE` of the excess in the worst third of the steps
+      votes stall: pauses, not slower work); kernels that got slower vote compute. The
+      majority wins; a tie goes to compute.
     """
     host = ctx.host
+    if i is not None:
+        share = _spiky_share(ctx.l2, i)
+        if np.isfinite(share):
+            ev["excess_in_worst_third_of_steps"] = _r(share, 2)
+    if total > 0 and pos[-1] >= 0.5 * total and l3_score < 1.0:
+        return Cause.HOST_STALL
     votes: list[bool] = []  # True = stall
     cpu_vote: bool | None = None
     h = host.lookup(rank)
@@ -315,19 +322,12 @@ def _stall_or_compute(
             cpu_vote = rho < CPU_SHARE
     if cpu_vote is not None:
         votes.append(cpu_vote)
-    if i is not None:
-        share = _spiky_share(ctx.l2, i)
-        if np.isfinite(share):
-            ev["excess_in_worst_third_of_steps"] = _r(share, 2)
-            votes.append(share > SPIKY_SHARE)
-    if total > 0:
-        votes.append(bool(pos[-1] >= 0.5 * total) and l3_score < 1.0)
-    stall = sum(votes)
-    if 2 * stall > len(votes):
-        return Cause.HOST_STALL
-    if 2 * stall == len(votes) and cpu_vote:
-        return Cause.HOST_STALL
-    return Cause.COMPUTE
+    spiky = ev.get("excess_in_worst_third_of_steps")
+    if isinstance(spiky, float):
+        votes.append(spiky > SPIKY_SHARE)
+    if l3_score >= 1.0:
+        votes.append(False)
+    return Cause.HOST_STALL if 2 * sum(votes) > len(votes) else Cause.COMPUTE
 
 
 def _phase(cause: Cause, comp: np.ndarray) -> str | None:

@@ -17,13 +17,18 @@ Definitions (one of each, used everywhere):
   they add up to more than the lost time (two stragglers in parallel cost the
   job the larger of the two, not the sum), so the shares of a window sum to at
   most its lost time.
-* What no finding claims is **unexplained**. When it is at or above the loss
-  threshold it becomes the **job-level finding** (``rank: null``, subject
+* What no finding claims is **unexplained**. What of it no single rank
+  explains either (the job waited at some steps for one rank beyond all others:
+  :attr:`~argus.analyzer.phase.PhaseResult.attributable_ns`) becomes, at or above
+  the loss threshold, the **job-level finding** (``rank: null``, subject
   ``job``), its cause from what grew against the job's own healthy profile:
   compute phases → ``compute``, ``data`` → ``dataloader``, untracked host time →
   ``host_stall``, transfers (the least-blocked rank's blocked time: what nobody
   waits for but the link) → ``communication``; ``unknown`` when nothing
-  identifiable grew.
+  identifiable grew. Its loss must also stand out from the noise of a window's
+  mean step time (:data:`JOB_K_SIGMA` standard errors of the healthy steps):
+  a job whose pace includes periodic pauses (checkpoints, evaluation) has
+  windows that differ by whole pauses.
 
 ``slowdown_pct`` of a diagnosis is ``100 · lost / wall`` summed over its span
 (:mod:`argus.analyzer.lifecycle`).
@@ -50,6 +55,8 @@ __all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "job_p
 DEFAULT_MIN_LOSS_PCT = 5.0
 #: A component explains the job's loss when its growth covers at least this share of it.
 GROWTH_SHARE = 1 / 3
+#: A job-level loss must exceed this many standard errors of a window's mean step time.
+JOB_K_SIGMA = 2.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ def account(
     l2: PhaseResult,
     *,
     pace_ns: float | None,
+    pace_sigma_ns: float = 0.0,
     profile: JobProfile | None,
     healthy_profile: JobProfile | None,
     min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
@@ -121,6 +129,7 @@ def account(
         l1: The window's L1 result (job step times).
         l2: The window's L2 result (who waited for whom).
         pace_ns: The job's healthy mean step time, ns (None before one is known).
+        pace_sigma_ns: The standard deviation of its healthy step times, ns.
         profile: This window's :class:`JobProfile`.
         healthy_profile: The job's profile in recent healthy windows (None before one is known).
         min_loss_pct: The loss threshold (percent of wall time) of a job-level finding's score.
@@ -150,7 +159,7 @@ def account(
     shared = [replace(f, lost_ns=c, wall_ns=wall) for f, c in zip(findings, shares, strict=True)]
     explained = sum(shares)
     acc = Accounting(wall, n, lost, explained, float(pace_ns) if pace_ns is not None else float("nan"))
-    job = _job_finding(acc, l1, l2, profile, healthy_profile, min_loss_pct)
+    job = _job_finding(acc, l1, l2, profile, healthy_profile, min_loss_pct, pace_sigma_ns)
     if job is not None:
         shared.append(job)
         acc = replace(acc, explained_ns=acc.explained_ns + job.lost_ns)
@@ -164,11 +173,18 @@ def _job_finding(
     profile: JobProfile | None,
     healthy: JobProfile | None,
     min_loss_pct: float,
+    pace_sigma_ns: float,
 ) -> Finding | None:
-    unexplained = acc.unexplained_ns
+    # The job-level finding claims only what no single rank explains: a step that waited for one
+    # rank beyond all the others (a first, not yet repeated stall that no finding took) is that
+    # rank's, unexplained perhaps, but not the job's.
+    unexplained = acc.lost_ns - max(acc.explained_ns, l2.attributable_ns)
     if acc.wall_ns <= 0 or unexplained <= 0 or not np.isfinite(acc.pace_ns) or min_loss_pct <= 0:
         return None
-    score = 100.0 * unexplained / acc.wall_ns / min_loss_pct
+    # The job's loss must stand out from the noise of a window's mean step time, which periodic
+    # pauses (a checkpoint every few windows) make large: K standard errors at least.
+    noise_pct = 100.0 * JOB_K_SIGMA * pace_sigma_ns / np.sqrt(max(acc.steps, 1)) / acc.pace_ns
+    score = 100.0 * unexplained / acc.wall_ns / max(min_loss_pct, noise_pct)
     if score < 0.5:
         return None
     per_step = unexplained / max(acc.steps, 1)

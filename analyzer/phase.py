@@ -177,6 +177,13 @@ class PhaseResult:
         rest = np.max(x[~ranks], axis=0, initial=0.0)
         return np.asarray(np.maximum(mine - rest, 0.0))
 
+    @property
+    def attributable_ns(self) -> float:
+        """Time the job waited over the window for single ranks, ns: per step, the largest excess
+        beyond the second largest (what one rank alone held the step up by), summed."""
+        _, top, second, _ = self._top2
+        return float(np.sum(np.maximum(top - second, 0.0)))
+
     @cached_property
     def _top2(self) -> tuple[F64, F64, F64, NDArray[np.int64]]:
         """Excess with NaN as 0, and per step column the largest, the second largest, and whose."""

@@ -43,9 +43,6 @@ PROFILE_WINDOWS = 8
 LINK_HISTORY_WINDOWS = 8
 #: Windows over which a rank's stalls count as repeated (a second one is a pattern).
 SPIKE_MEMORY_WINDOWS = 6
-#: The healthy pace needs at least this many healthy windows and this much of their steps, ns.
-PACE_MIN_WINDOWS = 3
-PACE_MIN_NS = 20_000_000_000
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,6 @@ class JobAnalysis:
         self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
         self._spikes: dict[int, deque[int]] = {}
         self._suspects: list[tuple[int, float]] = []
-        self._healthy_windows = 0
         self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
         self._last_end: tuple[int, int] | None = None
@@ -109,13 +105,18 @@ class JobAnalysis:
     def pace_ns(self) -> float | None:
         """The job's healthy pace: mean step time of its recent healthy windows, ns.
 
-        None until the healthy history spans :data:`PACE_MIN_WINDOWS` windows and
-        :data:`PACE_MIN_NS` of steps: a short history misjudges a job's periodic pauses
-        (checkpoints, evaluation), which its pace must include.
+        None until its healthy steps span a whole window (and :data:`CONFIDENT_STEPS` steps): a
+        job's first, partial window misses its periodic pauses (checkpoints, evaluation), which
+        its pace must include.
         """
-        history = float(np.sum(self._steps)) if self._steps else 0.0
-        enough = self._healthy_windows >= PACE_MIN_WINDOWS and history >= PACE_MIN_NS
-        return float(np.mean(self._steps)) if enough and len(self._steps) >= CONFIDENT_STEPS else None
+        enough = len(self._steps) >= CONFIDENT_STEPS and float(np.sum(self._steps)) >= self.window_ns
+        return float(np.mean(self._steps)) if enough else None
+
+    @property
+    def pace_sigma_ns(self) -> float:
+        """Standard deviation of the healthy step times, ns: periodic pauses (checkpoints) make it
+        large, and with it the noise of a window's mean (see :func:`argus.analyzer.loss.account`)."""
+        return float(np.std(self._steps)) if len(self._steps) >= CONFIDENT_STEPS else 0.0
 
     def _baselines(self) -> dict[int, RankBaseline]:
         out = {}
@@ -181,6 +182,7 @@ class JobAnalysis:
             l1,
             l2,
             pace_ns=self.pace_ns,
+            pace_sigma_ns=self.pace_sigma_ns,
             profile=profile,
             healthy_profile=self._healthy_profile(),
             min_loss_pct=self.min_loss_pct,
@@ -190,7 +192,8 @@ class JobAnalysis:
         changed = self.tracker.update(w.start_ns, findings, observed)
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
-        self._remember(w, d, l2, step_ns, findings, profile)
+        lossy = acc.wall_ns > 0 and 100.0 * acc.lost_ns >= self.min_loss_pct * acc.wall_ns
+        self._remember(w, d, l2, step_ns, findings, profile, lossy)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
@@ -204,15 +207,19 @@ class JobAnalysis:
         step_ns: np.ndarray,
         findings: list[Finding],
         profile: JobProfile | None,
+        lossy: bool,
     ) -> None:
-        """Keep what later windows compare with: only a healthy window's numbers become references."""
+        """Keep what later windows compare with: only a healthy window's numbers become references.
+
+        Healthy: nothing open, no finding at the opening score, and no loss at the threshold
+        (a loss nobody explained yet must not become the pace that hides it).
+        """
         for i, r in enumerate(l2.rank.tolist()):
             self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))
         # A fault's windows would make its own slowdown the reference (and hide it from the evidence).
-        healthy = not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings)
+        healthy = not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings) and not lossy
         if not healthy:
             return
-        self._healthy_windows += 1
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)

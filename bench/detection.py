@@ -36,7 +36,7 @@ last line aggregates every healthy scenario and every faulty one whose true
 cost is at least 10 % (or that stops a rank: hung, stopped reporting); the
 others are reported but not counted (Argus opens nothing below its loss
 threshold, by design):
-``precision=… recall=… cause_accuracy=… max_windows_to_detect=…``.
+``precision=… recall=… cause_accuracy=… max_windows_to_detect=… rare_stall_windows_to_detect=…``.
 
 Run: ``python bench/detection.py`` (``--quick`` skips the 10,000-rank jobs).
 """
@@ -268,6 +268,12 @@ def run(sc: Scenario) -> Outcome:
     return out
 
 
+def _rare(sc: Scenario) -> bool:
+    """A fault that shows only now and then (a stall every few dozen steps): it is named once it
+    repeats (a single stall is a hiccup), so its windows to detect are reported apart."""
+    return any(f.kind == "host_stall" and f.period >= 10 for f in sc.spec.faults)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-rank jobs")
@@ -278,7 +284,7 @@ def main() -> None:
     )
     print(header)
     total = Outcome()
-    worst = 0.0
+    worst = worst_rare = 0.0
     healthy_fp = 0
     for sc in scenarios(args.quick):
         o = run(sc)
@@ -300,7 +306,11 @@ def main() -> None:
         total.truth += o.truth
         total.found += o.found
         if o.truth:
-            worst = max(worst, o.windows_to_detect if not np.isnan(o.windows_to_detect) else float("inf"))
+            w2d = o.windows_to_detect if not np.isnan(o.windows_to_detect) else float("inf")
+            if _rare(sc):
+                worst_rare = max(worst_rare, w2d)
+            else:
+                worst = max(worst, w2d)
         else:
             healthy_fp += o.fp
     precision = total.tp / (total.tp + total.fp) if total.tp + total.fp else 1.0
@@ -309,7 +319,7 @@ def main() -> None:
     print(f"false (window, rank) pairs on healthy jobs: {healthy_fp}")
     print(
         f"precision={precision:.4f} recall={recall:.4f} cause_accuracy={cause_accuracy:.4f} "
-        f"max_windows_to_detect={worst:.0f}"
+        f"max_windows_to_detect={worst:.0f} rare_stall_windows_to_detect={worst_rare:.0f}"
     )
 
 
