@@ -21,7 +21,9 @@ diagnosis (``rank`` null) that names no rank:
   faulty rank, was open in some window after onset, else the share of its ranks named);
 * cause accuracy = TP pairs whose diagnosis names the injected cause / TP pairs;
 * windows-to-detect = 1 + (first window where every faulty rank is named (a
-  job-level scenario: as for recall) − onset window).
+  job-level scenario: as for recall) − onset window); rare stalls (one every few
+  dozen steps) are named once they repeat, so theirs is reported apart
+  (``rare_stall_windows_to_detect``).
 
 Issue 10's classes are here as far as the synthetic job expresses them: rare
 large stalls (one stop of 4–5 steps every 30), several ranks slow at once (3 of
