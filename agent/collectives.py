@@ -127,8 +127,11 @@ class CollectiveRecorder(Protocol):
     def bucket_done(self, key: int, uid: int, fut: Any) -> Any:
         """``then`` callback of a recorded DDP bucket: close ``key`` now, return the reduced bucket."""
 
-    def work_waited(self, work: Any) -> None:
-        """A recorded work without a future was waited on (or ``is_completed()`` said True): it ended now."""
+    def work_waited(self, work: Any, wait_ns: int = 0) -> None:
+        """A recorded work without a future was waited on (or ``is_completed()`` said True): it ended now.
+
+        ``wait_ns``: when the caller's ``wait()`` began (0 for ``is_completed``).
+        """
 
 
 class _HookFlag(threading.local):
@@ -202,11 +205,12 @@ def _wrap_broadcast_coalesced(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_work_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        began = _now()
         done = orig(self, *args, **kwargs)
         rec = _recorder
         if rec is not None:
             try:
-                rec.work_waited(self)
+                rec.work_waited(self, began)
             except Exception:
                 log.debug("argus: recording a wait failed", exc_info=True)
         return done

@@ -278,14 +278,14 @@ class Probe:
         self._awaiting[wid] = (key, uid, lost)
         return True
 
-    def work_waited(self, work: Any) -> None:
+    def work_waited(self, work: Any, wait_ns: int = 0) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
         entry = self._awaiting.pop(id(work), None)
         if entry is None:
             return
         key, uid, lost = entry
         lost.detach()
-        self.close_collective(key, time.time_ns(), uid)
+        self.close_collective(key, time.time_ns(), uid, wait_ns)
 
     def _work_lost(self, wid: int) -> None:
         """A held point-to-point work was freed without a wait: its end is unknown, drop its row."""
@@ -341,13 +341,16 @@ class Probe:
         )
         return key
 
-    def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
-        """Store pending collective ``key`` as completed at ``end_ns`` (GPU ones wait for their kernels)."""
+    def close_collective(self, key: int, end_ns: int, uid: int = 0, wait_ns: int = 0) -> None:
+        """Store pending collective ``key`` as completed at ``end_ns`` (GPU ones wait for their kernels).
+
+        ``wait_ns``: when the rank began waiting for it, if that was a later ``wait()`` (0: unknown).
+        """
         head = self._pending.pop(key, None)
         if head is None:
             return
         issue_ns = head[5]
-        row = (*head[:6], issue_ns, end_ns - issue_ns, *head[6:])
+        row = (*head[:6], issue_ns, end_ns - issue_ns, *head[6:], wait_ns if wait_ns > issue_ns else 0)
         join = self._join
         if uid and join is not None:
             join.expect(uid, row)

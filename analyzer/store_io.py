@@ -270,7 +270,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     co = store.query(
         f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
                    toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer,
-                   overlapped
+                   overlapped, wait_ns
             FROM collectives
             WHERE job_id = {{job:String}} AND (process_group, seq) IN (
                 SELECT process_group, seq FROM collectives
@@ -297,6 +297,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         op_names,
         _col(co, "peer"),
         _col(co, "overlapped", bool),
+        _col(co, "wait_ns"),
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,

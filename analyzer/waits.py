@@ -24,7 +24,9 @@ collective, began or ended a phase. So a row blocked its rank from issue to end
 exactly when no other event of that rank lies strictly inside that span, and
 no other participant of the same instance was busy during its call either (the
 same code runs on every rank: one rank computing through it shows the call is
-asynchronous). Calls the probe knows to be overlapped (DDP's gradient buckets,
+asynchronous). A call waited later (``isend``/``irecv`` and their ``wait()``:
+``collectives.wait_ns``) blocked from the wait to its end, whatever the rank did
+before. Calls the probe knows to be overlapped (DDP's gradient buckets,
 ``collectives.overlapped``) block only at the rank's last one of the step in
 their group, which the end of backward waits for. Blocking spans of one rank
 never overlap, so their sum is the rank's blocked time. Times of one rank share
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from argus.analyzer.window import Window
+from argus.analyzer.window import Collectives, Window
 from argus.schema import PHASES
 
 __all__ = ["COMPONENTS", "UNTRACKED", "StepTimes", "cells", "step_times"]
@@ -102,7 +104,9 @@ def _event_keys(ri: NDArray[np.int64], t: NDArray[np.int64], t0: int) -> NDArray
 def blocking_rows(
     w: Window, ranks: NDArray[np.int64], instance: NDArray[np.int64] | None = None
 ) -> NDArray[np.bool_]:
-    """Per collective row of ``w``: True when it blocked its rank from issue to end (module doc).
+    """Per collective row of ``w``: True when it blocked its rank from :func:`block_start` to its end.
+
+    See the module doc.
 
     Args:
         w: The window.
@@ -148,12 +152,23 @@ def blocking_rows(
         ok2 = later < events.size
         following[idx] = np.where(ok2, events[np.minimum(later, events.size - 1)], np.iinfo(np.int64).max)
     busy = c_ok & (following < hi)
+    # An asynchronous call waited later (isend/irecv and their wait()) blocked from the wait on:
+    # busy only if the rank did something between the wait and the end.
+    waited = c_ok & (c.waits > c.issue_ns)
+    if np.any(waited):
+        idx = np.flatnonzero(waited)
+        after_wait = np.searchsorted(events, _event_keys(c_ri[idx], c.waits[idx], t0), side="right")
+        nxt_wait = np.where(
+            after_wait < events.size, events[np.minimum(after_wait, events.size - 1)], np.iinfo(np.int64).max
+        )
+        busy[idx] = nxt_wait < hi[idx]
     if instance is not None and instance.size == n:
-        # One participant busy during its call: the call did not block anyone.
+        # One participant busy during its call: the call did not block anyone (calls waited later
+        # are judged by their own wait).
         busy_inst = np.zeros(int(instance.max()) + 1 if n else 0, bool)
-        np.logical_or.at(busy_inst, instance, busy)
-        busy |= busy_inst[instance]
-    blocking = ~busy & (end > c.issue_ns)
+        np.logical_or.at(busy_inst, instance[~waited], busy[~waited])
+        busy |= busy_inst[instance] & ~waited
+    blocking = ~busy & (end > block_start(c))
     overlapped = c.overlaps & c_ok
     if np.any(overlapped):
         # Overlapped calls (DDP buckets) block only where the rank waits for them: its last of the
@@ -176,6 +191,12 @@ def blocking_rows(
         blocking[idx] = False
         blocking[cand] = waited_for & ~busy[cand] & (end[cand] > c.issue_ns[cand])
     return blocking & c_ok
+
+
+def block_start(c: Collectives) -> NDArray[np.int64]:
+    """Per row, when a call that blocked its rank began to: its wait, for one waited later, else its issue."""
+    waits = c.waits
+    return np.where(waits > c.issue_ns, waits, c.issue_ns)
 
 
 def step_times(
@@ -219,14 +240,14 @@ def step_times(
         synced[cri, csi] = True
         keep = blocking_rows(w, ranks, instance)[rows]
         rows, cri, csi = rows[keep], cri[keep], csi[keep]
-        issue = c.issue_ns[rows].astype(np.float64)
+        issue = block_start(c)[rows].astype(np.float64)
         finish = (c.start_ns[rows] + c.dur_ns[rows]).astype(np.float64)
         # Only the part of a span inside its step counts (a call may straddle a step boundary).
         lo = np.fmax(issue, start[cri, csi])
         hi = np.fmin(finish, end[cri, csi])
         span = np.maximum(np.nan_to_num(hi - lo, nan=0.0), 0.0)
         row_blocked[rows] = span
-        comp = _component_of(w, ranks, c.rank[rows], c.issue_ns[rows])
+        comp = _component_of(w, ranks, c.rank[rows], block_start(c)[rows])
         np.add.at(blocked, (comp, cri, csi), span)
 
     has_phase = ~np.all(np.isnan(phase_dur), axis=0)

@@ -63,7 +63,8 @@ class Collectives:
     are peers' rows of the same instances, needed to decompose them). ``peer`` is
     the point-to-point partner's global rank of a ``send``/``recv`` row (-1 for a
     collective); a send and its receive share (group, sender, receiver, seq).
-    ``overlapped`` marks calls the probe knows did not block at issue (DDP buckets).
+    ``overlapped`` marks calls the probe knows did not block at issue (DDP buckets);
+    ``wait_ns`` is when the rank began waiting for an asynchronous call (0: unknown).
     """
 
     rank: I64 = field(default_factory=_i64)
@@ -80,11 +81,17 @@ class Collectives:
     op_names: tuple[str, ...] = ()
     peer: I64 | None = None
     overlapped: NDArray[np.bool_] | None = None
+    wait_ns: I64 | None = None
 
     @property
     def peers(self) -> I64:
         """``peer`` per row, -1 where the rows carry none."""
         return self.peer if self.peer is not None else np.full(self.rank.size, -1, np.int64)
+
+    @property
+    def waits(self) -> I64:
+        """``wait_ns`` per row (0 where the rows carry none)."""
+        return self.wait_ns if self.wait_ns is not None else np.zeros(self.rank.size, np.int64)
 
     @property
     def overlaps(self) -> NDArray[np.bool_]:

@@ -191,6 +191,14 @@ COLLECTIVES = TableDef(
             "it blocked the rank only where the rank waited for it",
             default=0,
         ),
+        _c(
+            "wait_ns",
+            "Int64",
+            pa.int64(),
+            "when the rank began waiting for an asynchronous call (its later wait(); point-to-point "
+            "isend/irecv): it blocked from then to the end; 0 when unknown or waited from the issue",
+            default=0,
+        ),
     ),
     ("job_id", "process_group", "seq", "rank"),
     "Every collective instance per rank. Collectives: (process_group, seq) matches across ranks. "

@@ -90,6 +90,7 @@ CREATE TABLE IF NOT EXISTS argus.collectives_local ON CLUSTER argus (
     `dur_ns` Int64,
     `peer` Int32 DEFAULT -1,
     `overlapped` UInt8 DEFAULT 0,
+    `wait_ns` Int64 DEFAULT 0,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')

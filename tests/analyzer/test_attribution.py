@@ -21,9 +21,10 @@ def _window(
     steps: list[tuple[int, int, float, float]],
     phases: list[tuple[int, int, int, float, float]],
     colls: list[tuple[int, int, str, int, str, float, float, int, bool]],
+    waits: list[float] | None = None,
 ) -> Window:
     """A window from rows in ms: steps (rank, step, start, dur), phases (rank, step, phase, start, dur),
-    collectives (rank, step, group, seq, op, issue, end, peer, overlapped)."""
+    collectives (rank, step, group, seq, op, issue, end, peer, overlapped) and their wait (0: none)."""
     groups = tuple(sorted({c[2] for c in colls}))
     ops = tuple(sorted({c[4] for c in colls}))
     i64 = lambda v: np.asarray(v, np.int64)  # noqa: E731
@@ -49,6 +50,7 @@ def _window(
         op_names=ops,
         peer=i64([c[7] for c in colls]),
         overlapped=np.array([c[8] for c in colls], bool),
+        wait_ns=ms(waits) * (np.asarray(waits) > 0) if waits else None,
     )
     return Window("t", T0 - 10**9, T0 + 10**10, st, ph, co)
 
@@ -87,6 +89,21 @@ def test_overlapped_buckets_block_only_where_backward_waits_and_a_busy_call_bloc
     w = _window(steps, phases, colls)
     blocked = blocking_rows(w, np.array([0, 1]), decompose(w.collectives).instance)
     assert blocked.tolist() == [False, True, False, True, False, True]
+
+
+def test_a_transfer_waited_later_blocks_from_its_wait() -> None:
+    """Stage 1 posts irecv at 10 ms, computes, and waits at 80 ms for the activation that lands at
+    130 ms: 50 ms blocked (not 120). The sender's isend, waited at once, blocked until it landed."""
+    colls = [
+        (1, 10, "p", 0, "recv", 10.0, 130.0, 0, False),
+        (1, 10, "0", 0, "barrier", 30.0, 31.0, -1, False),  # something else while the recv is posted
+        (0, 10, "p", 0, "send", 120.0, 130.0, 1, False),
+    ]
+    phases = [(1, 10, 1, 131.0, 20.0), (0, 10, 1, 0.0, 119.0)]
+    steps = [(1, 10, 0.0, 160.0), (0, 10, 0.0, 160.0)]
+    w = _window(steps, phases, colls, waits=[80.0, 0.0, 0.0])
+    t = step_times(w, np.array([10]), decompose(w.collectives).instance)
+    np.testing.assert_allclose(t.blocked_ns[:, 0] / MS, [10.0, 1.0 + 50.0], atol=0.01)
 
 
 def test_roles_are_pipeline_stages_in_a_3d_job() -> None:

@@ -119,6 +119,7 @@ def synthetic_job(
                 end - last_arrival,
                 -1,
                 0,
+                0,
             )
             for k, v in zip(c_cols, row, strict=True):
                 c_cols[k].append(v)

@@ -40,7 +40,7 @@ def _columns(store, table: str) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_a_store_created_before_a_column_gets_it_on_open_and_old_rows_read_its_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    assert ADDED["collectives"] == ["peer", "overlapped"]
+    assert ADDED["collectives"] == ["peer", "overlapped", "wait_ns"]
     url = f"chdb://{tmp_path / 'store'}"
     old = open_store(url, create=False)
     try:
@@ -78,7 +78,7 @@ def test_a_store_created_before_a_column_gets_it_on_open_and_old_rows_read_its_d
         # Opening again changes nothing (the statements are idempotent).
         store.close()
         store = open_store(url)
-        assert _columns(store, "collectives")[-3:] == ["peer", "overlapped", "stored_at"]
+        assert _columns(store, "collectives")[-4:] == ["peer", "overlapped", "wait_ns", "stored_at"]
     finally:
         store.close()
 
