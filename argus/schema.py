@@ -272,9 +272,37 @@ HOST_SAMPLES = TableDef(
             pa.int64(),
             "when the rank issued it, ns since the epoch; 0 when none",
         ),
+        # Link telemetry: node-level rows (rank -1), one per network interface per interval,
+        # written by the node agent (argus.agent.links). Counts are over the interval.
+        _c("net_if", "LowCardinality(String)", pa.string(), "network interface of a link row, else ''", ""),
+        _c("net_rx_bytes", "UInt64", pa.uint64(), "bytes received on net_if in the interval", 0),
+        _c("net_tx_bytes", "UInt64", pa.uint64(), "bytes sent on net_if in the interval", 0),
+        _c("net_rx_packets", "UInt64", pa.uint64(), "packets received in the interval", 0),
+        _c("net_tx_packets", "UInt64", pa.uint64(), "packets sent in the interval", 0),
+        _c("net_errors", "UInt64", pa.uint64(), "receive + transmit errors in the interval", 0),
+        _c("net_drops", "UInt64", pa.uint64(), "packets net_if dropped (both ways) in the interval", 0),
+        _c(
+            "net_tx_capacity_bps",
+            "UInt64",
+            pa.uint64(),
+            "what net_if can send, bit/s: its link speed, or its root qdisc's shaping rate when lower; "
+            "0 when unknown",
+            0,
+        ),
+        _c("net_rx_capacity_bps", "UInt64", pa.uint64(), "what net_if can receive, bit/s (link speed)", 0),
+        _c("net_qdisc_backlog_bytes", "UInt64", pa.uint64(), "bytes in net_if's root qdisc at time_ns", 0),
+        _c(
+            "net_qdisc_overlimits",
+            "UInt64",
+            pa.uint64(),
+            "times the root qdisc held a packet back (a shaper at its rate) in the interval",
+            0,
+        ),
+        _c("net_qdisc_drops", "UInt64", pa.uint64(), "packets the root qdisc dropped in the interval", 0),
     ),
     ("job_id", "rank", "time_ns"),
-    "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in).",
+    "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in). "
+    "Rows with rank -1 are the node's: one per network interface (net_if) per interval.",
 )
 
 DIAGNOSES = TableDef(
