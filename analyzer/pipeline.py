@@ -21,6 +21,7 @@ from argus.analyzer.host import host_signals
 from argus.analyzer.iteration import compare_iterations, job_last_end, job_step_times
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
+from argus.analyzer.links import locate_slow_links
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
 from argus.analyzer.phase import WARMUP_STEPS, compare_phases
 from argus.analyzer.window import Window
@@ -95,6 +96,7 @@ class JobAnalysis:
             typical_step_ns=self.typical_step_ns,
         )
         findings = attribute(w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive)
+        findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
