@@ -28,7 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,51 @@ class MultiNodeJob:
             return len(self.ranks()) == self.world_size
 
         self._wait(ready, timeout_s, "every rank attached", None)
+
+    def watch(
+        self,
+        *,
+        warmup_s: float,
+        fault: Callable[[], None] | None = None,
+        expect_diagnosis: bool = False,
+        timeout_s: float = 90.0,
+        clean_s: float = 30.0,
+        progress: Callable[[str], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Let the started job run, inject ``fault`` after ``warmup_s``, collect the diagnoses.
+
+        With ``expect_diagnosis``, returns one window after the first diagnosis opens
+        (or after ``timeout_s`` of fault); otherwise after ``clean_s`` past the warm-up.
+        Times count from the moment every rank has attached.
+
+        Returns:
+            The latest version of every diagnosis seen while the job ran (REST objects).
+        """
+        started = time.monotonic()
+        seen: dict[str, dict[str, Any]] = {}
+        opened_at: float | None = None
+        injected = False
+        limit = warmup_s + (timeout_s if expect_diagnosis else clean_s)
+        while time.monotonic() - started < limit:
+            if not self.running():
+                raise ArgusError(f"the job exited early:\n{self.log_tail()}")
+            elapsed = time.monotonic() - started
+            if fault is not None and not injected and elapsed >= warmup_s:
+                fault()
+                injected = True
+            for d in self.diagnoses():
+                seen[d["id"]] = d
+            if opened_at is None and any(d["state"] == "open" for d in seen.values()):
+                opened_at = time.monotonic()
+            if progress is not None:
+                stage = "warm-up" if elapsed < warmup_s else ("fault" if expect_diagnosis else "clean")
+                progress(f"{stage}, {elapsed:.0f} s: {len(seen)} diagnoses so far")
+            if expect_diagnosis and opened_at is not None and time.monotonic() - opened_at > self.window_s:
+                break
+            time.sleep(1.0)
+        for d in self.diagnoses():
+            seen[d["id"]] = d
+        return list(seen.values())
 
     # --- stopping --------------------------------------------------------------------------------
 

@@ -1,0 +1,48 @@
+"""A node's processes on a shifted or stepped wall clock: Debian's libfaketime, preloaded.
+
+``FAKETIME_DONT_FAKE_MONOTONIC=1`` keeps durations true; the offset is read from a file
+(``FAKETIME_TIMESTAMP_FILE``, e.g. ``+3``) on every clock read (``FAKETIME_NO_CACHE=1``), so
+writing a new offset into it steps the clock of every process of the node at once.
+libfaketime 0.9.10 breaks Python 3.11's ``time.sleep`` in that mode; the small shim
+``faketime_fix.c``, compiled here with the system C compiler and preloaded first, routes
+monotonic sleeps around it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.cluster.harness import require
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+_FIX = Path(__file__).with_name("faketime_fix.c")
+
+
+def faketime_env(work: Path, offset: str) -> tuple[dict[str, str], Path]:
+    """Environment running a process at wall-clock ``offset`` (libfaketime syntax, e.g. ``+3``).
+
+    Returns the environment and the offset file: write a new offset into it to step the clock.
+    Skips (fails under ``ARGUS_REQUIRE_NETNS=1``) when libfaketime or a C compiler is missing.
+    """
+    lib = LIBFAKETIME if LIBFAKETIME.exists() else None
+    if lib is None:
+        found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+        lib = found[0] if found else None
+    require(None if lib is not None else "libfaketime is not installed (Debian package faketime)")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    require(None if cc is not None else "no C compiler for the libfaketime sleep fix")
+    assert lib is not None and cc is not None
+    work.mkdir(parents=True, exist_ok=True)
+    fix = work / "faketime_fix.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(fix), str(_FIX), "-ldl"], check=True)
+    spec = work / "faketime"
+    spec.write_text(offset + "\n")
+    env = {
+        "LD_PRELOAD": f"{fix} {lib}",
+        "FAKETIME_TIMESTAMP_FILE": str(spec),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
+    return env, spec
