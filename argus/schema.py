@@ -125,7 +125,12 @@ RANKS = TableDef(
     "ranks",
     (
         _RANK,
-        _c("event", "LowCardinality(String)", pa.string(), "'attach', 'group' or 'exit'"),
+        _c(
+            "event",
+            "LowCardinality(String)",
+            pa.string(),
+            "'attach', 'group', 'exit', or 'clock' (the node agent's offset for the rank changed)",
+        ),
         _c("time_ns", "Int64", pa.int64()),
         _c("local_rank", "Int32", pa.int32()),
         _c("world_size", "UInt32", pa.uint32()),
@@ -133,14 +138,19 @@ RANKS = TableDef(
         _c("pid", "UInt32", pa.uint32()),
         _c("agent_id", "String", pa.string()),
         _c("device", "LowCardinality(String)", pa.string(), "'cpu', 'cuda:0', ..."),
-        _c("clock_offset_ns", "Int64", pa.int64(), "offset the agent added to this rank's times"),
+        _c(
+            "clock_offset_ns",
+            "Int64",
+            pa.int64(),
+            "offset the node agent added to this rank's times from time_ns on (local clock → collector's)",
+        ),
         _c("exit_code", "Int32", pa.int32(), "exit status for 'exit' (0 = normal), else 0"),
         _c("group_name", "String", pa.string(), "process group name for 'group', else ''"),
         _c("group_ranks", "Array(UInt32)", pa.list_(pa.uint32()), "global ranks of the group"),
         _c("group_backend", "LowCardinality(String)", pa.string(), "'gloo', 'nccl', ... or ''"),
     ),
     ("job_id", "rank", "time_ns"),
-    "Rank lifecycle and identity: attach, each process group it belongs to, exit.",
+    "Rank lifecycle and identity: attach, each process group it belongs to, clock offset changes, exit.",
 )
 
 STEPS = TableDef(

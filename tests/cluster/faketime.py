@@ -1,8 +1,9 @@
 """A node's processes on a shifted or stepped wall clock: Debian's libfaketime, preloaded.
 
-``FAKETIME_DONT_FAKE_MONOTONIC=1`` keeps durations true; the offset is read from a file
-(``FAKETIME_TIMESTAMP_FILE``, e.g. ``+3``) on every clock read (``FAKETIME_NO_CACHE=1``), so
-writing a new offset into it steps the clock of every process of the node at once.
+``FAKETIME_DONT_FAKE_MONOTONIC=1`` keeps durations true. A fixed offset is ``FAKETIME``
+(e.g. ``+3``); a clock that is to step reads its offset from a file
+(``FAKETIME_TIMESTAMP_FILE``) on every clock read (``FAKETIME_NO_CACHE=1``, a few µs a
+read), so writing a new offset into it steps the clock of every process of the node at once.
 libfaketime 0.9.10 breaks Python 3.11's ``time.sleep`` in that mode; the small shim
 ``faketime_fix.c``, compiled here with the system C compiler and preloaded first, routes
 monotonic sleeps around it.
@@ -20,10 +21,11 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 _FIX = Path(__file__).with_name("faketime_fix.c")
 
 
-def faketime_env(work: Path, offset: str) -> tuple[dict[str, str], Path]:
+def faketime_env(work: Path, offset: str, *, steppable: bool = False) -> tuple[dict[str, str], Path]:
     """Environment running a process at wall-clock ``offset`` (libfaketime syntax, e.g. ``+3``).
 
-    Returns the environment and the offset file: write a new offset into it to step the clock.
+    Returns the environment and the offset file; with ``steppable``, write a new offset into
+    that file to step the clock (without it the file is not read).
     Skips (fails under ``ARGUS_REQUIRE_NETNS=1``) when libfaketime or a C compiler is missing.
     """
     lib = LIBFAKETIME if LIBFAKETIME.exists() else None
@@ -39,10 +41,9 @@ def faketime_env(work: Path, offset: str) -> tuple[dict[str, str], Path]:
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(fix), str(_FIX), "-ldl"], check=True)
     spec = work / "faketime"
     spec.write_text(offset + "\n")
-    env = {
-        "LD_PRELOAD": f"{fix} {lib}",
-        "FAKETIME_TIMESTAMP_FILE": str(spec),
-        "FAKETIME_NO_CACHE": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
+    env = {"LD_PRELOAD": f"{fix} {lib}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    if steppable:
+        env |= {"FAKETIME_TIMESTAMP_FILE": str(spec), "FAKETIME_NO_CACHE": "1"}
+    else:
+        env["FAKETIME"] = offset
     return env, spec
