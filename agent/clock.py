@@ -33,6 +33,9 @@ __all__ = ["STEP_NS", "ClockEstimate", "ClockStep", "OffsetMap", "StepDetector",
 
 #: A change of ``wall − monotonic`` larger than this between two checks is a step of the wall clock, ns.
 STEP_NS = 10_000_000
+#: A wall-clock read bracketed by monotonic reads further apart than this is retried, ns.
+READ_SPAN_NS = 1_000_000
+READ_TRIES = 5
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +104,36 @@ class StepDetector:
     ) -> None:
         self._wall, self._mono, self._threshold = wall, mono, threshold_ns
         self._lock = threading.Lock()
-        m = mono()
-        self._last = (m, wall() - m)
+        first = None
+        while first is None:
+            first = self._read()
+        self._last = first
+
+    def _read(self) -> tuple[int, int] | None:
+        """``(monotonic, wall − monotonic)`` read together; None when every try was preempted.
+
+        The wall clock is read between two monotonic reads; a try whose reads lie more than
+        :data:`READ_SPAN_NS` apart (the thread was descheduled in between) is not used, or a
+        busy machine's scheduling delay would read as a step.
+        """
+        for _ in range(READ_TRIES):
+            a = self._mono()
+            w = self._wall()
+            b = self._mono()
+            if b - a <= READ_SPAN_NS:
+                m = (a + b) // 2
+                return m, w - m
+        return None
 
     def check(self) -> ClockStep | None:
         """The step since the previous check, or None."""
         with self._lock:
-            m2 = self._mono()
-            d2 = self._wall() - m2
+            now = self._read()
+            if now is None:
+                return None
+            m2, d2 = now
             m1, d1 = self._last
-            self._last = (m2, d2)
+            self._last = now
         step = d2 - d1
         if abs(step) <= self._threshold:
             return None
