@@ -163,8 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole system on one machine against a real training job with a fault injected",
     )
-    p.add_argument("--scenario", choices=["none", "compute", "host_stall", "dataloader"], default="compute")
+    p.add_argument(
+        "--scenario", choices=["none", "compute", "host_stall", "dataloader", "slow_link"], default="compute"
+    )
     p.add_argument("--ranks", type=int, default=4, help="world size (default %(default)s)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="nodes, each in a network namespace (root only; slow_link needs 3 or more); "
+        "--ranks is spread over them (default %(default)s)",
+    )
     p.add_argument("--slow-rank", type=int, default=None, help="the rank to slow down (default: the last)")
     p.add_argument(
         "--steps", type=int, default=None, help="training steps (default: enough for the diagnosis)"
