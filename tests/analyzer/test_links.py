@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 
+from argus.agent.links import LinkSample, link_rows
 from argus.analyzer.links import BUSY_SHARE, attribute_links
+from argus.analyzer.store_io import read_liveness, read_window
 from argus.analyzer.window import LinkSamples
+from argus.collector.store import Store
+from argus.schema import wire_table
 
 S = 1_000_000_000
 
@@ -67,3 +72,26 @@ def test_only_the_groups_ranks_are_named_and_ranks_of_nodes_without_samples_are_
     assert attribute_links(links, np.array([0, 2]), transfer_ns=4 * S).slow == ()
     assert attribute_links(links, np.array([1, 7]), transfer_ns=4 * S).ranks == (1,)
     assert BUSY_SHARE == 0.5
+
+
+def test_link_rows_and_each_ranks_host_are_read_into_the_window(store: Store) -> None:
+    t0 = 1_700_000_000 * S
+    ranks = {"rank": [0, 1], "event": ["attach", "attach"], "time_ns": [t0, t0], "local_rank": [0, 0]}
+    ranks |= {"world_size": [2, 2], "host": ["node0", "node1"], "pid": [10, 11], "agent_id": ["a", "b"]}
+    ranks |= {"device": ["cpu", "cpu"], "clock_offset_ns": [0, 0], "exit_code": [0, 0]}
+    ranks |= {"group_name": ["", ""], "group_ranks": [[], []], "group_backend": ["", ""]}
+    store.insert("ranks", wire_table("ranks", ranks, job_id="j"))
+    samples = [
+        LinkSample("job0", t0 + k * S, S, 100, 2_000_000, 1, 2, 0, 0, 30_000_000, 10**10, 4096, 7, 1)
+        for k in (1, 2)
+    ]
+    rows = link_rows(samples, "node1")
+    store.insert("host_samples", pa.table({"job_id": ["j"] * rows.num_rows, **rows.to_pydict()}))
+    w = read_window(store, "j", t0, t0 + 10 * S, read_liveness(store, "j", t0, t0 + 10 * S))
+    assert w.host.rank.size == 0  # node rows are not a rank's heartbeat
+    links = w.links
+    assert links.host_names == ("node1",) and links.interface_names == ("job0",)
+    assert links.tx_bytes.tolist() == [2_000_000] * 2
+    assert links.tx_capacity_bps.tolist() == [30_000_000] * 2
+    assert links.qdisc_overlimits.tolist() == [7, 7] and links.qdisc_backlog_bytes.tolist() == [4096] * 2
+    assert dict(zip(links.rank.tolist(), links.rank_host.tolist(), strict=True)) == {0: -1, 1: 0}
