@@ -199,6 +199,7 @@ class NodeAgent:
         self._step_lock = threading.Lock()
         self._clock_known = False
         self._estimate_due = True
+        self._after_step = False
         #: HELLO of every connected probe, for the rank rows the agent writes itself.
         self._hellos: dict[socket.socket, dict[str, Any]] = {}
         self._links = LinkSampler()
@@ -436,7 +437,7 @@ class NodeAgent:
             if step is None:
                 return False
             offset = self.clock.step(step)
-            self._estimate_due = True
+            self._estimate_due = self._after_step = True
         log.warning(
             "argus agent: the wall clock stepped by %+.3f s; offset to the collector now %+d ns "
             "(a fresh estimate follows)",
@@ -463,11 +464,14 @@ class NodeAgent:
             if self._check_step():
                 continue  # the clock stepped during the round trips: the estimate mixes two epochs
             next_estimate = time.monotonic() + CLOCK_EVERY_S
-            if not self._clock_known or abs(est.offset_ns - self.offset_ns) > CLOCK_MIN_CHANGE_NS:
+            after_step, self._after_step = self._after_step, False
+            changed = abs(est.offset_ns - self.offset_ns) > CLOCK_MIN_CHANGE_NS
+            if not self._clock_known or changed or after_step:
                 log.info(
-                    "argus agent: clock offset to the collector %+d ns (round trip %d ns)",
+                    "argus agent: clock offset to the collector %+d ns (round trip %d ns)%s",
                     est.offset_ns,
                     est.rtt_ns,
+                    ", estimated again after the step" if after_step else "",
                 )
                 self.clock.set_current(est.offset_ns)
                 self._clock_known = True

@@ -69,6 +69,7 @@ def test_a_step_of_2_s_mid_run_is_logged_refreshed_and_not_taken_for_lateness(
     agent_log = out.logs["agent-node1.log"]
     assert agent_log.count("the wall clock stepped by") == 1, agent_log[-3000:]
     assert "the wall clock stepped by +2.0" in agent_log
+    assert "estimated again after the step" in agent_log
     offsets = {r["rank"]: r["clock_offset_ns"] for r in out.ranks}
     # The offset stored for rank 1 now is the refreshed one: the collector's clock did not move.
     assert abs(offsets[1] - (-5 * S)) < TOLERANCE_NS, offsets
