@@ -27,7 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
-from argus.demo import CLEAN_RUN_S, FAULT_TIMEOUT_S, WARMUP_S, WINDOW_S, _print_human
+from argus.demo import CLEAN_RUN_S, FAULT_TIMEOUT_S, WINDOW_S, _print_human
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
 from argus.multinode import MultiNodeJob
@@ -37,6 +37,10 @@ __all__ = ["SLOW_LINK_MBIT", "main"]
 
 #: The cap on the slow node's job link, Mbit/s (the demo job's all-reduce then takes ~20x longer).
 SLOW_LINK_MBIT = 30.0
+#: Healthy training before the fault, seconds: longer than on one node, because a slow link in a job
+#: of one process group is judged against the group's own transfer times in earlier healthy windows
+#: (:func:`argus.analyzer.collectives.slow_links`), and a loaded machine starts the ranks slowly.
+WARMUP_S = 20.0
 
 
 def _check(args: argparse.Namespace) -> None:

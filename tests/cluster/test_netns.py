@@ -51,6 +51,8 @@ def test_a_capped_job_link_shows_in_its_nodes_link_samples_and_everything_is_rem
         assert job0["rx_capacity_bps"] > job0["tx_capacity_bps"]  # the veth's speed; only egress is shaped
         assert job0["qdisc_overlimits"] > 0, job0
         assert out["took_s"] >= 0.6 * 2_000_000 * 8 / 20e6, out  # the cap held the transfer back
+        ctl0 = next(r for r in out["rows"] if r["interface"] == "ctl0")
+        assert ctl0["tx_capacity_bps"] > 20_000_000, ctl0  # telemetry's own link is not capped
         names_made = [n.netns for n in cluster.nodes]
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert not any(n in listed for n in names_made)
