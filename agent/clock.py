@@ -1,20 +1,41 @@
-"""Clock offset between a node and its collector, NTP-style (RFC 5905's offset estimate).
+"""Clock offset between a node and its collector, NTP-style (RFC 5905's offset estimate), and clock steps.
 
 For one round trip with the agent's send time ``t0``, the collector's time ``ts``
 and the agent's receive time ``t1``, the offset is ``ts - (t0 + t1) / 2`` with
 error at most half the round trip. Of a few round trips the one with the
 shortest round trip wins. The agent *adds* the offset to every timestamp it
 forwards, so all nodes share the collector's clock.
+
+A node's wall clock can *step* (an NTP daemon or an operator setting it): every
+timestamp taken after the step is off by the step, while durations measured on
+the monotonic clock are not. :class:`StepDetector` notices a step as a jump of
+``wall − monotonic`` between two checks (NTP slews the clock by at most 500 ppm,
+far below :data:`STEP_NS`); :class:`OffsetMap` then gives timestamps from before
+and after the step the offsets of their own epoch, by the timestamp's value. A
+forward step leaves a gap of stamps no process can take, so every stamp is
+placed; after a backward step the stamps of its overlap are taken as
+post-step ones (rows from just before the step that the agent forwards after
+noticing it, at most a probe's flush period, are then off by the step).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ClockEstimate", "estimate_offset"]
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["STEP_NS", "ClockEstimate", "ClockStep", "OffsetMap", "StepDetector", "estimate_offset"]
+
+#: A change of ``wall − monotonic`` larger than this between two checks is a step of the wall clock, ns.
+STEP_NS = 10_000_000
+#: A wall-clock read bracketed by monotonic reads further apart than this is retried, ns.
+READ_SPAN_NS = 1_000_000
+READ_TRIES = 5
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +72,126 @@ def estimate_offset(
             best = est
     assert best is not None
     return best
+
+
+@dataclass(frozen=True)
+class ClockStep:
+    """A step of the local wall clock.
+
+    Attributes:
+        step_ns: How far it jumped (> 0: forward).
+        boundary_ns: Local wall timestamps at or after this are from after the step.
+    """
+
+    step_ns: int
+    boundary_ns: int
+
+
+class StepDetector:
+    """Notices steps of the wall clock by watching ``wall − monotonic`` (thread-safe).
+
+    Args:
+        wall: The wall clock, ns since the epoch.
+        mono: The monotonic clock, ns.
+        threshold_ns: Smallest change of ``wall − monotonic`` taken for a step.
+    """
+
+    def __init__(
+        self,
+        wall: Callable[[], int] = time.time_ns,
+        mono: Callable[[], int] = time.monotonic_ns,
+        threshold_ns: int = STEP_NS,
+    ) -> None:
+        self._wall, self._mono, self._threshold = wall, mono, threshold_ns
+        self._lock = threading.Lock()
+        first = None
+        while first is None:
+            first = self._read()
+        self._last = first
+
+    def _read(self) -> tuple[int, int] | None:
+        """``(monotonic, wall − monotonic)`` read together; None when every try was preempted.
+
+        The wall clock is read between two monotonic reads; a try whose reads lie more than
+        :data:`READ_SPAN_NS` apart (the thread was descheduled in between) is not used, or a
+        busy machine's scheduling delay would read as a step.
+        """
+        for _ in range(READ_TRIES):
+            a = self._mono()
+            w = self._wall()
+            b = self._mono()
+            if b - a <= READ_SPAN_NS:
+                m = (a + b) // 2
+                return m, w - m
+        return None
+
+    def check(self) -> ClockStep | None:
+        """The step since the previous check, or None."""
+        with self._lock:
+            now = self._read()
+            if now is None:
+                return None
+            m2, d2 = now
+            m1, d1 = self._last
+            self._last = now
+        step = d2 - d1
+        if abs(step) <= self._threshold:
+            return None
+        # Forward: pre-step stamps are below m2 + d1, post-step ones at or above m1 + d2: take the
+        # middle. Backward: the earliest post-step stamp; the overlap goes to the new epoch.
+        boundary = (m1 + d2 + m2 + d1) // 2 if step > 0 else m1 + d2
+        return ClockStep(step, boundary)
+
+
+class OffsetMap:
+    """The offset to add to each local timestamp, by the timestamp's value (thread-safe).
+
+    One segment per epoch of the local clock: a new estimate replaces the current
+    segment's offset (:meth:`set_current`), a step starts a new segment whose offset
+    is the old one less the step (:meth:`step`: the collector's clock did not move).
+    The oldest of more than ``max_segments`` segments merge into the next one.
+    """
+
+    def __init__(self, offset_ns: int = 0, max_segments: int = 16) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = [np.iinfo(np.int64).min]
+        self._offsets: list[int] = [offset_ns]
+        self._max = max_segments
+
+    @property
+    def current(self) -> int:
+        """The offset of stamps taken now, ns."""
+        with self._lock:
+            return self._offsets[-1]
+
+    def set_current(self, offset_ns: int) -> None:
+        """A new estimate for the current epoch."""
+        with self._lock:
+            self._offsets[-1] = offset_ns
+
+    def step(self, step: ClockStep) -> int:
+        """Start a new epoch at ``step.boundary_ns``; returns its offset."""
+        with self._lock:
+            new = self._offsets[-1] - step.step_ns
+            while len(self._starts) > 1 and self._starts[-1] >= step.boundary_ns:
+                self._starts.pop()  # a backward step over an epoch that began later
+                self._offsets.pop()
+            self._starts.append(step.boundary_ns)
+            self._offsets.append(new)
+            if len(self._starts) > self._max:
+                del self._starts[1], self._offsets[0]
+            return new
+
+    def at(self, stamps_ns: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The offset of each local timestamp, ns, shape of ``stamps_ns``."""
+        with self._lock:
+            starts = np.array(self._starts, np.int64)
+            offsets = np.array(self._offsets, np.int64)
+        if offsets.size == 1:
+            return np.full(np.shape(stamps_ns), offsets[0], np.int64)
+        return offsets[np.searchsorted(starts, stamps_ns, side="right") - 1]
+
+    @property
+    def segments(self) -> int:
+        with self._lock:
+            return len(self._starts)

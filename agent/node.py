@@ -10,8 +10,22 @@ so an agent killed at any moment loses nothing it acknowledged: the probe
 sends the rest again to the next agent. (Kernel events wait in memory for
 their window by design; they are acknowledged in the same order.)
 
+Clocks: the agent estimates its clock's offset to the collector's (NTP-style,
+:mod:`argus.agent.clock`) at start and every :data:`CLOCK_EVERY_S`, and checks
+every :data:`CLOCK_CHECK_S` (and before taking any rows) whether the wall clock
+stepped. A step is logged, applied at once (the offset moves by minus the step:
+the collector's clock did not move), and a fresh estimate follows. Each row is
+shifted by the offset of its own timestamp's epoch, so rows from before and
+after a step both land right, and a duration that spans the step (wall clock
+end minus start) loses the step. Whenever the offset changes, every connected
+rank gets a ``ranks`` row with event ``clock`` carrying the new offset.
+
+Links: every :data:`LINK_EVERY_S` the agent samples the node's network
+interfaces (:mod:`argus.agent.links`) into ``host_samples`` rows with rank -1,
+sent under every job with a probe connected to it.
+
 Threads: one accepting connections, one per probe connection, one for the
-clock offset, one closing kernel windows; the uploader has its own.
+clock offset, one closing kernel windows, one sampling links; the uploader has its own.
 """
 
 from __future__ import annotations
@@ -27,12 +41,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus import config
+from argus.agent.clock import OffsetMap, StepDetector
 from argus.agent.kernels import KernelWindows
+from argus.agent.links import LinkSampler, link_rows
 from argus.agent.protocol import (
     FrameType,
     ProtocolError,
@@ -63,8 +80,19 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 #: Timestamp columns where 0 means "none" and stays 0.
 ZERO_IS_NONE = frozenset({"pending_issue_ns"})
+#: (start, duration) column pairs: a duration spanning a clock step loses the step.
+DURATIONS: dict[str, tuple[str, str]] = {
+    "steps": ("start_ns", "dur_ns"),
+    "phases": ("start_ns", "dur_ns"),
+    "collectives": ("start_ns", "dur_ns"),
+    "kernel_events": ("start_ns", "dur_ns"),
+}
 #: Seconds between clock offset estimates once one succeeded.
 CLOCK_EVERY_S = 300.0
+#: Seconds between two checks for a step of the wall clock.
+CLOCK_CHECK_S = 0.1
+#: Seconds between two samples of the node's network interfaces.
+LINK_EVERY_S = 1.0
 #: A new estimate replaces the old one only when they differ by more than this (ns).
 CLOCK_MIN_CHANGE_NS = 1_000_000
 #: Seconds between two lines of upload statistics in the log.
@@ -76,18 +104,41 @@ def new_agent_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
 
 
-def shift_times(table: str, data: pa.Table, offset_ns: int) -> pa.Table:
-    """``data`` with ``offset_ns`` added to the timestamp columns of ``table``."""
-    if offset_ns == 0:
+def shift_times(table: str, data: pa.Table, offset: int | OffsetMap) -> pa.Table:
+    """``data`` with the clock offset added to the timestamp columns of ``table``.
+
+    Args:
+        table: A wire table.
+        data: Its rows, times on the node's clock.
+        offset: One offset for every row (ns), or an :class:`OffsetMap` giving each
+            timestamp its epoch's offset; a (start, duration) pair of :data:`DURATIONS`
+            whose end falls in another epoch than its start has its duration corrected too.
+    """
+    if isinstance(offset, int) or offset.segments == 1:
+        offset_ns = offset if isinstance(offset, int) else offset.current
+        if offset_ns == 0:
+            return data
+        shift = pa.scalar(offset_ns, pa.int64())
+        for name in TIME_COLUMNS.get(table, ()):
+            col = data[name]
+            shifted = pc.add(col, shift)
+            if name in ZERO_IS_NONE:
+                shifted = pc.if_else(pc.equal(col, pa.scalar(0, pa.int64())), col, shifted)
+            data = data.set_column(data.schema.get_field_index(name), name, shifted)
         return data
-    offset = pa.scalar(offset_ns, pa.int64())
-    for name in TIME_COLUMNS.get(table, ()):
-        i = data.schema.get_field_index(name)
-        col = data[name]
-        shifted = pc.add(col, offset)
+    columns = {name: data[name].to_numpy() for name in TIME_COLUMNS.get(table, ())}
+    pair = DURATIONS.get(table)
+    if pair is not None:
+        start, dur = data[pair[0]].to_numpy(), data[pair[1]].to_numpy()
+        lost = offset.at(start + dur) - offset.at(start)
+        if lost.any():
+            fixed = pa.array(np.maximum(dur + lost, 0), pa.int64())
+            data = data.set_column(data.schema.get_field_index(pair[1]), pair[1], fixed)
+    for name, stamps in columns.items():
+        moved = stamps + offset.at(stamps)
         if name in ZERO_IS_NONE:
-            shifted = pc.if_else(pc.equal(col, pa.scalar(0, pa.int64())), col, shifted)
-        data = data.set_column(i, name, shifted)
+            moved = np.where(stamps == 0, 0, moved)
+        data = data.set_column(data.schema.get_field_index(name), name, pa.array(moved, pa.int64()))
     return data
 
 
@@ -142,8 +193,16 @@ class NodeAgent:
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
         self._closing = False
-        self.offset_ns = 0
+        #: Offset to add to this node's timestamps, per clock epoch.
+        self.clock = OffsetMap()
+        self._steps = StepDetector()
+        self._step_lock = threading.Lock()
         self._clock_known = False
+        self._estimate_due = True
+        self._after_step = False
+        #: HELLO of every connected probe, for the rank rows the agent writes itself.
+        self._hellos: dict[socket.socket, dict[str, Any]] = {}
+        self._links = LinkSampler()
         self._jobs_seen: set[str] = set()
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
@@ -168,6 +227,7 @@ class NodeAgent:
             (self._accept_loop, "argus-accept"),
             (self._clock_loop, "argus-clock"),
             (self._window_loop, "argus-windows"),
+            (self._link_loop, "argus-links"),
         ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -208,6 +268,11 @@ class NodeAgent:
         self.uploader.close(drain_s)
         self._log_stats()
 
+    @property
+    def offset_ns(self) -> int:
+        """The offset added to timestamps taken now, ns."""
+        return self.clock.current
+
     def wait(self) -> None:
         """Block until :meth:`stop` is called (from a signal handler or another thread)."""
         next_stats = time.monotonic() + STATS_EVERY_S
@@ -244,6 +309,8 @@ class NodeAgent:
                 kind, seq, payload = frame
                 if kind == FrameType.HELLO:
                     hello = decode_json(payload)
+                    with self._lock:
+                        self._hellos[conn] = hello
                     self._on_hello(hello)
                 elif kind == FrameType.BATCH:
                     if hello is None:
@@ -280,6 +347,7 @@ class NodeAgent:
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                self._hellos.pop(conn, None)
             with self._ack_lock:
                 self._acks = [a for a in self._acks if a[0] is not conn]
                 conn.close()
@@ -310,23 +378,7 @@ class NodeAgent:
         if not _pid_gone(pid):
             return
         log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.get("rank"), pid)
-        row: dict[str, list[Any]] = {
-            "rank": [int(hello["rank"])],
-            "event": ["exit"],
-            "time_ns": [time.time_ns()],
-            "local_rank": [int(hello.get("local_rank", 0))],
-            "world_size": [int(hello["world_size"])],
-            "host": [str(hello.get("host", ""))],
-            "pid": [pid],
-            "agent_id": [""],
-            "device": [str(hello.get("device", ""))],
-            "clock_offset_ns": [0],
-            "exit_code": [-1],
-            "group_name": [""],
-            "group_ranks": [[]],
-            "group_backend": [""],
-        }
-        self._ingest(str(hello["job_id"]), "ranks", pa.Table.from_pydict(row, schema=wire_schema("ranks")))
+        self._ingest(str(hello["job_id"]), "ranks", _rank_row(hello, "exit", time.time_ns(), -1))
 
     def _ack_later(self, conn: socket.socket, seq: int, generation: int) -> None:
         """Acknowledge frame ``seq`` once the rows of flush ``generation`` are spooled."""
@@ -344,8 +396,10 @@ class NodeAgent:
 
     def _ingest(self, job_id: str, table: str, data: pa.Table) -> int:
         """Take rows of a probe (or of the agent itself); returns the uploader generation holding them."""
-        offset = self.offset_ns
-        data = shift_times(table, data, offset)
+        self._check_step()  # rows stamped after a step are never shifted by the old offset
+        local_time = data["time_ns"].to_numpy() if table == "ranks" else None
+        data = shift_times(table, data, self.clock)
+        offset = self.clock.current
         if table == "ranks":
             n = data.num_rows
             data = data.set_column(
@@ -356,7 +410,7 @@ class NodeAgent:
             data = data.set_column(
                 data.schema.get_field_index("clock_offset_ns"),
                 "clock_offset_ns",
-                pa.array([offset] * n, pa.int64()),
+                pa.array(self.clock.at(local_time), pa.int64()),
             )
         elif table == "host_samples":
             dropped = pc.sum(data["dropped_events"]).as_py() or 0
@@ -376,25 +430,76 @@ class NodeAgent:
 
     # --- clock and windows -----------------------------------------------------------------------
 
+    def _check_step(self) -> bool:
+        """Apply a step of the wall clock since the last check, if any (logged); True if there was one."""
+        with self._step_lock:
+            step = self._steps.check()
+            if step is None:
+                return False
+            offset = self.clock.step(step)
+            self._estimate_due = self._after_step = True
+        log.warning(
+            "argus agent: the wall clock stepped by %+.3f s; offset to the collector now %+d ns "
+            "(a fresh estimate follows)",
+            step.step_ns / 1e9,
+            offset,
+        )
+        self._offset_changed()
+        return True
+
     def _clock_loop(self) -> None:
-        wait = 0.0
-        while not self._stop.wait(wait):
+        next_estimate = 0.0
+        while not self._stop.wait(CLOCK_CHECK_S):
+            self._check_step()
+            if not self._estimate_due and time.monotonic() < next_estimate:
+                continue
+            self._estimate_due = False
             try:
                 est = self.uploader.clock()
             except Exception as exc:
                 if not self._clock_known:
                     log.info("argus agent: no clock offset yet (%s); using 0", type(exc).__name__)
-                wait = 5.0
+                next_estimate = time.monotonic() + 5.0
                 continue
-            if not self._clock_known or abs(est.offset_ns - self.offset_ns) > CLOCK_MIN_CHANGE_NS:
+            if self._check_step():
+                continue  # the clock stepped during the round trips: the estimate mixes two epochs
+            next_estimate = time.monotonic() + CLOCK_EVERY_S
+            after_step, self._after_step = self._after_step, False
+            changed = abs(est.offset_ns - self.offset_ns) > CLOCK_MIN_CHANGE_NS
+            if not self._clock_known or changed or after_step:
                 log.info(
-                    "argus agent: clock offset to the collector %+d ns (round trip %d ns)",
+                    "argus agent: clock offset to the collector %+d ns (round trip %d ns)%s",
                     est.offset_ns,
                     est.rtt_ns,
+                    ", estimated again after the step" if after_step else "",
                 )
-                self.offset_ns = est.offset_ns
+                self.clock.set_current(est.offset_ns)
+                self._clock_known = True
+                self._offset_changed()
             self._clock_known = True
-            wait = CLOCK_EVERY_S
+
+    def _offset_changed(self) -> None:
+        """Record the current offset with every connected rank (a ``clock`` row in ``ranks``)."""
+        with self._lock:
+            hellos = list(self._hellos.values())
+        now = time.time_ns()
+        for hello in hellos:
+            with contextlib.suppress(KeyError, ValueError, TypeError):
+                self._ingest(str(hello["job_id"]), "ranks", _rank_row(hello, "clock", now, 0))
+
+    def _link_loop(self) -> None:
+        host = socket.gethostname()
+        while not self._stop.wait(LINK_EVERY_S):
+            try:
+                samples = self._links.sample()
+                with self._lock:
+                    jobs = {str(h["job_id"]) for h in self._hellos.values()}
+                if samples and jobs:
+                    rows = link_rows(samples, host)
+                    for job_id in sorted(jobs):
+                        self._ingest(job_id, "host_samples", rows)
+            except Exception:
+                log.warning("argus agent: sampling the network interfaces failed", exc_info=True)
 
     def _window_loop(self) -> None:
         while not self._stop.wait(0.5):
@@ -422,6 +527,27 @@ class NodeAgent:
             self.spool.size_bytes,
             self.spool.dropped_rows,
         )
+
+
+def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -> pa.Table:
+    """A ``ranks`` row the agent writes for a connected probe (``exit`` for a crash, ``clock``)."""
+    row: dict[str, list[Any]] = {
+        "rank": [int(hello["rank"])],
+        "event": [event],
+        "time_ns": [time_ns],
+        "local_rank": [int(hello.get("local_rank", 0))],
+        "world_size": [int(hello["world_size"])],
+        "host": [str(hello.get("host", ""))],
+        "pid": [int(hello["pid"])],
+        "agent_id": [""],
+        "device": [str(hello.get("device", ""))],
+        "clock_offset_ns": [0],
+        "exit_code": [exit_code],
+        "group_name": [""],
+        "group_ranks": [[]],
+        "group_backend": [""],
+    }
+    return pa.Table.from_pydict(row, schema=wire_schema("ranks"))
 
 
 def _bind(path: str) -> socket.socket:

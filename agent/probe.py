@@ -40,7 +40,7 @@ from argus.agent.nvml import cuda_present
 from argus.agent.sink import AgentLink
 from argus.agent.steps import StepTracker
 from argus.agent.torch_hooks import TorchHooks
-from argus.schema import PHASES, wire_schema
+from argus.schema import PHASES, TABLES, wire_schema
 
 __all__ = ["FLUSH_S", "SAMPLE_S", "Probe"]
 
@@ -690,6 +690,8 @@ class Probe:
         else:
             raise KeyError(table)
         schema = wire_schema(table)
-        return pa.RecordBatch.from_arrays(
-            [pa.array(a, type=f.type) for a, f in zip(arrays, schema, strict=True)], schema=schema
-        )
+        # Columns added to a table later (with a default, argus.schema) come after the probe's own.
+        filled = [pa.array(a, type=f.type) for a, f in zip(arrays, schema, strict=False)]
+        for column in TABLES[table].columns[len(filled) :]:
+            filled.append(pa.array([column.default] * n, type=column.arrow_type))
+        return pa.RecordBatch.from_arrays(filled, schema=schema)

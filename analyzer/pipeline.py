@@ -23,6 +23,7 @@ from argus.analyzer.host import host_signals
 from argus.analyzer.iteration import compare_iterations, job_last_end, job_step_times
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
+from argus.analyzer.links import locate_slow_links
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting, JobProfile, account, job_profile
 from argus.analyzer.phase import CONFIDENT_STEPS, WARMUP_STEPS, PhaseResult, RankBaseline, compare_phases
@@ -176,6 +177,7 @@ class JobAnalysis:
             typical_step_ns=self.typical_step_ns,
         )
         findings = attribute(w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive)
+        findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
         profile = job_profile(l2.times)
         findings, acc = account(
             findings,

@@ -10,7 +10,8 @@ Which rows belong to a window ``[w0, w1)``:
 * ``steps`` whose *end* lies in it (a step is recorded when it ends);
 * ``phases`` and ``collectives`` of those (rank, step) pairs, plus every other
   rank's row of the same collective instances (needed to decompose them);
-* ``host_samples`` whose interval ends in it;
+* ``host_samples`` whose interval ends in it (rank rows; the node-level link rows, rank -1,
+  go to :class:`~argus.analyzer.window.LinkSamples` with each rank's host from its attach);
 * ``kernel_summaries`` whose kernel window starts in it (several short kernel
   windows join; a kernel window longer than the analysis window lands in the
   analysis window where it starts);
@@ -33,6 +34,7 @@ from argus.analyzer.window import (
     Collectives,
     HostSamples,
     KernelClusters,
+    LinkSamples,
     Phases,
     RankStatus,
     Steps,
@@ -192,7 +194,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
 def _rank_table(store: Store, job_id: str, w1: int) -> pa.Table:
     return store.query(
         """
-        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, group_name, group_ranks
+        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, group_name, group_ranks, host
         FROM ranks WHERE job_id = {job:String} AND time_ns < {w1:Int64}
         ORDER BY time_ns
         """,
@@ -337,8 +339,53 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         kernel_names,
     )
     host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
-    status = _status(_rank_table(store, job_id, w1), live, host_gpu)
-    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status)
+    rt = _rank_table(store, job_id, w1)
+    status = _status(rt, live, host_gpu)
+    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, _links(store, p, rt))
+
+
+def _links(store: Store, p: dict[str, Any], rt: pa.Table) -> LinkSamples:
+    """The window's link samples (rank -1 rows of host_samples) and each rank's host."""
+    ls = store.query(
+        """SELECT host, net_if, time_ns, interval_ns,
+                  toInt64(net_rx_bytes) AS rx, toInt64(net_tx_bytes) AS tx,
+                  toInt64(net_errors) AS errors, toInt64(net_drops) AS drops,
+                  toInt64(net_tx_capacity_bps) AS tx_cap, toInt64(net_rx_capacity_bps) AS rx_cap,
+                  toInt64(net_qdisc_backlog_bytes) AS backlog, toInt64(net_qdisc_overlimits) AS overlimits,
+                  toInt64(net_qdisc_drops) AS qdrops
+           FROM host_samples
+           WHERE job_id = {job:String} AND rank = -1 AND net_if != ''
+               AND time_ns >= {w0:Int64} AND time_ns < {w1:Int64}""",
+        p,
+    )
+    if ls.num_rows == 0:
+        return LinkSamples()
+    host, host_names = _codes(ls, "host")
+    interface, interface_names = _codes(ls, "net_if")
+    index = {h: i for i, h in enumerate(host_names)}
+    attach = np.array([e == "attach" for e in rt.column("event").to_pylist()], bool)
+    hosts = np.asarray(rt.column("host").to_pylist(), dtype=object)
+    rank_host = dict(zip(_col(rt, "rank")[attach].tolist(), hosts[attach].tolist(), strict=True))
+    ranks = np.array(sorted(rank_host), np.int64)
+    return LinkSamples(
+        host,
+        interface,
+        _col(ls, "time_ns"),
+        _col(ls, "interval_ns"),
+        _col(ls, "rx"),
+        _col(ls, "tx"),
+        _col(ls, "errors"),
+        _col(ls, "drops"),
+        _col(ls, "tx_cap"),
+        _col(ls, "rx_cap"),
+        _col(ls, "backlog"),
+        _col(ls, "overlimits"),
+        _col(ls, "qdrops"),
+        host_names,
+        interface_names,
+        ranks,
+        np.array([index.get(str(rank_host[r]), -1) for r in ranks.tolist()], np.int64),
+    )
 
 
 def write_diagnoses(

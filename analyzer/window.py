@@ -18,6 +18,7 @@ __all__ = [
     "Collectives",
     "HostSamples",
     "KernelClusters",
+    "LinkSamples",
     "Phases",
     "RankStatus",
     "Steps",
@@ -113,6 +114,36 @@ class HostSamples:
 
 
 @dataclass(frozen=True)
+class LinkSamples:
+    """Node-level link samples whose interval ended inside the window, and the node of each rank.
+
+    One sample row per (node, network interface, interval) (``host_samples`` rows with
+    rank -1, :mod:`argus.agent.links`); ``host`` indexes ``host_names``, ``interface``
+    indexes ``interface_names``. Byte and packet counts are over ``interval_ns``;
+    capacities are bit/s (0 = unknown). ``rank``/``rank_host`` map every rank with a
+    known host to its index in ``host_names`` (-1 when its node sent no link samples).
+    """
+
+    host: I64 = field(default_factory=_i64)
+    interface: I64 = field(default_factory=_i64)
+    time_ns: I64 = field(default_factory=_i64)
+    interval_ns: I64 = field(default_factory=_i64)
+    rx_bytes: I64 = field(default_factory=_i64)
+    tx_bytes: I64 = field(default_factory=_i64)
+    errors: I64 = field(default_factory=_i64)
+    drops: I64 = field(default_factory=_i64)
+    tx_capacity_bps: I64 = field(default_factory=_i64)
+    rx_capacity_bps: I64 = field(default_factory=_i64)
+    qdisc_backlog_bytes: I64 = field(default_factory=_i64)
+    qdisc_overlimits: I64 = field(default_factory=_i64)
+    qdisc_drops: I64 = field(default_factory=_i64)
+    host_names: tuple[str, ...] = ()
+    interface_names: tuple[str, ...] = ()
+    rank: I64 = field(default_factory=_i64)
+    rank_host: I64 = field(default_factory=_i64)
+
+
+@dataclass(frozen=True)
 class KernelClusters:
     """KDE clusters of kernel durations (``kernel_summaries``) of the window's kernel windows.
 
@@ -182,6 +213,7 @@ class Window:
     host: HostSamples = field(default_factory=HostSamples)
     kernels: KernelClusters = field(default_factory=KernelClusters)
     status: RankStatus = field(default_factory=RankStatus)
+    links: LinkSamples = field(default_factory=LinkSamples)
 
 
 def progress_position(step: NDArray[np.int64], phase: NDArray[np.int64] | None = None) -> I64:

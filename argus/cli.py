@@ -180,9 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     # The job's names (argus.demo_job.SCENARIOS, LAYOUTS) written out: that module imports torch.
     p.add_argument(
         "--scenario",
-        choices=["none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work"],
+        choices=["none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work", "slow_link"],
         default="compute",
-        help="the fault (default %(default)s)",
+        help="the fault (default %(default)s; slow_link: with --nodes 3 or more)",
     )
     p.add_argument(
         "--layout",
@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="data parallel, pipeline x data parallel, tensor x data parallel (default %(default)s)",
     )
     p.add_argument("--ranks", type=int, default=4, help="world size (default %(default)s)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="nodes, each in a network namespace (root only; slow_link needs 3 or more); "
+        "--ranks is spread over them (default %(default)s)",
+    )
     p.add_argument("--slow-rank", type=int, default=None, help="the rank to slow down (default: the last)")
     p.add_argument(
         "--steps", type=int, default=None, help="training steps (default: enough for the diagnosis)"

@@ -126,7 +126,12 @@ RANKS = TableDef(
     "ranks",
     (
         _RANK,
-        _c("event", "LowCardinality(String)", pa.string(), "'attach', 'group' or 'exit'"),
+        _c(
+            "event",
+            "LowCardinality(String)",
+            pa.string(),
+            "'attach', 'group', 'exit', or 'clock' (the node agent's offset for the rank changed)",
+        ),
         _c("time_ns", "Int64", pa.int64()),
         _c("local_rank", "Int32", pa.int32()),
         _c("world_size", "UInt32", pa.uint32()),
@@ -134,14 +139,19 @@ RANKS = TableDef(
         _c("pid", "UInt32", pa.uint32()),
         _c("agent_id", "String", pa.string()),
         _c("device", "LowCardinality(String)", pa.string(), "'cpu', 'cuda:0', ..."),
-        _c("clock_offset_ns", "Int64", pa.int64(), "offset the agent added to this rank's times"),
+        _c(
+            "clock_offset_ns",
+            "Int64",
+            pa.int64(),
+            "offset the node agent added to this rank's times from time_ns on (local clock → collector's)",
+        ),
         _c("exit_code", "Int32", pa.int32(), "exit status for 'exit' (0 = normal), else 0"),
         _c("group_name", "String", pa.string(), "process group name for 'group', else ''"),
         _c("group_ranks", "Array(UInt32)", pa.list_(pa.uint32()), "global ranks of the group"),
         _c("group_backend", "LowCardinality(String)", pa.string(), "'gloo', 'nccl', ... or ''"),
     ),
     ("job_id", "rank", "time_ns"),
-    "Rank lifecycle and identity: attach, each process group it belongs to, exit.",
+    "Rank lifecycle and identity: attach, each process group it belongs to, clock offset changes, exit.",
 )
 
 STEPS = TableDef(
@@ -289,9 +299,37 @@ HOST_SAMPLES = TableDef(
             pa.int64(),
             "when the rank issued it, ns since the epoch; 0 when none",
         ),
+        # Link telemetry: node-level rows (rank -1), one per network interface per interval,
+        # written by the node agent (argus.agent.links). Counts are over the interval.
+        _c("net_if", "LowCardinality(String)", pa.string(), "network interface of a link row, else ''", ""),
+        _c("net_rx_bytes", "UInt64", pa.uint64(), "bytes received on net_if in the interval", 0),
+        _c("net_tx_bytes", "UInt64", pa.uint64(), "bytes sent on net_if in the interval", 0),
+        _c("net_rx_packets", "UInt64", pa.uint64(), "packets received in the interval", 0),
+        _c("net_tx_packets", "UInt64", pa.uint64(), "packets sent in the interval", 0),
+        _c("net_errors", "UInt64", pa.uint64(), "receive + transmit errors in the interval", 0),
+        _c("net_drops", "UInt64", pa.uint64(), "packets net_if dropped (both ways) in the interval", 0),
+        _c(
+            "net_tx_capacity_bps",
+            "UInt64",
+            pa.uint64(),
+            "what net_if can send, bit/s: its link speed, or its root qdisc's shaping rate when lower; "
+            "0 when unknown",
+            0,
+        ),
+        _c("net_rx_capacity_bps", "UInt64", pa.uint64(), "what net_if can receive, bit/s (link speed)", 0),
+        _c("net_qdisc_backlog_bytes", "UInt64", pa.uint64(), "bytes in net_if's root qdisc at time_ns", 0),
+        _c(
+            "net_qdisc_overlimits",
+            "UInt64",
+            pa.uint64(),
+            "times the root qdisc held a packet back (a shaper at its rate) in the interval",
+            0,
+        ),
+        _c("net_qdisc_drops", "UInt64", pa.uint64(), "packets the root qdisc dropped in the interval", 0),
     ),
     ("job_id", "rank", "time_ns"),
-    "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in).",
+    "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in). "
+    "Rows with rank -1 are the node's: one per network interface (net_if) per interval.",
 )
 
 DIAGNOSES = TableDef(

@@ -263,7 +263,7 @@ SELECT toInt64(rank) AS r,
        argMaxIf(pid, time_ns, event = 'attach') AS r_pid,
        argMaxIf(local_rank, time_ns, event = 'attach') AS r_local,
        argMaxIf(device, time_ns, event = 'attach') AS r_device,
-       argMaxIf(clock_offset_ns, time_ns, event = 'attach') AS r_offset,
+       argMaxIf(clock_offset_ns, time_ns, event IN ('attach', 'clock')) AS r_offset,
        max(world_size) AS ws
 FROM ranks WHERE job_id = {job:String} AND toInt64(rank) IN {ids:Array(Int64)} GROUP BY r
 """

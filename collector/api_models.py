@@ -78,7 +78,10 @@ class Rank(BaseModel):
     local_rank: int
     device: str
     world_size: int
-    clock_offset_ns: int = Field(description="offset its node agent added to its times")
+    clock_offset_ns: int = Field(
+        description="offset its node agent adds to its times, ns: the latest (a clock step or a new "
+        "estimate changes it)"
+    )
     attach_ns: int | None
     exit_ns: int | None
     exit_code: int | None

@@ -170,6 +170,18 @@ CREATE TABLE IF NOT EXISTS argus.host_samples_local ON CLUSTER argus (
     `pending_seq` Int64,
     `pending_op` LowCardinality(String),
     `pending_issue_ns` Int64,
+    `net_if` LowCardinality(String) DEFAULT '',
+    `net_rx_bytes` UInt64 DEFAULT 0,
+    `net_tx_bytes` UInt64 DEFAULT 0,
+    `net_rx_packets` UInt64 DEFAULT 0,
+    `net_tx_packets` UInt64 DEFAULT 0,
+    `net_errors` UInt64 DEFAULT 0,
+    `net_drops` UInt64 DEFAULT 0,
+    `net_tx_capacity_bps` UInt64 DEFAULT 0,
+    `net_rx_capacity_bps` UInt64 DEFAULT 0,
+    `net_qdisc_backlog_bytes` UInt64 DEFAULT 0,
+    `net_qdisc_overlimits` UInt64 DEFAULT 0,
+    `net_qdisc_drops` UInt64 DEFAULT 0,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')

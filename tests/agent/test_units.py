@@ -146,7 +146,7 @@ def test_cupti_steps_aside_while_a_user_profiler_runs() -> None:
 
 def test_a_zero_pending_issue_time_stays_zero_when_shifted() -> None:
     cols = {f.name: [0, 0] for f in wire_schema("host_samples")}
-    cols.update(host=["h", "h"], pending_group=["", "0"], pending_op=["", "allreduce"])
+    cols.update(host=["h", "h"], pending_group=["", "0"], pending_op=["", "allreduce"], net_if=["", ""])
     cols.update(time_ns=[10, 20], pending_seq=[-1, 4], pending_issue_ns=[0, 15])
     data = pa.Table.from_pydict(cols, schema=wire_schema("host_samples"))
     got = shift_times("host_samples", data, 1000).to_pydict()

@@ -90,7 +90,10 @@ def synthetic_job(
     p_cols: dict[str, list[object]] = {c: [] for c in wire_schema("phases").names}
     c_cols: dict[str, list[object]] = {c: [] for c in wire_schema("collectives").names}
     k_cols: dict[str, list[object]] = {c: [] for c in wire_schema("kernel_events").names}
-    h_cols: dict[str, list[object]] = {c: [] for c in wire_schema("host_samples").names}
+    # Columns added later (with a default: the node's link telemetry) are filled by wire_table.
+    h_cols: dict[str, list[object]] = {
+        c.name: [] for c in TABLES["host_samples"].columns if c.default is None
+    }
     for i in range(steps):
         begin, step = t0 + i * step_ns, first_step + i
         for r in ranks:
