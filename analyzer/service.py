@@ -5,8 +5,11 @@
 
 Windows are aligned to epoch multiples of ``window_s``. A window ``[w0, w1)`` of
 a job is analysed once, when ``now >= w1 + grace`` (rows may arrive up to
-``grace`` late: node agents batch for about a second); rows arriving later
-than that are not in its analysis, and a window in which a rank's rows are
+``grace`` late: node agents batch for about a second) and every rank that still
+reports has its heartbeat past ``w1`` stored (:func:`~argus.analyzer.store_io.read_watermark`:
+a node agent behind on its spool holds the window back), or, whatever the
+heartbeats, once :data:`WAIT_WINDOWS` more windows have passed. Rows arriving
+later than that are not in its analysis, and a window in which a rank's rows are
 missing neither opens nor resolves a diagnosis of that rank
 (:mod:`argus.analyzer.lifecycle`). A job's windows run from its first data to
 shortly after its last; on a live job the server starts at most ``backlog_s``
@@ -65,6 +68,7 @@ from argus.analyzer.store_io import (
     read_diagnoses,
     read_liveness,
     read_states,
+    read_watermark,
     read_window,
     write_diagnoses,
     write_roles,
@@ -83,6 +87,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BACKLOG_S = 3600.0
 #: Windows analysed after a job's newest row (enough to see a rank fall silent).
 TRAILING_WINDOWS = 3
+#: How long, in windows, a window waits for every reporting rank's rows to be stored.
+WAIT_WINDOWS = 3
 
 
 @dataclass
@@ -173,6 +179,14 @@ class Analyzer:
         for span in list_jobs(self.store, self.job):
             job = self._job(span, now)
             end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
+            if not span.imported and job.cursor_ns + self.window_ns <= end:
+                # Wait for every rank still reporting to have its rows past the window stored (its
+                # node agent may be behind), at most WAIT_WINDOWS windows: a window analysed with
+                # some ranks' rows missing sees a fault that is not there, or misses one.
+                since = job.cursor_ns - WAIT_WINDOWS * self.window_ns
+                mark = read_watermark(self.store, span.job_id, since)
+                if mark is not None:
+                    end = min(end, max(mark, now - (WAIT_WINDOWS + 1) * self.window_ns))
             while job.cursor_ns + self.window_ns <= end:
                 written.extend(self._analyze_window(job, job.cursor_ns))
                 job.cursor_ns += self.window_ns

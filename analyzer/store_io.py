@@ -52,6 +52,7 @@ __all__ = [
     "read_diagnoses",
     "read_liveness",
     "read_states",
+    "read_watermark",
     "read_window",
     "write_diagnoses",
     "write_roles",
@@ -189,6 +190,32 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
             )
         },
     )
+
+
+def read_watermark(store: Store, job_id: str, since_ns: int) -> int | None:
+    """The time up to which every rank still reporting has its rows stored, ns (None: no heartbeat).
+
+    The oldest, over the ranks with a heartbeat (host sample) since ``since_ns`` that have not
+    exited, of their newest heartbeat: node agents send a rank's rows in order, so a heartbeat
+    stored means the rows before it are too.
+
+    Raises:
+        StoreError: the query failed.
+    """
+    t = store.query(
+        """
+        SELECT min(t) AS mark, count() AS ranks FROM (
+            SELECT rank, max(time_ns) AS t FROM host_samples
+            WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {since:Int64} GROUP BY rank
+        ) WHERE toUInt32(rank) NOT IN (
+            SELECT rank FROM ranks WHERE job_id = {job:String} AND event = 'exit'
+        )
+        """,
+        {"job": job_id, "since": since_ns},
+    )
+    if t.num_rows == 0 or int(t.column("ranks")[0].as_py() or 0) == 0:
+        return None
+    return int(t.column("mark")[0].as_py())
 
 
 def _rank_table(store: Store, job_id: str, w1: int) -> pa.Table:

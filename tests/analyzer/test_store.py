@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from argus.analyzer.lifecycle import Tracker
-from argus.analyzer.service import Analyzer, main
+from argus.analyzer.service import WAIT_WINDOWS, Analyzer, main
 from argus.analyzer.store_io import read_diagnoses, read_states
 from argus.analyzer.synthetic import NS, Fault, JobSpec, simulate
 from argus.collector.metrics import Metrics
@@ -119,6 +119,32 @@ def test_imperfect_data_gives_no_false_diagnosis(store: Store) -> None:
         store.insert(name, table)
     written += a.run_once(now_ns=_end(sim) + 10 * NS)
     assert written == [] and read_diagnoses(store, "job-messy") == []
+
+
+def test_a_window_waits_for_a_rank_whose_rows_are_late_then_goes_on_without_it(store: Store) -> None:
+    """A node agent behind on its spool: rank 3's rows from 6 s on arrive late. Windows past 6 s wait
+    for them (their analysis would see rank 3 missing), and are analysed once they arrive; a rank that
+    never catches up holds them back at most WAIT_WINDOWS windows."""
+    sim = simulate(_spec(windows=10), "job-behind")
+    t0 = sim.windows[0].start_ns
+    late = load(store, sim, hold=rows_between(3, t0 + 6 * NS, t0 + 30 * NS))
+    a = Analyzer(store, window_s=W, backlog_s=None)
+    a.run_once(now_ns=t0 + 12 * NS)
+    waiting = a._jobs["job-behind"].cursor_ns
+    assert waiting <= t0 + 6 * NS + int(W * NS)  # stopped at the window rank 3 has not reported past
+    for name, table in late.items():
+        store.insert(name, table)
+    a.run_once(now_ns=t0 + 12 * NS)
+    assert a._jobs["job-behind"].cursor_ns > waiting  # went on once the rows were in
+
+    other = simulate(_spec(windows=10, seed=23), "job-stuck")
+    t1 = other.windows[0].start_ns
+    load(store, other, hold=rows_between(3, t1 + 6 * NS, t1 + 30 * NS))
+    b = Analyzer(store, window_s=W, backlog_s=None, job="job-stuck")
+    now = t1 + 18 * NS
+    b.run_once(now_ns=now)
+    # Never caught up: windows older than WAIT_WINDOWS (+1) windows are analysed anyway.
+    assert b._jobs["job-stuck"].cursor_ns >= now - (WAIT_WINDOWS + 1) * int(W * NS) - int(W * NS)
 
 
 def test_restarted_analyzer_continues_the_open_diagnosis(store: Store) -> None:
