@@ -1,0 +1,737 @@
+"""Columnar decoding of raw CUPTI activity buffers with numpy: no Python per record.
+
+A completed activity buffer is a run of records laid end to end, each starting
+with its ``CUpti_ActivityKind`` (int32) and as long as its kind's struct (8-byte
+aligned). Finding the records is therefore a walk in which each step depends on
+the kind at the previous one. :class:`NativeDecoder` walks many chunks of the
+buffers at once instead of one record at a time:
+
+1. **Speculative walks.** Every buffer is cut into chunks of :data:`CHUNK_WORDS`
+   words. All chunks step together, numpy-vectorised, from their first word: a
+   word holding a known kind advances by that kind's size, any other word by
+   one word. A chunk that starts a buffer starts on a record; the others start
+   anywhere, and a walk that starts inside a record falls onto the record chain
+   after a few steps (the walks are self-synchronising, as a decoder of a
+   variable-length code started mid-stream is).
+2. **Stitching.** Chunk *c*'s true entry is where the true chain leaves chunk
+   *c-1*. Where that position lies on chunk *c*'s walk, the walk is the chain from
+   there on; where it does not (rare), a short scalar walk from the true entry
+   runs until it meets a recorded walk. Records found by a walk before its chunk's
+   true entry are discarded. The result is exactly the chain a record-by-record
+   walk from each buffer's start gives (tests check this on adversarial buffers).
+3. **Columns.** Fields are gathered per kind from the record offsets with the
+   layouts of :mod:`argus.agent.cupti_records`; kernel names are resolved once per
+   distinct name pointer (:class:`NameTable`; CUPTI keeps one string per kernel for
+   the life of the process) and demangled.
+
+A record of a kind whose size is unknown ends what can be walked of its buffer;
+so does a record cut by the buffer's valid size (a truncated buffer). With a
+``walker`` (libcupti's ``cuptiActivityGetNextRecord``, :mod:`argus.agent.cupti_lib`)
+such a buffer is walked by libcupti, which also teaches the decoder the missing
+sizes; without one, the rest of the buffer is refused and counted
+(:attr:`Decoded.refused`), never read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from argus.agent.cupti_records import (
+    LAYOUTS,
+    MEMCPY_NAMES,
+    MEMSET_NAME,
+    Decoded,
+    Layout,
+)
+
+__all__ = ["CHUNK_WORDS", "Buffer", "NameTable", "NativeDecoder", "Walker", "demangle"]
+
+log = logging.getLogger(__name__)
+
+#: Words (8 bytes) per speculative walk: fewer numpy steps per buffer vs. less wasted work per chunk.
+CHUNK_WORDS = 512
+#: Bytes of buffers decoded together: walk and gathers then find the bytes in cache.
+GROUP_BYTES = 8 << 20
+#: Kinds at or above this are unknown (CUpti_ActivityKind has about 60 values).
+_KIND_LIMIT = 256
+#: Outcomes of the walk from a chunk's entry.
+_MERGED, _ENDED, _STOPPED, _LOST = 0, 1, 2, 3
+_NEVER = np.iinfo(np.int64).max
+
+#: ``(start byte, valid bytes)`` of one buffer inside the decoder's memory array.
+Buffer = tuple[int, int]
+#: ``walker(address, valid_bytes)`` → byte offsets of every record of a buffer, as libcupti walks it.
+Walker = Callable[[int, int], Sequence[int]]
+
+_I64 = npt.NDArray[np.int64]
+
+
+# --- names ---------------------------------------------------------------------------------------
+
+
+@cache
+def _cxa_demangle() -> tuple[Any, Any] | None:
+    """libstdc++'s ``__cxa_demangle`` and libc's ``free`` through ctypes, or None."""
+    try:
+        cxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = cxx.__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free.restype = None
+    return fn, libc.free
+
+
+@cache
+def demangle(name: str) -> str:
+    """The C++ name behind an Itanium-mangled symbol (``_Z...``), as Kineto's traces show it.
+
+    Names that are not mangled (``ncclDevKernel_...`` of ``extern "C"`` kernels) and names
+    the demangler rejects come back unchanged; so does everything where libstdc++ is absent.
+    """
+    if not name.startswith("_Z"):
+        return name
+    funcs = _cxa_demangle()
+    if funcs is None:
+        return name
+    fn, free = funcs
+    status = ctypes.c_int(0)
+    out = fn(name.encode(), None, None, ctypes.byref(status))
+    if not out:
+        return name
+    try:
+        return ctypes.string_at(out).decode(errors="replace") if status.value == 0 else name
+    finally:
+        free(out)
+
+
+class NameTable:
+    """Names of decoded rows: memcpy and memset names first, then kernels, each name once.
+
+    Kernel names are resolved once per distinct ``const char *`` CUPTI gives (and
+    demangled); two pointers to equal strings share one id. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = [*MEMCPY_NAMES, MEMSET_NAME]
+        self._ids: dict[str, int] = {n: i for i, n in enumerate(self.names)}
+        self._by_pointer: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    #: Id of the memset name.
+    MEMSET = len(MEMCPY_NAMES)
+
+    def id_of(self, name: str) -> int:
+        """The id of ``name`` (added when new)."""
+        with self._lock:
+            return self._id(name)
+
+    def _id(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+    def resolve(self, pointers: npt.NDArray[np.uint64]) -> npt.NDArray[np.int32]:
+        """Name ids of the C strings at ``pointers`` (a NULL pointer is the name ``""``).
+
+        Hashes the pointers in Arrow (one pass), reads each pointer not seen before once.
+        """
+        if pointers.size == 0:
+            return np.zeros(0, np.int32)
+        encoded = pa.array(pointers).dictionary_encode()  # hashes in Arrow: one pass, no sort
+        distinct = encoded.dictionary.to_pylist()
+        lut = np.empty(len(distinct), np.int32)
+        with self._lock:
+            known = self._by_pointer
+            for i, ptr in enumerate(distinct):
+                j = known.get(ptr)
+                if j is None:
+                    text = ctypes.string_at(ptr).decode(errors="replace") if ptr else ""
+                    j = known[ptr] = self._id(demangle(text))
+                lut[i] = j
+        indices = encoded.indices
+        return lut[np.frombuffer(indices.buffers()[1], np.int32, len(indices), indices.offset * 4)]
+
+
+# --- the walk ------------------------------------------------------------------------------------
+
+
+def _cat(parts: Sequence[_I64]) -> _I64:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+class _Records:
+    """Records a walk met: word position, the chunk it was walked for, its rank there, its words."""
+
+    def __init__(self) -> None:
+        self.pos = self.chunk = self.rank = self.step = np.zeros(0, np.int64)
+
+    def take(
+        self, parts: Sequence[tuple[_I64, _I64, _I64]], ranks: Sequence[_I64 | int] | None = None
+    ) -> None:
+        """Concatenate per-step parts; a rank given as an int (default: the step number) is shared."""
+        self.pos = _cat([p for p, _, _ in parts])
+        self.chunk = _cat([c for _, c, _ in parts])
+        self.step = _cat([s for _, _, s in parts])
+        ranks = range(len(parts)) if ranks is None else ranks
+        self.rank = _cat(
+            [
+                np.full(p.size, r, np.int64) if isinstance(r, int) else r
+                for (p, _, _), r in zip(parts, ranks, strict=True)
+            ]
+        )
+
+
+class _Speculation(_Records):
+    """The chunk walks: what they stepped on (records, and unknown words with step 1), exits, counts."""
+
+    def __init__(self, exits: _I64) -> None:
+        super().__init__()
+        self.exits = exits
+        self.count = np.zeros(exits.size, np.int64)
+
+
+class _Repair(_Records):
+    """The walks from chunk entries: per chunk an outcome and its word, and the records walked."""
+
+    def __init__(self, outcome: _I64, at: _I64) -> None:
+        super().__init__()
+        self.outcome = outcome  # _MERGED (at: where it met a walk), _ENDED, _STOPPED (at: unknown), _LOST
+        self.at = at
+
+
+class _Walk:
+    """Record positions (in 8-byte words of the memory) of a set of buffers; see the module docstring."""
+
+    def __init__(self, kinds: npt.NDArray[np.uint32], steps: _I64, mark: npt.NDArray[np.uint8]) -> None:
+        self.kinds = kinds  # the int32 kind field at every word (a strided view of the memory)
+        self.steps = steps  # kind -> record words, 0 = unknown
+        self.walk_steps = np.where(steps > 0, steps, 1)  # unknown words: one word on
+        self.mark = mark  # one byte per word of the memory, all 0 between walks
+
+    def words_of(self, pos: _I64) -> _I64:
+        """Record words at each of ``pos`` (0: unknown kind)."""
+        return self.steps[np.minimum(self.kinds[pos], _KIND_LIMIT - 1)]
+
+    def run(self, starts: _I64, ends: _I64) -> tuple[list[_I64], _I64]:
+        """Record word positions of each buffer ``[starts[b], ends[b])``, and where each one stopped.
+
+        Returns:
+            ``(positions, stop)``: per buffer, its records' word positions in order; ``stop[b]``
+            is the word where its records end early (a record of unknown kind, or one cut by
+            the buffer's end), or -1 when they tile the buffer exactly.
+        """
+        nb = starts.size
+        longest = int(self.steps.max(initial=0))
+        cb, cl, cbuf = self._chunks(starts, ends, max(longest + 1, 2))
+        nc = cb.size
+        if nc == 0:
+            return [np.zeros(0, np.int64) for _ in range(nb)], np.full(nb, -1, np.int64)
+        chunk = np.arange(nc, dtype=np.int64)
+        first = np.ones(nc, bool)
+        first[1:] = cbuf[1:] != cbuf[:-1]
+        head = np.zeros(nb, np.int64)  # first chunk of each buffer
+        head[cbuf[first]] = chunk[first]
+        tail = np.zeros(nb, np.int64)  # last chunk of each buffer
+        last = np.append(first[1:], True)
+        tail[cbuf[last]] = chunk[last]
+        walk = self._speculate(cb, cl)
+        known = walk.step > 1  # records are 3 words or more; unknown words stepped one word
+        mark = self.mark
+        mark[walk.pos[known]] = 1
+        # Every chunk's entry is taken to be where the previous chunk's walk left it (a buffer's
+        # first chunk: the buffer's start); from there the true chain is walked, all chunks at
+        # once, until it meets a recorded walk, the buffer's end or an unknown kind.
+        entry = np.where(first, cb, np.roll(walk.exits, 1))
+        rep = self._repair(entry, ends[cbuf])
+        mark[walk.pos[known]] = 0
+        # The chunk holding each outcome's position: the true chain is walked up to there.
+        upto = np.where(
+            rep.outcome == _MERGED,
+            np.minimum(head[cbuf] + (rep.at - starts[cbuf]) // CHUNK_WORDS, tail[cbuf]),
+            tail[cbuf],
+        )
+        # A chunk inside another chunk's span took a wrong entry (that chunk's walk never met the
+        # chain): the span's walk is the truth there. Spans longer than one chunk are rare.
+        covered = np.zeros(nc, bool)
+        floor = np.full(nc, _NEVER, np.int64)
+        own = (rep.outcome == _MERGED) & (upto == chunk)
+        floor[own] = rep.at[own]
+        for c in np.flatnonzero(upto > chunk).tolist():
+            if covered[c]:
+                continue
+            m = int(upto[c])
+            covered[c + 1 : m + 1] = True
+            floor[c + 1 : m + 1] = _NEVER
+            if rep.outcome[c] == _MERGED:
+                floor[m] = rep.at[c]
+        valid = ~covered
+        stop = np.full(nb, _NEVER, np.int64)
+        hit = valid & (rep.outcome == _STOPPED)
+        np.minimum.at(stop, cbuf[hit], rep.at[hit])
+        # An unknown word on a true chain is a record of unknown kind: its buffer ends there.
+        on_chain = ~known & (walk.pos >= floor[walk.chunk])
+        np.minimum.at(stop, cbuf[walk.chunk[on_chain]], walk.pos[on_chain])
+        # Records in order, chunk by chunk: the chunk's own repair walk, then its walk from its
+        # floor on (a suffix of what the walk stepped on: positions rise with the step number).
+        # Unknown words past a floor are stops: they and all after them go below.
+        kept = walk.pos >= floor[walk.chunk]
+        n_kept = np.bincount(walk.chunk[kept], minlength=nc)
+        dropped_ranks = walk.count - n_kept
+        rv = valid[rep.chunk]
+        n_rep = np.bincount(rep.chunk[rv], minlength=nc)
+        offset = np.concatenate([[0], np.cumsum(n_rep + n_kept)])
+        total = int(offset[-1])
+        pos = np.empty(total, np.int64)
+        size = np.empty(total, np.int64)
+        owner = np.empty(total, np.int64)
+        dst = offset[rep.chunk[rv]] + rep.rank[rv]
+        pos[dst], size[dst], owner[dst] = rep.pos[rv], rep.step[rv], rep.chunk[rv]
+        kc = walk.chunk[kept]
+        dst = offset[kc] + n_rep[kc] + walk.rank[kept] - dropped_ranks[kc]
+        pos[dst], size[dst], owner[dst] = walk.pos[kept], walk.step[kept], kc
+        buf = cbuf[owner]
+        inside = pos < stop[buf]
+        if not inside.all():
+            pos, size, buf = pos[inside], size[inside], buf[inside]
+        bounds = np.searchsorted(buf, np.arange(nb + 1))
+        out: list[_I64] = []
+        stops = np.where(stop == _NEVER, -1, stop)
+        for b in range(nb):
+            lo, hi = int(bounds[b]), int(bounds[b + 1])
+            found, stops[b] = self._checked(
+                pos[lo:hi], size[lo:hi], int(starts[b]), int(ends[b]), int(stops[b])
+            )
+            out.append(found)
+        return out, stops
+
+    def _checked(self, found: _I64, size: _I64, s: int, e: int, stop: int) -> tuple[_I64, int]:
+        """``found`` if it is the chain a record-by-record walk of ``[s, e)`` gives, else that walk's.
+
+        ``size`` holds each found record's words. A record running past ``e`` (a truncated
+        buffer) is dropped and becomes the stop.
+        """
+        end = stop if stop >= 0 else e
+        unknown_stop = stop < 0 or int(self.steps[min(int(self.kinds[stop]), _KIND_LIMIT - 1)]) == 0
+        if found.size:
+            nxt = found + size
+            if found[0] == s and bool((nxt[:-1] == found[1:]).all()):
+                if nxt[-1] > e and stop < 0:
+                    return found[:-1], int(found[-1])
+                if nxt[-1] == end and unknown_stop:
+                    return found, stop
+        elif s == end and unknown_stop:
+            return found, stop
+        log.debug("argus: CUPTI buffer at word %d walked record by record", s)
+        return self._scalar(s, e)
+
+    def _scalar(self, s: int, e: int) -> tuple[_I64, int]:
+        """The reference walk: record by record from ``s``, until ``e`` or an unknown or cut record."""
+        out: list[int] = []
+        pos, top = s, _KIND_LIMIT - 1
+        while pos < e:
+            step = int(self.steps[min(int(self.kinds[pos]), top)])
+            if step == 0 or pos + step > e:
+                return np.asarray(out, np.int64), pos
+            out.append(pos)
+            pos += step
+        return np.asarray(out, np.int64), -1
+
+    def _repair(self, entry: _I64, ends: _I64) -> _Repair:
+        """Walk the chain from every chunk's entry (all at once) until it meets a recorded walk."""
+        n = entry.size
+        out = _Repair(np.full(n, _LOST, np.int64), np.full(n, -1, np.int64))
+        ids = np.flatnonzero(entry >= 0)
+        pos, end = entry[ids], ends[ids]
+        mark, rank = self.mark, 0
+        parts: list[tuple[_I64, _I64, _I64]] = []
+        while ids.size:
+            ended = pos >= end
+            merged = ~ended
+            merged[merged] = mark[pos[merged]] == 1
+            step = np.zeros(ids.size, np.int64)
+            going = ~(ended | merged)
+            step[going] = self.words_of(pos[going])
+            stopped = going & (step == 0)
+            going &= ~stopped
+            for flag, code in ((merged, _MERGED), (ended, _ENDED), (stopped, _STOPPED)):
+                if flag.any():
+                    out.outcome[ids[flag]] = code
+                    out.at[ids[flag]] = pos[flag]
+            if not going.any():
+                break
+            ids, pos, step, end = ids[going], pos[going], step[going], end[going]
+            parts.append((pos, ids, step))
+            pos = pos + step
+            rank += 1
+        out.take(parts)
+        return out
+
+    def _speculate(self, cb: _I64, cl: _I64) -> _Speculation:
+        """All chunk walks at once, one record (or unknown word) per walk and step.
+
+        An unknown word advances its walk by one word; every walk ends within its chunk's
+        words, so the loop runs at most :data:`CHUNK_WORDS` (plus a record) times.
+        """
+        kinds, steps = self.kinds, self.walk_steps
+        out = _Speculation(np.full(cb.size, -1, np.int64))
+        ids = np.arange(cb.size, dtype=np.int64)
+        pos, lim = cb.copy(), cl.copy()
+        parts: list[tuple[_I64, _I64, _I64]] = []
+        t = 0
+        while ids.size:
+            step = np.take(steps, kinds[pos], mode="clip")
+            parts.append((pos, ids, step))
+            pos = pos + step
+            t += 1
+            finished = pos >= lim
+            if finished.any():
+                done = ids[finished]
+                out.exits[done] = pos[finished]
+                out.count[done] = t
+                keep = ~finished
+                ids, pos, lim = ids[keep], pos[keep], lim[keep]
+        out.take(parts)
+        return out
+
+    @staticmethod
+    def _chunks(starts: _I64, ends: _I64, tail: int) -> tuple[_I64, _I64, _I64]:
+        """Chunk begin, limit and buffer of every chunk; a buffer's last chunk is at least ``tail`` long."""
+        begins, limits, owners = [], [], []
+        for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            if e <= s:
+                continue
+            cuts = np.arange(s, e, CHUNK_WORDS, dtype=np.int64)
+            if cuts.size > 1 and e - cuts[-1] < tail:
+                cuts = cuts[:-1]
+            lim = np.append(cuts[1:], e)
+            begins.append(cuts)
+            limits.append(lim)
+            owners.append(np.full(cuts.size, b, np.int64))
+        if not begins:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        return np.concatenate(begins), np.concatenate(limits), np.concatenate(owners)
+
+
+# --- the decoder ---------------------------------------------------------------------------------
+
+
+class NativeDecoder:
+    """Decodes activity buffers held in one memory array into :class:`Decoded` columns.
+
+    Args:
+        sizes: CUpti_ActivityKind → record bytes, for the kinds the buffers may hold
+            (measured from libcupti by the live source, or cupti-python's dtype sizes).
+            Kinds missing here end what can be walked of a buffer (see ``walker``).
+        names: The name table rows refer to (shared across decodes: names are resolved once).
+        walker: libcupti's record walk, for buffers the decoder cannot walk itself; the sizes it
+            shows are learned.
+
+    Raises:
+        ValueError: a size is not a positive multiple of 8, or shorter than the layout of its kind.
+    """
+
+    def __init__(
+        self, sizes: Mapping[int, int], names: NameTable | None = None, walker: Walker | None = None
+    ) -> None:
+        self.sizes: dict[int, int] = {}
+        self.names = names if names is not None else NameTable()
+        self.walker = walker
+        self._steps = np.zeros(_KIND_LIMIT, np.int64)
+        self._mark: npt.NDArray[np.uint8] | None = None
+        self._lock = threading.Lock()
+        self.learn(sizes)
+
+    def learn(self, sizes: Mapping[int, int]) -> None:
+        """Add or confirm record sizes (bytes per kind).
+
+        Raises:
+            ValueError: as for the constructor, or a size that differs from one already known.
+        """
+        for kind, size in sizes.items():
+            if not 0 <= kind < _KIND_LIMIT - 1 or size < 16 or size % 8:
+                raise ValueError(
+                    f"CUPTI record kind {kind}: size {size} is not a multiple of 8 of 16 or more"
+                )
+            layout = LAYOUTS.get(kind)
+            if layout is not None and size < layout.min_size:
+                raise ValueError(
+                    f"CUPTI record kind {kind}: {size} bytes, shorter than the {layout.min_size} "
+                    "bytes of the fields Argus reads (an older CUPTI?)"
+                )
+            known = self.sizes.get(kind)
+            if known is not None and known != size:
+                raise ValueError(f"CUPTI record kind {kind}: size {size} bytes, was {known}")
+            self.sizes[kind] = size
+            self._steps[kind] = size // 8
+
+    def decode(self, memory: npt.NDArray[np.uint8], buffers: Sequence[Buffer], offset_ns: int = 0) -> Decoded:
+        """Decode ``buffers`` (oldest first) of ``memory`` on this thread.
+
+        Args:
+            memory: uint8 array holding the buffers (the live source's buffer pool).
+            buffers: ``(start byte, valid bytes)`` per buffer; starts are multiples of 8.
+            offset_ns: Added to CUPTI timestamps to get ns since the epoch.
+
+        Returns:
+            :class:`Decoded` rows in the order :func:`argus.agent.cupti.decode` gives them.
+
+        Raises:
+            ValueError: a buffer outside ``memory`` or not 8-byte aligned.
+        """
+        words = memory.size // 8
+        starts = np.array([s for s, _ in buffers], np.int64)
+        valid = np.array([v for _, v in buffers], np.int64)
+        if (
+            (starts % 8).any()
+            or (starts < 0).any()
+            or (valid < 0).any()
+            or (starts + valid > memory.size).any()
+        ):
+            raise ValueError("CUPTI buffers must lie inside the memory and start on 8-byte boundaries")
+        with self._lock:
+            if self._mark is None or self._mark.size != words:
+                self._mark = np.zeros(words, np.uint8)
+            walk = _Walk(memory[: words * 8].view(np.uint32)[::2], self._steps, self._mark)
+            mem = _Memory(memory)
+            parts: list[_Columns] = []
+            refused = 0
+            # A few MiB of buffers at a time: the walk and the gathers then meet the same cached bytes.
+            for group in _groups(valid.tolist(), GROUP_BYTES):
+                s, v = starts[group], valid[group]
+                positions, stop = walk.run(s // 8, (s + v) // 8)
+                for i in range(len(group)):
+                    if stop[i] < 0 and v[i] % 8 == 0:
+                        continue
+                    redo = self._libcupti_walk(memory, int(s[i]), int(v[i])) if self.walker else None
+                    if redo is not None:
+                        positions[i] = redo
+                    else:
+                        refused += 1
+                parts.append(self._columns(mem, _cat(positions), offset_ns))
+            out = _Columns.merge(parts)
+            out.names = self.names.names
+            out.refused = refused
+            return out
+
+    def _libcupti_walk(self, memory: npt.NDArray[np.uint8], start: int, valid: int) -> _I64 | None:
+        """Word positions of a buffer's records as libcupti walks it; learns their kinds' sizes."""
+        assert self.walker is not None
+        try:
+            offsets = np.asarray(self.walker(memory.ctypes.data + start, valid), np.int64)
+        except Exception:
+            log.warning("argus: libcupti could not walk an activity buffer", exc_info=True)
+            return None
+        if offsets.size == 0:
+            return offsets
+        words = (offsets + start) // 8
+        kinds = memory[: memory.size // 8 * 8].view(np.uint32)[::2][words].astype(np.int64)
+        ends = np.append(offsets[1:], valid)
+        learned: dict[int, int] = {}
+        for kind, size in zip(kinds[:-1].tolist(), (ends - offsets)[:-1].tolist(), strict=True):
+            if kind < _KIND_LIMIT and kind not in self.sizes:
+                learned.setdefault(kind, size)
+        try:
+            self.learn(learned)
+        except ValueError:
+            log.warning("argus: CUPTI record sizes are not what Argus can read", exc_info=True)
+        log.info("argus: CUPTI record sizes (bytes per kind): %s", dict(sorted(self.sizes.items())))
+        return words
+
+    def _columns(self, mem: _Memory, pos: _I64, offset_ns: int) -> _Columns:
+        """Gather the rows of the records at word positions ``pos``, batch by batch."""
+        # What each kind becomes: an event (0, 1, 2), external correlation (-1), or skipped (-2).
+        event_of = np.full(_KIND_LIMIT + 1, -2, np.int64)
+        layouts: dict[int, list[int]] = {}
+        for k, layout in LAYOUTS.items():
+            if self.sizes.get(k, 0) >= layout.min_size:
+                event_of[k] = layout.event
+                layouts.setdefault(layout.event, []).append(k)
+        kind = np.minimum(mem.u32[2 * pos], _KIND_LIMIT).astype(np.int64)
+        event = event_of[kind]
+        counts = np.bincount(event + 2, minlength=5)
+        cols = _Columns([int(c) for c in counts[2:]])
+        cols.skipped = int(counts[0])
+        for lo in range(0, pos.size, _BATCH):
+            q, ev, kq = pos[lo : lo + _BATCH], event[lo : lo + _BATCH], kind[lo : lo + _BATCH]
+            present = np.bincount(ev + 2, minlength=5)
+            for e in (0, 1, 2):
+                if not present[e + 2]:
+                    continue
+                sel = ev == e
+                qe = q[sel]
+                kinds = layouts[e]
+                if len({id(LAYOUTS[k]) for k in kinds}) == 1:
+                    cols.add(e, mem, qe, LAYOUTS[kinds[0]], offset_ns)
+                    continue
+                # Several layouts in one event (memcpy, peer-to-peer memcpy): by layout, then re-sorted.
+                ke, begin = kq[sel], cols.fill[e]
+                for k in kinds:
+                    if (part := ke == k).any():
+                        cols.add(e, mem, qe[part], LAYOUTS[k], offset_ns, keep_pos=True)
+                cols.reorder(e, begin)
+            if present[1]:
+                for k in layouts[-1]:
+                    recs = mem.records(q[ev == -1], LAYOUTS[k])
+                    cols.external.update(
+                        zip(recs["correlation"].tolist(), recs["external_id"].tolist(), strict=True)
+                    )
+        k0, k1 = cols.region(0)
+        cols.name_id[k0:k1] = self.names.resolve(cols.pointer[k0:k1])
+        return cols
+
+
+#: Records gathered per step of :meth:`NativeDecoder._columns` (their leading bytes stay in cache).
+_BATCH = 1 << 16
+
+
+class _Memory:
+    """The buffers' memory seen as records: one structured view per layout, at every 8-byte word."""
+
+    def __init__(self, memory: npt.NDArray[np.uint8]) -> None:
+        self.memory = memory
+        self.u32 = memory[: memory.size // 8 * 8].view(np.uint32)
+        self._views: dict[int, npt.NDArray[np.void]] = {}
+
+    def records(self, pos: _I64, layout: Layout) -> npt.NDArray[np.void]:
+        """The ``layout`` fields of the records at word positions ``pos`` (one gather per record)."""
+        view = self._views.get(id(layout))
+        if view is None:
+            dtype = layout.dtype
+            count = max(self.memory.size // 8 - layout.words + 1, 0)
+            view = np.ndarray((count,), dtype, buffer=self.memory, strides=(8,))
+            self._views[id(layout)] = view
+        return view[pos]
+
+
+class _Columns:
+    """Output columns, one region per event (kernels, memcpys, memsets) filled batch by batch.
+
+    Rows with unusable timestamps are left out and counted.
+    """
+
+    _NAMES = (
+        "name_id",
+        "pointer",
+        "pos",
+        "stream",
+        "device",
+        "correlation",
+        "start_ns",
+        "dur_ns",
+        "graph_id",
+        "graph_node_id",
+    )
+
+    def __init__(self, counts: list[int]) -> None:
+        size = sum(counts)
+        self.begin = [0, counts[0], counts[0] + counts[1]]
+        self.fill = list(self.begin)
+        self.dropped = 0
+        self.skipped = 0
+        self.external: dict[int, int] = {}
+        self.name_id = np.empty(size, np.int32)
+        self.pointer = np.empty(size, np.uint64)
+        self.pos = np.empty(size, np.int64)
+        self.stream, self.device, self.correlation, self.start_ns, self.dur_ns, self.graph_id = (
+            np.empty(size, np.int64) for _ in range(6)
+        )
+        self.graph_node_id = np.empty(size, np.int64)
+
+    def region(self, event: int) -> tuple[int, int]:
+        return self.begin[event], self.fill[event]
+
+    def add(
+        self, event: int, mem: _Memory, pos: _I64, layout: Layout, offset_ns: int, keep_pos: bool = False
+    ) -> None:
+        """Append the rows of the records at ``pos`` (one layout) to ``event``'s region."""
+        recs = mem.records(pos, layout)
+        start = recs["start"].view(np.int64)
+        end = recs["end"].view(np.int64)
+        ok = (start > 0) & (end > 0) & (end >= start)
+        kept = int(np.count_nonzero(ok))
+        self.dropped += ok.size - kept
+        if kept < ok.size:
+            pos, recs = pos[ok], recs[ok]
+            start, end = recs["start"].view(np.int64), recs["end"].view(np.int64)
+        w = slice(self.fill[event], self.fill[event] + kept)
+        if keep_pos:
+            self.pos[w] = pos
+        np.add(start, offset_ns, out=self.start_ns[w])
+        np.subtract(end, start, out=self.dur_ns[w])
+        self.stream[w] = recs["stream"]
+        self.device[w] = recs["device"]
+        self.correlation[w] = recs["correlation"]
+        self.graph_id[w] = recs["graph_id"]
+        self.graph_node_id[w] = recs["graph_node_id"]
+        if "name" in layout.fields:
+            self.pointer[w] = recs["name"]
+        elif "copy_kind" in layout.fields:
+            self.name_id[w] = np.minimum(recs["copy_kind"], len(MEMCPY_NAMES) - 1)
+        else:
+            self.name_id[w] = NameTable.MEMSET
+        self.fill[event] += kept
+
+    def reorder(self, event: int, begin: int) -> None:
+        """Put ``event``'s rows from ``begin`` on back in record order (after a split by layout)."""
+        w = slice(begin, self.fill[event])
+        order = np.argsort(self.pos[w], kind="stable")
+        for name in self._NAMES:
+            column = getattr(self, name)
+            column[w] = column[w][order]
+
+    @classmethod
+    def merge(cls, parts: Sequence[_Columns]) -> Decoded:
+        """One :class:`Decoded` of the parts' rows: every part's kernels, then memcpys, then memsets."""
+        out = Decoded()
+        for part in parts:
+            out.external.update(part.external)
+            out.dropped += part.dropped
+            out.skipped += part.skipped
+        regions = [(p, e, p.begin[e], p.fill[e]) for e in (0, 1, 2) for p in parts]
+        if not regions:
+            return out
+
+        def cat(name: str) -> npt.NDArray[Any]:
+            return np.concatenate([getattr(p, name)[b:f] for p, _, b, f in regions])
+
+        out.kind = np.concatenate([np.full(f - b, e, np.uint8) for _, e, b, f in regions])
+        out.name_id = cat("name_id")
+        out.stream, out.device, out.correlation = cat("stream"), cat("device"), cat("correlation")
+        out.start_ns, out.dur_ns = cat("start_ns"), cat("dur_ns")
+        out.graph_id, out.graph_node_id = cat("graph_id"), cat("graph_node_id")
+        return out
+
+
+def _groups(valid: Sequence[int], limit: int) -> list[list[int]]:
+    """Consecutive buffer indices in groups of at most ``limit`` valid bytes (at least one each)."""
+    out: list[list[int]] = []
+    size = 0
+    for i, v in enumerate(valid):
+        if not out or size + v > limit:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += v
+    return out
+
+
+def sizes_from_dtypes(dtypes: Iterable[tuple[int, Any]]) -> dict[int, int]:
+    """Kind → record bytes from ``(kind, numpy dtype)`` pairs (e.g. cupti-python's record dtypes)."""
+    return {kind: int(np.dtype(d).itemsize) for kind, d in dtypes}
