@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from argus.agent.cupti_records import (
     LAYOUTS,
@@ -59,9 +58,7 @@ __all__ = ["CHUNK_WORDS", "Buffer", "NameTable", "NativeDecoder", "Walker", "dem
 log = logging.getLogger(__name__)
 
 #: Words (8 bytes) per speculative walk: fewer numpy steps per buffer vs. less wasted work per chunk.
-CHUNK_WORDS = 512
-#: Bytes of buffers decoded together: walk and gathers then find the bytes in cache.
-GROUP_BYTES = 8 << 20
+CHUNK_WORDS = 8192
 #: Kinds at or above this are unknown (CUpti_ActivityKind has about 60 values).
 _KIND_LIMIT = 256
 #: Outcomes of the walk from a chunk's entry.
@@ -122,14 +119,20 @@ class NameTable:
     """Names of decoded rows: memcpy and memset names first, then kernels, each name once.
 
     Kernel names are resolved once per distinct ``const char *`` CUPTI gives (and
-    demangled); two pointers to equal strings share one id. Thread-safe.
+    demangled); two pointers to equal strings share one id. Known pointers sit in an
+    open hash table (multiplicative hashing), so a batch of rows is looked up in a few
+    numpy passes; pointers not found there (new, or sharing a slot) take a slow path
+    once per distinct value. Thread-safe.
     """
+
+    _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio (Knuth's multiplicative hash)
 
     def __init__(self) -> None:
         self.names: list[str] = [*MEMCPY_NAMES, MEMSET_NAME]
         self._ids: dict[str, int] = {n: i for i, n in enumerate(self.names)}
         self._by_pointer: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._rebuild()
 
     #: Id of the memset name.
     MEMSET = len(MEMCPY_NAMES)
@@ -146,26 +149,42 @@ class NameTable:
             self.names.append(name)
         return i
 
-    def resolve(self, pointers: npt.NDArray[np.uint64]) -> npt.NDArray[np.int32]:
-        """Name ids of the C strings at ``pointers`` (a NULL pointer is the name ``""``).
+    def _rebuild(self) -> None:
+        """Size the hash table to 64 slots per known pointer (few share a slot) and fill it."""
+        self._bits = min(max(12, (64 * len(self._by_pointer)).bit_length()), 22)
+        size = 1 << self._bits
+        pointers = np.fromiter(self._by_pointer, np.uint64, len(self._by_pointer))
+        ids = np.fromiter(self._by_pointer.values(), np.int32, len(self._by_pointer))
+        self._slot_pointer = np.full(size, np.uint64(1), np.uint64)  # 1: no C string lives there
+        self._slot_id = np.zeros(size, np.int32)
+        slot = self._slot(pointers)
+        self._slot_pointer[slot] = pointers
+        self._slot_id[slot] = ids
 
-        Hashes the pointers in Arrow (one pass), reads each pointer not seen before once.
-        """
-        if pointers.size == 0:
-            return np.zeros(0, np.int32)
-        encoded = pa.array(pointers).dictionary_encode()  # hashes in Arrow: one pass, no sort
-        distinct = encoded.dictionary.to_pylist()
-        lut = np.empty(len(distinct), np.int32)
+    def _slot(self, pointers: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+        return ((pointers * self._MULTIPLIER) >> np.uint64(64 - self._bits)).astype(np.intp)
+
+    def resolve(self, pointers: npt.NDArray[np.uint64]) -> npt.NDArray[np.int32]:
+        """Name ids of the C strings at ``pointers`` (a NULL pointer is the name ``""``)."""
         with self._lock:
-            known = self._by_pointer
-            for i, ptr in enumerate(distinct):
-                j = known.get(ptr)
-                if j is None:
-                    text = ctypes.string_at(ptr).decode(errors="replace") if ptr else ""
-                    j = known[ptr] = self._id(demangle(text))
-                lut[i] = j
-        indices = encoded.indices
-        return lut[np.frombuffer(indices.buffers()[1], np.int32, len(indices), indices.offset * 4)]
+            slot = self._slot(pointers)
+            ids = self._slot_id[slot]
+            miss = np.flatnonzero(self._slot_pointer[slot] != pointers)
+            if miss.size:
+                distinct, where = np.unique(pointers[miss], return_inverse=True)
+                before = len(self._by_pointer)
+                found = np.array([self._pointer(int(p)) for p in distinct.tolist()], np.int32)
+                ids[miss] = found[where]
+                if len(self._by_pointer) != before:
+                    self._rebuild()
+        return ids
+
+    def _pointer(self, pointer: int) -> int:
+        j = self._by_pointer.get(pointer)
+        if j is None:
+            text = ctypes.string_at(pointer).decode(errors="replace") if pointer else ""
+            j = self._by_pointer[pointer] = self._id(demangle(text))
+        return j
 
 
 # --- the walk ------------------------------------------------------------------------------------
@@ -253,13 +272,14 @@ class _Walk:
         walk = self._speculate(cb, cl)
         known = walk.step > 1  # records are 3 words or more; unknown words stepped one word
         mark = self.mark
-        mark[walk.pos[known]] = 1
+        recorded = walk.pos[known]
+        mark[recorded] = 1
         # Every chunk's entry is taken to be where the previous chunk's walk left it (a buffer's
         # first chunk: the buffer's start); from there the true chain is walked, all chunks at
         # once, until it meets a recorded walk, the buffer's end or an unknown kind.
         entry = np.where(first, cb, np.roll(walk.exits, 1))
         rep = self._repair(entry, ends[cbuf])
-        mark[walk.pos[known]] = 0
+        mark[recorded] = 0
         # The chunk holding each outcome's position: the true chain is walked up to there.
         upto = np.where(
             rep.outcome == _MERGED,
@@ -285,35 +305,33 @@ class _Walk:
         hit = valid & (rep.outcome == _STOPPED)
         np.minimum.at(stop, cbuf[hit], rep.at[hit])
         # An unknown word on a true chain is a record of unknown kind: its buffer ends there.
-        on_chain = ~known & (walk.pos >= floor[walk.chunk])
-        np.minimum.at(stop, cbuf[walk.chunk[on_chain]], walk.pos[on_chain])
+        unknown = np.flatnonzero(~known)
+        up, uc = walk.pos[unknown], walk.chunk[unknown]
+        on_chain = up >= floor[uc]
+        np.minimum.at(stop, cbuf[uc[on_chain]], up[on_chain])
         # Records in order, chunk by chunk: the chunk's own repair walk, then its walk from its
         # floor on (a suffix of what the walk stepped on: positions rise with the step number).
-        # Unknown words past a floor are stops: they and all after them go below.
+        # Unknown words past a floor are stops: they, and all after them, are cut below.
         kept = walk.pos >= floor[walk.chunk]
-        n_kept = np.bincount(walk.chunk[kept], minlength=nc)
-        dropped_ranks = walk.count - n_kept
+        dropped = np.bincount(walk.chunk[~kept], minlength=nc)
         rv = valid[rep.chunk]
         n_rep = np.bincount(rep.chunk[rv], minlength=nc)
-        offset = np.concatenate([[0], np.cumsum(n_rep + n_kept)])
+        offset = np.concatenate([[0], np.cumsum(n_rep + walk.count - dropped)])
         total = int(offset[-1])
-        pos = np.empty(total, np.int64)
-        size = np.empty(total, np.int64)
-        owner = np.empty(total, np.int64)
+        pos = np.empty(total + 1, np.int64)  # the last slot takes what is not kept
+        size = np.empty(total + 1, np.int64)
+        dst = np.where(kept, (offset[:-1] + n_rep - dropped)[walk.chunk] + walk.rank, total)
+        pos[dst], size[dst] = walk.pos, walk.step
         dst = offset[rep.chunk[rv]] + rep.rank[rv]
-        pos[dst], size[dst], owner[dst] = rep.pos[rv], rep.step[rv], rep.chunk[rv]
-        kc = walk.chunk[kept]
-        dst = offset[kc] + n_rep[kc] + walk.rank[kept] - dropped_ranks[kc]
-        pos[dst], size[dst], owner[dst] = walk.pos[kept], walk.step[kept], kc
-        buf = cbuf[owner]
-        inside = pos < stop[buf]
-        if not inside.all():
-            pos, size, buf = pos[inside], size[inside], buf[inside]
-        bounds = np.searchsorted(buf, np.arange(nb + 1))
+        pos[dst], size[dst] = rep.pos[rv], rep.step[rv]
         out: list[_I64] = []
         stops = np.where(stop == _NEVER, -1, stop)
+        has = np.zeros(nb, bool)
+        has[cbuf] = True
         for b in range(nb):
-            lo, hi = int(bounds[b]), int(bounds[b + 1])
+            lo, hi = (int(offset[head[b]]), int(offset[tail[b] + 1])) if has[b] else (0, 0)
+            if stops[b] >= 0:
+                hi = lo + int(np.searchsorted(pos[lo:hi], stops[b]))
             found, stops[b] = self._checked(
                 pos[lo:hi], size[lo:hi], int(starts[b]), int(ends[b]), int(stops[b])
             )
@@ -509,24 +527,17 @@ class NativeDecoder:
             if self._mark is None or self._mark.size != words:
                 self._mark = np.zeros(words, np.uint8)
             walk = _Walk(memory[: words * 8].view(np.uint32)[::2], self._steps, self._mark)
-            mem = _Memory(memory)
-            parts: list[_Columns] = []
+            positions, stop = walk.run(starts // 8, (starts + valid) // 8)
             refused = 0
-            # A few MiB of buffers at a time: the walk and the gathers then meet the same cached bytes.
-            for group in _groups(valid.tolist(), GROUP_BYTES):
-                s, v = starts[group], valid[group]
-                positions, stop = walk.run(s // 8, (s + v) // 8)
-                for i in range(len(group)):
-                    if stop[i] < 0 and v[i] % 8 == 0:
-                        continue
-                    redo = self._libcupti_walk(memory, int(s[i]), int(v[i])) if self.walker else None
-                    if redo is not None:
-                        positions[i] = redo
-                    else:
-                        refused += 1
-                parts.append(self._columns(mem, _cat(positions), offset_ns))
-            out = _Columns.merge(parts)
-            out.names = self.names.names
+            for b, (s, v) in enumerate(buffers):
+                if stop[b] < 0 and v % 8 == 0:
+                    continue
+                redo = self._libcupti_walk(memory, s, v) if self.walker is not None else None
+                if redo is not None:
+                    positions[b] = redo
+                else:
+                    refused += 1
+            out = self._columns(_Memory(memory), _cat(positions), offset_ns)
             out.refused = refused
             return out
 
@@ -554,70 +565,74 @@ class NativeDecoder:
         log.info("argus: CUPTI record sizes (bytes per kind): %s", dict(sorted(self.sizes.items())))
         return words
 
-    def _columns(self, mem: _Memory, pos: _I64, offset_ns: int) -> _Columns:
-        """Gather the rows of the records at word positions ``pos``, batch by batch."""
+    def _columns(self, mem: _Memory, pos: _I64, offset_ns: int) -> Decoded:
+        """Gather the rows of the records at word positions ``pos``, event by event, batch by batch."""
         # What each kind becomes: an event (0, 1, 2), external correlation (-1), or skipped (-2).
-        event_of = np.full(_KIND_LIMIT + 1, -2, np.int64)
+        event_of = np.full(_KIND_LIMIT + 1, -2, np.int8)
         layouts: dict[int, list[int]] = {}
         for k, layout in LAYOUTS.items():
             if self.sizes.get(k, 0) >= layout.min_size:
                 event_of[k] = layout.event
                 layouts.setdefault(layout.event, []).append(k)
-        kind = np.minimum(mem.u32[2 * pos], _KIND_LIMIT).astype(np.int64)
-        event = event_of[kind]
-        counts = np.bincount(event + 2, minlength=5)
-        cols = _Columns([int(c) for c in counts[2:]])
-        cols.skipped = int(counts[0])
-        for lo in range(0, pos.size, _BATCH):
-            q, ev, kq = pos[lo : lo + _BATCH], event[lo : lo + _BATCH], kind[lo : lo + _BATCH]
-            present = np.bincount(ev + 2, minlength=5)
-            for e in (0, 1, 2):
-                if not present[e + 2]:
-                    continue
-                sel = ev == e
-                qe = q[sel]
-                kinds = layouts[e]
-                if len({id(LAYOUTS[k]) for k in kinds}) == 1:
-                    cols.add(e, mem, qe, LAYOUTS[kinds[0]], offset_ns)
+        kind = mem.u32[2 * pos]
+        event = np.take(event_of, kind, mode="clip")
+        order = np.argsort(event, kind="stable")  # by event, each in record order (a radix sort)
+        pos, kind = pos[order], kind[order]
+        counts = np.bincount(event.astype(np.int64) + 2, minlength=5).tolist()
+        bounds = np.cumsum([0, *counts]).tolist()
+        cols = _Columns(counts[2:])
+        cols.skipped = counts[0]
+        for k in layouts.get(-1, []):
+            ext = pos[bounds[1] : bounds[2]]
+            corr = mem.gather(ext, LAYOUTS[k], "correlation", np.empty(ext.size, np.int64))
+            ids = mem.gather(ext, LAYOUTS[k], "external_id", np.empty(ext.size, np.uint64))
+            cols.external = dict(zip(corr.tolist(), ids.tolist(), strict=True))
+        for e in (0, 1, 2):
+            p, kp = pos[bounds[e + 2] : bounds[e + 3]], kind[bounds[e + 2] : bounds[e + 3]]
+            kinds = layouts.get(e, [])
+            single = len({id(LAYOUTS[k]) for k in kinds}) == 1
+            for lo in range(0, p.size, _BATCH):
+                q = p[lo : lo + _BATCH]
+                if single:
+                    cols.add(e, mem, q, LAYOUTS[kinds[0]], offset_ns)
                     continue
                 # Several layouts in one event (memcpy, peer-to-peer memcpy): by layout, then re-sorted.
-                ke, begin = kq[sel], cols.fill[e]
+                kq, begin = kp[lo : lo + _BATCH], cols.fill[e]
                 for k in kinds:
-                    if (part := ke == k).any():
-                        cols.add(e, mem, qe[part], LAYOUTS[k], offset_ns, keep_pos=True)
+                    if (part := kq == k).any():
+                        cols.add(e, mem, q[part], LAYOUTS[k], offset_ns, keep_pos=True)
                 cols.reorder(e, begin)
-            if present[1]:
-                for k in layouts[-1]:
-                    recs = mem.records(q[ev == -1], LAYOUTS[k])
-                    cols.external.update(
-                        zip(recs["correlation"].tolist(), recs["external_id"].tolist(), strict=True)
-                    )
         k0, k1 = cols.region(0)
         cols.name_id[k0:k1] = self.names.resolve(cols.pointer[k0:k1])
-        return cols
+        out = cols.finish()
+        out.names = self.names.names
+        return out
 
 
 #: Records gathered per step of :meth:`NativeDecoder._columns` (their leading bytes stay in cache).
-_BATCH = 1 << 16
+_BATCH = 1 << 13
 
 
 class _Memory:
-    """The buffers' memory seen as records: one structured view per layout, at every 8-byte word."""
+    """Field gathers from the buffers' memory (one numpy pass per field, straight into the output)."""
 
     def __init__(self, memory: npt.NDArray[np.uint8]) -> None:
-        self.memory = memory
-        self.u32 = memory[: memory.size // 8 * 8].view(np.uint32)
-        self._views: dict[int, npt.NDArray[np.void]] = {}
+        words = memory.size // 8
+        self.u32 = memory[: words * 8].view(np.uint32)
+        self.u64 = memory[: words * 8].view(np.uint64)
 
-    def records(self, pos: _I64, layout: Layout) -> npt.NDArray[np.void]:
-        """The ``layout`` fields of the records at word positions ``pos`` (one gather per record)."""
-        view = self._views.get(id(layout))
-        if view is None:
-            dtype = layout.dtype
-            count = max(self.memory.size // 8 - layout.words + 1, 0)
-            view = np.ndarray((count,), dtype, buffer=self.memory, strides=(8,))
-            self._views[id(layout)] = view
-        return view[pos]
+    def gather(self, pos: _I64, layout: Layout, name: str, out: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Field ``name`` of the records at word positions ``pos``, into 8-byte ``out`` (returned)."""
+        offset, dtype = layout.fields[name]
+        dest = out.view(np.uint64)
+        np.take(self.u64, pos + offset // 8, out=dest, mode="clip")
+        if dtype != "u8":
+            low, bits = 8 * (offset % 8), 8 * np.dtype(dtype).itemsize
+            if low:
+                np.right_shift(dest, np.uint64(low), out=dest)
+            if low + bits < 64:
+                np.bitwise_and(dest, np.uint64((1 << bits) - 1), out=dest)
+        return out
 
 
 class _Columns:
@@ -661,29 +676,30 @@ class _Columns:
         self, event: int, mem: _Memory, pos: _I64, layout: Layout, offset_ns: int, keep_pos: bool = False
     ) -> None:
         """Append the rows of the records at ``pos`` (one layout) to ``event``'s region."""
-        recs = mem.records(pos, layout)
-        start = recs["start"].view(np.int64)
-        end = recs["end"].view(np.int64)
+        w0 = self.fill[event]
+        w = slice(w0, w0 + pos.size)
+        start = mem.gather(pos, layout, "start", self.start_ns[w])
+        end = mem.gather(pos, layout, "end", self.dur_ns[w])
         ok = (start > 0) & (end > 0) & (end >= start)
         kept = int(np.count_nonzero(ok))
-        self.dropped += ok.size - kept
-        if kept < ok.size:
-            pos, recs = pos[ok], recs[ok]
-            start, end = recs["start"].view(np.int64), recs["end"].view(np.int64)
-        w = slice(self.fill[event], self.fill[event] + kept)
+        self.dropped += pos.size - kept
+        if kept < pos.size:
+            sel = np.flatnonzero(ok)
+            pos = pos[sel]
+            w = slice(w0, w0 + kept)
+            self.start_ns[w], self.dur_ns[w] = start[sel], end[sel]
+            start, end = self.start_ns[w], self.dur_ns[w]
+        np.subtract(end, start, out=end)
+        np.add(start, offset_ns, out=start)
         if keep_pos:
             self.pos[w] = pos
-        np.add(start, offset_ns, out=self.start_ns[w])
-        np.subtract(end, start, out=self.dur_ns[w])
-        self.stream[w] = recs["stream"]
-        self.device[w] = recs["device"]
-        self.correlation[w] = recs["correlation"]
-        self.graph_id[w] = recs["graph_id"]
-        self.graph_node_id[w] = recs["graph_node_id"]
+        for name in ("stream", "device", "correlation", "graph_id", "graph_node_id"):
+            mem.gather(pos, layout, name, getattr(self, name)[w])
         if "name" in layout.fields:
-            self.pointer[w] = recs["name"]
+            mem.gather(pos, layout, "name", self.pointer[w])
         elif "copy_kind" in layout.fields:
-            self.name_id[w] = np.minimum(recs["copy_kind"], len(MEMCPY_NAMES) - 1)
+            kinds = mem.gather(pos, layout, "copy_kind", np.empty(pos.size, np.int64))
+            self.name_id[w] = np.minimum(kinds, len(MEMCPY_NAMES) - 1)
         else:
             self.name_id[w] = NameTable.MEMSET
         self.fill[event] += kept
@@ -696,40 +712,25 @@ class _Columns:
             column = getattr(self, name)
             column[w] = column[w][order]
 
-    @classmethod
-    def merge(cls, parts: Sequence[_Columns]) -> Decoded:
-        """One :class:`Decoded` of the parts' rows: every part's kernels, then memcpys, then memsets."""
+    def finish(self) -> Decoded:
+        """The columns as a :class:`Decoded`: regions moved together (left-out rows leave gaps)."""
         out = Decoded()
-        for part in parts:
-            out.external.update(part.external)
-            out.dropped += part.dropped
-            out.skipped += part.skipped
-        regions = [(p, e, p.begin[e], p.fill[e]) for e in (0, 1, 2) for p in parts]
-        if not regions:
-            return out
-
-        def cat(name: str) -> npt.NDArray[Any]:
-            return np.concatenate([getattr(p, name)[b:f] for p, _, b, f in regions])
-
-        out.kind = np.concatenate([np.full(f - b, e, np.uint8) for _, e, b, f in regions])
-        out.name_id = cat("name_id")
-        out.stream, out.device, out.correlation = cat("stream"), cat("device"), cat("correlation")
-        out.start_ns, out.dur_ns = cat("start_ns"), cat("dur_ns")
-        out.graph_id, out.graph_node_id = cat("graph_id"), cat("graph_node_id")
+        out.external, out.dropped, out.skipped = self.external, self.dropped, self.skipped
+        kind = np.empty(sum(f - b for b, f in zip(self.begin, self.fill, strict=True)), np.uint8)
+        n = 0
+        for e in (0, 1, 2):
+            b, f = self.begin[e], self.fill[e]
+            kind[n : n + f - b] = e
+            if b != n:
+                for name in self._NAMES:
+                    column = getattr(self, name)
+                    column[n : n + f - b] = column[b:f]
+            n += f - b
+        out.kind, out.name_id = kind, self.name_id[:n]
+        out.stream, out.device, out.correlation = self.stream[:n], self.device[:n], self.correlation[:n]
+        out.start_ns, out.dur_ns = self.start_ns[:n], self.dur_ns[:n]
+        out.graph_id, out.graph_node_id = self.graph_id[:n], self.graph_node_id[:n]
         return out
-
-
-def _groups(valid: Sequence[int], limit: int) -> list[list[int]]:
-    """Consecutive buffer indices in groups of at most ``limit`` valid bytes (at least one each)."""
-    out: list[list[int]] = []
-    size = 0
-    for i, v in enumerate(valid):
-        if not out or size + v > limit:
-            out.append([])
-            size = 0
-        out[-1].append(i)
-        size += v
-    return out
 
 
 def sizes_from_dtypes(dtypes: Iterable[tuple[int, Any]]) -> dict[int, int]:
