@@ -146,7 +146,8 @@ def main() -> int:
     native_rate, object_rate = statistics.median(rates["native"]), statistics.median(rates["object"])
     speedup = statistics.median([a / b for a, b in zip(rates["native"], rates["object"], strict=True)])
     print(
-        f"cupti_decode: CPU time: native {spread(rates['native'])}, object {spread(rates['object'])} records/s"
+        f"cupti_decode: records/s of CPU time: native {spread(rates['native'])}, "
+        f"object {spread(rates['object'])}"
     )
     print(f"cupti_decode: wall clock: native {spread(walls['native'])}, object {spread(walls['object'])}")
     met = native_rate >= GOAL_RECORDS_PER_S and speedup >= GOAL_SPEEDUP
