@@ -60,8 +60,10 @@ BUFFER_BYTES = 4 << 20
 #: Buffers in the pool: 128 MiB at most, touched only as CUPTI fills them.
 BUFFERS = 32
 
+# CUptiResult values (cupti_result.h).
 _SUCCESS = 0
 _MAX_LIMIT_REACHED = 12
+_MULTIPLE_SUBSCRIBERS = 39
 _FLUSH_FORCED = 1
 
 _REQUEST = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -292,12 +294,13 @@ class NativeCupti:
 
         Raises:
             CuptiBusy: another subscriber holds the slot.
-            CuptiError: registering the callbacks failed.
+            CuptiError: CUPTI cannot start (no driver, ...), or registering the callbacks failed.
         """
         handle = ctypes.c_void_p(None)
         rc = self.lib.lib.cuptiSubscribe(ctypes.byref(handle), self._callbacks[0], None)
-        if rc != _SUCCESS:
-            raise CuptiBusy(f"cuptiSubscribe failed: {self.lib.result(rc)}")
+        if rc == _MULTIPLE_SUBSCRIBERS:
+            raise CuptiBusy(f"cuptiSubscribe: {self.lib.result(rc)}")
+        self.lib.check(rc, "cuptiSubscribe")
         self._subscriber = handle
         try:
             self.lib.check(

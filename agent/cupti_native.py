@@ -626,12 +626,11 @@ class _Memory:
         offset, dtype = layout.fields[name]
         dest = out.view(np.uint64)
         np.take(self.u64, pos + offset // 8, out=dest, mode="clip")
-        if dtype != "u8":
-            low, bits = 8 * (offset % 8), 8 * np.dtype(dtype).itemsize
-            if low:
-                np.right_shift(dest, np.uint64(low), out=dest)
-            if low + bits < 64:
-                np.bitwise_and(dest, np.uint64((1 << bits) - 1), out=dest)
+        low, bits = 8 * (offset % 8), 8 * np.dtype(dtype).itemsize
+        if low:
+            np.right_shift(dest, np.uint64(low), out=dest)
+        if low + bits < 64:
+            np.bitwise_and(dest, np.uint64((1 << bits) - 1), out=dest)
         return out
 
 

@@ -96,25 +96,6 @@ class Layout:
     min_size: int
     fields: dict[str, tuple[int, str]]
 
-    @property
-    def dtype(self) -> np.dtype[np.void]:
-        """A numpy record dtype holding just these fields at their offsets (``words`` × 8 bytes)."""
-        names = list(self.fields)
-        return np.dtype(
-            {
-                "names": names,
-                "formats": ["<" + self.fields[n][1] for n in names],
-                "offsets": [self.fields[n][0] for n in names],
-                "itemsize": self.words * 8,
-            }
-        )
-
-    @property
-    def words(self) -> int:
-        """8-byte words from the record's start to the end of the last field read."""
-        end = max(offset + np.dtype(dtype).itemsize for offset, dtype in self.fields.values())
-        return -(-end // 8)
-
 
 _KERNEL = Layout(
     0,

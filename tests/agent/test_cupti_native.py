@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from argus.agent import cupti_native
-from argus.agent.cupti import CollectiveJoin, collect, decode
-from argus.agent.cupti_lib import BufferPool, find_libcupti
+from argus.agent.cupti import CollectiveJoin, CuptiSource, DutyCycle, backend_from_env, collect, decode
+from argus.agent.cupti_lib import BufferPool, CuptiError, NativeCupti, find_libcupti
 from argus.agent.cupti_native import NameTable, NativeDecoder, demangle
 from argus.agent.cupti_records import (
     KIND_CONCURRENT_KERNEL,
@@ -28,7 +28,7 @@ from argus.agent.cupti_records import (
     LAYOUTS,
     Decoded,
 )
-from argus.agent.kernels import summarize
+from argus.agent.kernels import KernelWindows, summarize
 from argus.schema import wire_schema
 from tests.agent import cupti_buffers as cb
 
@@ -315,3 +315,63 @@ def test_libcupti_is_looked_for_without_loading_anything(monkeypatch) -> None:  
     assert find_libcupti({"ARGUS_LIBCUPTI": "/opt/x/libcupti.so.13"}) == "/opt/x/libcupti.so.13"
     found = find_libcupti({})
     assert found is None or "cupti" in found
+
+
+class _Backend:
+    """A backend that records enable/disable/flush (unit tests of CuptiSource's duty logic)."""
+
+    name = "fake"
+    lost = 0
+
+    def __init__(self) -> None:
+        self.enabled: set[int] = set()
+
+    def enable(self, kind: int) -> None:
+        self.enabled.add(kind)
+
+    def disable(self, kind: int) -> None:
+        self.enabled.discard(kind)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_always_on_capture_covers_the_whole_window() -> None:
+    s = 1_000_000_000
+    source = CuptiSource(duty=DutyCycle.parse("always"), backend=_Backend())  # type: ignore[arg-type]
+    source.active, source._kinds = True, [KIND_CONCURRENT_KERNEL]
+    t0 = 1_790_000_000 * s
+    source.update(t0)
+    assert source.capturing
+    spans = []
+    for i in range(1, 23):  # the probe takes spans at each shipment, every 0.5 s
+        spans += source.take_spans(now_ns=t0 + i * s // 2)
+        assert source.update(t0 + i * s // 2) > t0 + i * s // 2 and source.capturing
+    windows = KernelWindows(window_s=10.0, grace_s=0.0)
+    windows.cover("job", 0, [(t0 - s, t0 + s // 2), *spans])  # capture from before the window on
+    windows.add("job", Decoded().table(0))  # an empty shipment is nothing
+    events = cb.object_path(_records([_k(0, 1, t0 + s, t0 + 2 * s)]))
+    windows.add("job", events.table(0))
+    (job, summary), *_ = windows.ready(now_ns=t0 + 20 * s)
+    assert job == "job" and summary["covered_ns"].to_pylist() == [10 * s]
+
+
+def test_backends_are_chosen_by_the_environment() -> None:
+    assert backend_from_env({}) == ["native", "cupti-python"]
+    assert backend_from_env({"ARGUS_CUPTI_BACKEND": "cupti-python"}) == ["cupti-python"]
+    assert backend_from_env({"ARGUS_CUPTI_BACKEND": "bogus"}) == ["native", "cupti-python"]
+
+
+def test_cupti_that_cannot_start_here_is_refused_cleanly(caplog) -> None:  # type: ignore[no-untyped-def]
+    """On this GPU-less machine the real libcupti (where one is installed) loads and refuses to start."""
+    path = find_libcupti()
+    if path is None:
+        with pytest.raises(CuptiError, match="no libcupti"):
+            NativeCupti()
+        return
+    backend = NativeCupti(pool=BufferPool(buffer_bytes=1 << 16, buffers=2), path=path)
+    source = CuptiSource(backend=backend)
+    assert source.start() is False and not source.active and not source.capturing
+    assert "CUPTI" in caplog.text
+    assert source.take().rows == [] and source.lost == 0
+    source.stop()
