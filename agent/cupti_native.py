@@ -195,10 +195,10 @@ def _cat(parts: Sequence[_I64]) -> _I64:
 
 
 class _Records:
-    """Records a walk met: word position, the chunk it was walked for, its rank there, its words."""
+    """Records a walk met: word position, the chunk it was walked for, its rank there, its kind."""
 
     def __init__(self) -> None:
-        self.pos = self.chunk = self.rank = self.step = np.zeros(0, np.int64)
+        self.pos = self.chunk = self.rank = self.kind = np.zeros(0, np.int64)
 
     def take(
         self, parts: Sequence[tuple[_I64, _I64, _I64]], ranks: Sequence[_I64 | int] | None = None
@@ -206,7 +206,7 @@ class _Records:
         """Concatenate per-step parts; a rank given as an int (default: the step number) is shared."""
         self.pos = _cat([p for p, _, _ in parts])
         self.chunk = _cat([c for _, c, _ in parts])
-        self.step = _cat([s for _, _, s in parts])
+        self.kind = _cat([k for _, _, k in parts])
         ranks = range(len(parts)) if ranks is None else ranks
         self.rank = _cat(
             [
@@ -217,7 +217,7 @@ class _Records:
 
 
 class _Speculation(_Records):
-    """The chunk walks: what they stepped on (records, and unknown words with step 1), exits, counts."""
+    """The chunk walks: what they stepped on (records, and unknown words), exits, counts."""
 
     def __init__(self, exits: _I64) -> None:
         super().__init__()
@@ -243,15 +243,11 @@ class _Walk:
         self.walk_steps = np.where(steps > 0, steps, 1)  # unknown words: one word on
         self.mark = mark  # one byte per word of the memory, all 0 between walks
 
-    def words_of(self, pos: _I64) -> _I64:
-        """Record words at each of ``pos`` (0: unknown kind)."""
-        return self.steps[np.minimum(self.kinds[pos], _KIND_LIMIT - 1)]
-
-    def run(self, starts: _I64, ends: _I64) -> tuple[list[_I64], _I64]:
-        """Record word positions of each buffer ``[starts[b], ends[b])``, and where each one stopped.
+    def run(self, starts: _I64, ends: _I64) -> tuple[list[tuple[_I64, _I64]], _I64]:
+        """Records of each buffer ``[starts[b], ends[b])`` (in words), and where each one stopped.
 
         Returns:
-            ``(positions, stop)``: per buffer, its records' word positions in order; ``stop[b]``
+            ``(records, stop)``: per buffer, its records' word positions and kinds, in order; ``stop[b]``
             is the word where its records end early (a record of unknown kind, or one cut by
             the buffer's end), or -1 when they tile the buffer exactly.
         """
@@ -260,7 +256,8 @@ class _Walk:
         cb, cl, cbuf = self._chunks(starts, ends, max(longest + 1, 2))
         nc = cb.size
         if nc == 0:
-            return [np.zeros(0, np.int64) for _ in range(nb)], np.full(nb, -1, np.int64)
+            empty = np.zeros(0, np.int64)
+            return [(empty, empty) for _ in range(nb)], np.full(nb, -1, np.int64)
         chunk = np.arange(nc, dtype=np.int64)
         first = np.ones(nc, bool)
         first[1:] = cbuf[1:] != cbuf[:-1]
@@ -270,7 +267,7 @@ class _Walk:
         last = np.append(first[1:], True)
         tail[cbuf[last]] = chunk[last]
         walk = self._speculate(cb, cl)
-        known = walk.step > 1  # records are 3 words or more; unknown words stepped one word
+        known = np.take(self.steps, walk.kind, mode="clip") > 0
         mark = self.mark
         recorded = walk.pos[known]
         mark[recorded] = 1
@@ -319,12 +316,13 @@ class _Walk:
         offset = np.concatenate([[0], np.cumsum(n_rep + walk.count - dropped)])
         total = int(offset[-1])
         pos = np.empty(total + 1, np.int64)  # the last slot takes what is not kept
-        size = np.empty(total + 1, np.int64)
+        kind = np.empty(total + 1, np.int64)
         dst = np.where(kept, (offset[:-1] + n_rep - dropped)[walk.chunk] + walk.rank, total)
-        pos[dst], size[dst] = walk.pos, walk.step
+        pos[dst], kind[dst] = walk.pos, walk.kind
         dst = offset[rep.chunk[rv]] + rep.rank[rv]
-        pos[dst], size[dst] = rep.pos[rv], rep.step[rv]
-        out: list[_I64] = []
+        pos[dst], kind[dst] = rep.pos[rv], rep.kind[rv]
+        size = np.take(self.steps, kind, mode="clip")
+        out: list[tuple[_I64, _I64]] = []
         stops = np.where(stop == _NEVER, -1, stop)
         has = np.zeros(nb, bool)
         has[cbuf] = True
@@ -332,17 +330,17 @@ class _Walk:
             lo, hi = (int(offset[head[b]]), int(offset[tail[b] + 1])) if has[b] else (0, 0)
             if stops[b] >= 0:
                 hi = lo + int(np.searchsorted(pos[lo:hi], stops[b]))
-            found, stops[b] = self._checked(
+            found, stops[b], fast = self._checked(
                 pos[lo:hi], size[lo:hi], int(starts[b]), int(ends[b]), int(stops[b])
             )
-            out.append(found)
+            out.append((found, kind[lo : lo + found.size] if fast else self.kinds[found].astype(np.int64)))
         return out, stops
 
-    def _checked(self, found: _I64, size: _I64, s: int, e: int, stop: int) -> tuple[_I64, int]:
+    def _checked(self, found: _I64, size: _I64, s: int, e: int, stop: int) -> tuple[_I64, int, bool]:
         """``found`` if it is the chain a record-by-record walk of ``[s, e)`` gives, else that walk's.
 
         ``size`` holds each found record's words. A record running past ``e`` (a truncated
-        buffer) is dropped and becomes the stop.
+        buffer) is dropped and becomes the stop. The flag is False when the scalar walk answered.
         """
         end = stop if stop >= 0 else e
         unknown_stop = stop < 0 or int(self.steps[min(int(self.kinds[stop]), _KIND_LIMIT - 1)]) == 0
@@ -350,13 +348,13 @@ class _Walk:
             nxt = found + size
             if found[0] == s and bool((nxt[:-1] == found[1:]).all()):
                 if nxt[-1] > e and stop < 0:
-                    return found[:-1], int(found[-1])
+                    return found[:-1], int(found[-1]), True
                 if nxt[-1] == end and unknown_stop:
-                    return found, stop
+                    return found, stop, True
         elif s == end and unknown_stop:
-            return found, stop
+            return found, stop, True
         log.debug("argus: CUPTI buffer at word %d walked record by record", s)
-        return self._scalar(s, e)
+        return (*self._scalar(s, e), False)
 
     def _scalar(self, s: int, e: int) -> tuple[_I64, int]:
         """The reference walk: record by record from ``s``, until ``e`` or an unknown or cut record."""
@@ -383,8 +381,10 @@ class _Walk:
             merged = ~ended
             merged[merged] = mark[pos[merged]] == 1
             step = np.zeros(ids.size, np.int64)
+            kind = np.zeros(ids.size, np.int64)
             going = ~(ended | merged)
-            step[going] = self.words_of(pos[going])
+            kind[going] = self.kinds[pos[going]]
+            step[going] = np.take(self.steps, kind[going], mode="clip")
             stopped = going & (step == 0)
             going &= ~stopped
             for flag, code in ((merged, _MERGED), (ended, _ENDED), (stopped, _STOPPED)):
@@ -393,8 +393,8 @@ class _Walk:
                     out.at[ids[flag]] = pos[flag]
             if not going.any():
                 break
-            ids, pos, step, end = ids[going], pos[going], step[going], end[going]
-            parts.append((pos, ids, step))
+            ids, pos, step, end, kind = ids[going], pos[going], step[going], end[going], kind[going]
+            parts.append((pos, ids, kind))
             pos = pos + step
             rank += 1
         out.take(parts)
@@ -413,8 +413,9 @@ class _Walk:
         parts: list[tuple[_I64, _I64, _I64]] = []
         t = 0
         while ids.size:
-            step = np.take(steps, kinds[pos], mode="clip")
-            parts.append((pos, ids, step))
+            kind = kinds[pos]
+            step = np.take(steps, kind, mode="clip")
+            parts.append((pos, ids, kind))
             pos = pos + step
             t += 1
             finished = pos >= lim
@@ -527,17 +528,18 @@ class NativeDecoder:
             if self._mark is None or self._mark.size != words:
                 self._mark = np.zeros(words, np.uint8)
             walk = _Walk(memory[: words * 8].view(np.uint32)[::2], self._steps, self._mark)
-            positions, stop = walk.run(starts // 8, (starts + valid) // 8)
+            records, stop = walk.run(starts // 8, (starts + valid) // 8)
             refused = 0
             for b, (s, v) in enumerate(buffers):
                 if stop[b] < 0 and v % 8 == 0:
                     continue
                 redo = self._libcupti_walk(memory, s, v) if self.walker is not None else None
                 if redo is not None:
-                    positions[b] = redo
+                    records[b] = (redo, walk.kinds[redo].astype(np.int64))
                 else:
                     refused += 1
-            out = self._columns(_Memory(memory), _cat(positions), offset_ns)
+            pos, kind = _cat([p for p, _ in records]), _cat([k for _, k in records])
+            out = self._columns(_Memory(memory), pos, kind, offset_ns)
             out.refused = refused
             return out
 
@@ -565,7 +567,7 @@ class NativeDecoder:
         log.info("argus: CUPTI record sizes (bytes per kind): %s", dict(sorted(self.sizes.items())))
         return words
 
-    def _columns(self, mem: _Memory, pos: _I64, offset_ns: int) -> Decoded:
+    def _columns(self, mem: _Memory, pos: _I64, kind: _I64, offset_ns: int) -> Decoded:
         """Gather the rows of the records at word positions ``pos``, event by event, batch by batch."""
         # What each kind becomes: an event (0, 1, 2), external correlation (-1), or skipped (-2).
         event_of = np.full(_KIND_LIMIT + 1, -2, np.int8)
@@ -574,7 +576,6 @@ class NativeDecoder:
             if self.sizes.get(k, 0) >= layout.min_size:
                 event_of[k] = layout.event
                 layouts.setdefault(layout.event, []).append(k)
-        kind = mem.u32[2 * pos]
         event = np.take(event_of, kind, mode="clip")
         order = np.argsort(event, kind="stable")  # by event, each in record order (a radix sort)
         pos, kind = pos[order], kind[order]
@@ -617,9 +618,7 @@ class _Memory:
     """Field gathers from the buffers' memory (one numpy pass per field, straight into the output)."""
 
     def __init__(self, memory: npt.NDArray[np.uint8]) -> None:
-        words = memory.size // 8
-        self.u32 = memory[: words * 8].view(np.uint32)
-        self.u64 = memory[: words * 8].view(np.uint64)
+        self.u64 = memory[: memory.size // 8 * 8].view(np.uint64)
 
     def gather(self, pos: _I64, layout: Layout, name: str, out: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Field ``name`` of the records at word positions ``pos``, into 8-byte ``out`` (returned)."""

@@ -75,8 +75,9 @@ def test_the_walk_finds_exactly_the_record_offsets(monkeypatch) -> None:  # type
         )
         starts = np.array([s for s, _ in bufs.buffers]) // 8
         ends = starts + np.array([v for _, v in bufs.buffers]) // 8
-        positions, stop = walk.run(starts, ends)
-        assert np.array_equal(np.concatenate(positions) * 8, bufs.offsets) and (stop == -1).all()
+        records, stop = walk.run(starts, ends)
+        assert np.array_equal(np.concatenate([p for p, _ in records]) * 8, bufs.offsets)
+        assert np.array_equal(np.concatenate([k for _, k in records]), bufs.kinds) and (stop == -1).all()
         assert not walk.mark.any()  # the scratch marks are cleared for the next decode
 
 
