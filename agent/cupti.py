@@ -286,9 +286,12 @@ def decode(batches: Sequence[Activity], offset_ns: int = 0) -> Decoded:
     kernels = [k for b in batches for k in b.kernels]
     memcpys = [m for b in batches for m in b.memcpys]
     memsets = [m for b in batches for m in b.memsets]
+    external: dict[int, int] = {}
     for b in batches:
-        out.external.update(b.external)
+        external.update(b.external)
         out.skipped += b.skipped
+    out.external_correlation = np.fromiter(external, np.int64, len(external))
+    out.external_id = np.fromiter(external.values(), np.uint64, len(external))
     names: list[str] = [*MEMCPY_NAMES, MEMSET_NAME]
     name_ids: list[npt.NDArray[np.int64]] = []
     kinds: list[npt.NDArray[np.uint8]] = []
@@ -369,7 +372,8 @@ class CollectiveJoin:
     def feed(self, decoded: Decoded) -> None:
         """Match kernel rows to held collectives through their correlation ids."""
         with self._lock:
-            self._corr.update(decoded.external)
+            corr, ext = decoded.external_correlation.tolist(), decoded.external_id.tolist()
+            self._corr.update(zip(corr, ext, strict=True))
             if not self._corr or not len(decoded):
                 return
             watched = np.fromiter(self._corr, np.int64, len(self._corr))

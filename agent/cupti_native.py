@@ -587,7 +587,7 @@ class NativeDecoder:
             ext = pos[bounds[1] : bounds[2]]
             corr = mem.gather(ext, LAYOUTS[k], "correlation", np.empty(ext.size, np.int64))
             ids = mem.gather(ext, LAYOUTS[k], "external_id", np.empty(ext.size, np.uint64))
-            cols.external = dict(zip(corr.tolist(), ids.tolist(), strict=True))
+            cols.external = corr, ids
         for e in (0, 1, 2):
             p, kp = pos[bounds[e + 2] : bounds[e + 3]], kind[bounds[e + 2] : bounds[e + 3]]
             kinds = layouts.get(e, [])
@@ -658,7 +658,7 @@ class _Columns:
         self.fill = list(self.begin)
         self.dropped = 0
         self.skipped = 0
-        self.external: dict[int, int] = {}
+        self.external = (np.zeros(0, np.int64), np.zeros(0, np.uint64))
         self.name_id = np.empty(size, np.int32)
         self.pointer = np.empty(size, np.uint64)
         self.pos = np.empty(size, np.int64)
@@ -713,7 +713,8 @@ class _Columns:
     def finish(self) -> Decoded:
         """The columns as a :class:`Decoded`: regions moved together (left-out rows leave gaps)."""
         out = Decoded()
-        out.external, out.dropped, out.skipped = self.external, self.dropped, self.skipped
+        (out.external_correlation, out.external_id), out.dropped = self.external, self.dropped
+        out.skipped = self.skipped
         kind = np.empty(sum(f - b for b, f in zip(self.begin, self.fill, strict=True)), np.uint8)
         n = 0
         for e in (0, 1, 2):

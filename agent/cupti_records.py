@@ -178,7 +178,9 @@ class Decoded:
         names: The name table ``name_id`` indexes.
         stream, device, correlation, start_ns, dur_ns, graph_id, graph_node_id: int64
             numpy arrays, one value per row (``graph_id``/``graph_node_id`` 0 outside CUDA graphs).
-        external: CUPTI correlation id → external id, from EXTERNAL_CORRELATION records.
+        external_correlation, external_id: EXTERNAL_CORRELATION records, in order: a CUPTI
+            correlation id (int64) and the external id pushed around the call (uint64) each.
+            :attr:`external` is them as a dict (a later record wins).
         dropped: Records without usable timestamps (start or end 0, or end < start; not in the rows).
         skipped: Records of kinds not decoded (API, overhead, ... records).
         refused: Buffer tails that could not be read (a record cut by the buffer's end, or of a
@@ -190,7 +192,8 @@ class Decoded:
         "device",
         "dropped",
         "dur_ns",
-        "external",
+        "external_correlation",
+        "external_id",
         "graph_id",
         "graph_node_id",
         "kind",
@@ -209,11 +212,17 @@ class Decoded:
         self.names: Sequence[str] = ()
         self.stream = self.device = self.correlation = empty
         self.start_ns = self.dur_ns = self.graph_id = self.graph_node_id = empty
-        self.external: dict[int, int] = {}
+        self.external_correlation = empty
+        self.external_id = np.zeros(0, np.uint64)
         self.dropped = self.skipped = self.refused = 0
 
     def __len__(self) -> int:
         return int(self.kind.size)
+
+    @property
+    def external(self) -> dict[int, int]:
+        """CUPTI correlation id → external id (the EXTERNAL_CORRELATION records; a later one wins)."""
+        return dict(zip(self.external_correlation.tolist(), self.external_id.tolist(), strict=True))
 
     @property
     def name(self) -> list[str]:
