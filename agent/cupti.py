@@ -354,7 +354,7 @@ class CollectiveJoin:
     their host-side times (the collective launched no kernel CUPTI reported).
 
     Row layout (the probe's collectives buffer): ``(step, process_group, seq, op,
-    bytes, issue_ns, start_ns, dur_ns)``.
+    bytes, issue_ns, start_ns, dur_ns, ...)``: the join sets start_ns and dur_ns.
     """
 
     def __init__(self, timeout_ns: int = 10_000_000_000) -> None:

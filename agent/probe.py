@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from functools import partial
 from typing import Any
 
@@ -151,13 +152,18 @@ class Probe:
         self._cupti_dropped = 0
         self.tracker = StepTracker(self.buffers["steps"], self.buffers["phases"], self.attach_ns)
         self._hooks = TorchHooks(self.tracker, lambda: self.active)
-        self._pg_info: dict[Any, _Group] = {}
+        #: Weak keys: holding a process group would keep it (and gloo's threads) alive past the job's
+        #: destroy_process_group, into interpreter finalization.
+        self._pg_info: weakref.WeakKeyDictionary[Any, _Group] = weakref.WeakKeyDictionary()
         self._groups_seen: set[str] = set()
         self._ncollectives = 0
         #: Issued and not yet completed collectives, oldest first: key -> row head.
         self._pending: dict[int, tuple[Any, ...]] = {}
         self._keys = itertools.count(1)
         self._pending_dropped = 0
+        #: id(work) -> (key, uid, finalizer) of point-to-point works without a future, closed when
+        #: the caller's wait returns (see :meth:`work_waited`).
+        self._awaiting: dict[int, tuple[int, int, weakref.finalize[Any, Any]]] = {}
         self.correlate: _Correlator | None = None
         self._cupti: CuptiSource | None = None
         self._correlator: _Correlator | None = None
@@ -228,10 +234,18 @@ class Probe:
     # --- recording (called from training threads) -----------------------------------------------
 
     def collective(
-        self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0, peer: int = -1
+        self,
+        pg: Any,
+        op: str,
+        nbytes: int,
+        issue_ns: int,
+        work: Any,
+        uid: int = 0,
+        peer: int = -1,
+        overlapped: bool = False,
     ) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        key = self.open_collective(pg, op, nbytes, issue_ns, peer)
+        key = self.open_collective(pg, op, nbytes, issue_ns, peer, overlapped)
         if not key:
             return
         fut = None
@@ -241,17 +255,48 @@ class Probe:
             except Exception:
                 fut = None
         if fut is None:
+            if op in P2P_OPS and work is not None and self._await_wait(work, key, uid):
+                return
             self.close_collective(key, time.time_ns(), uid)
             return
         fut.add_done_callback(partial(self._work_done, key, uid))
 
+    def _await_wait(self, work: Any, key: int, uid: int) -> bool:
+        """Hold ``key`` until ``work`` is waited on (gloo's send/recv have no future); False: cannot."""
+        wid = id(work)
+        try:
+            lost = weakref.finalize(work, self._work_lost, wid)
+        except TypeError:
+            return False
+        lost.atexit = False
+        self._awaiting[wid] = (key, uid, lost)
+        return True
+
+    def work_waited(self, work: Any) -> None:
+        """See :class:`argus.agent.collectives.CollectiveRecorder`."""
+        entry = self._awaiting.pop(id(work), None)
+        if entry is None:
+            return
+        key, uid, lost = entry
+        lost.detach()
+        self.close_collective(key, time.time_ns(), uid)
+
+    def _work_lost(self, wid: int) -> None:
+        """A held point-to-point work was freed without a wait: its end is unknown, drop its row."""
+        entry = self._awaiting.pop(wid, None)
+        if entry is not None and self._pending.pop(entry[0], None) is not None:
+            self._pending_dropped += 1
+
     def _work_done(self, key: int, uid: int, _fut: Any) -> None:
         self.close_collective(key, time.time_ns(), uid)
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1) -> int:
+    def open_collective(
+        self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1, overlapped: bool = False
+    ) -> int:
         """Number a collective and hold it as pending until it completes; its key, 0 when not recorded.
 
-        The pending row is ``(step, process_group, seq, op, bytes, issue_ns, peer)``. A
+        The pending row is ``(step, process_group, seq, op, bytes, issue_ns, peer, overlapped)``;
+        ``overlapped`` says the call returns at once while the rank goes on (a DDP bucket). A
         point-to-point ``send``/``recv`` names its partner by group rank in ``peer``; the row
         holds the partner's global rank and a seq counted per (direction, partner), apart from
         the group's collectives (``argus.schema`` ``collectives``), so the k-th send from A to
@@ -278,7 +323,16 @@ class Probe:
             seq = next(counter)
         else:
             peer, seq = -1, next(info.seq)
-        pending[key] = (self.tracker.event_step(), info.name, seq, op, nbytes, issue_ns, peer)
+        pending[key] = (
+            self.tracker.event_step(),
+            info.name,
+            seq,
+            op,
+            nbytes,
+            issue_ns,
+            peer,
+            int(overlapped),
+        )
         return key
 
     def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
@@ -287,7 +341,7 @@ class Probe:
         if head is None:
             return
         issue_ns = head[5]
-        row = (*head[:6], issue_ns, end_ns - issue_ns, head[6])
+        row = (*head[:6], issue_ns, end_ns - issue_ns, *head[6:])
         join = self._join
         if uid and join is not None:
             join.expect(uid, row)

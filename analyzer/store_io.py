@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from argus.analyzer.roles import Roles
 from argus.analyzer.window import (
     Collectives,
     HostSamples,
@@ -39,16 +40,20 @@ from argus.analyzer.window import (
 )
 from argus.collector.store import Store
 from argus.diagnosis import Diagnosis
-from argus.schema import PHASES, TABLES
+from argus.schema import PHASES, TABLES, wire_table
 
 __all__ = [
     "JobSpan",
     "Liveness",
+    "StoredState",
     "list_jobs",
     "read_diagnoses",
     "read_liveness",
+    "read_states",
     "read_window",
     "write_diagnoses",
+    "write_roles",
+    "write_window",
 ]
 
 #: Steps starting this long before a window are still looked at (a step longer than this is missed).
@@ -264,7 +269,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     )
     co = store.query(
         f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
-                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer
+                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer,
+                   overlapped
             FROM collectives
             WHERE job_id = {{job:String}} AND (process_group, seq) IN (
                 SELECT process_group, seq FROM collectives
@@ -290,6 +296,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         group_names,
         op_names,
         _col(co, "peer"),
+        _col(co, "overlapped", bool),
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,
@@ -333,8 +340,22 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status)
 
 
-def write_diagnoses(store: Store, diagnoses: list[Diagnosis], updated_ns: int) -> None:
+def write_diagnoses(
+    store: Store,
+    diagnoses: list[Diagnosis],
+    updated_ns: int,
+    *,
+    analysed_to_ns: int = 0,
+    states: dict[str, dict[str, Any]] | None = None,
+) -> None:
     """Insert one row per diagnosis (a new version of each id: ``diagnoses`` keeps the newest).
+
+    Args:
+        store: The store.
+        diagnoses: Versions to write.
+        updated_ns: Their version, ns (larger than any earlier version of the same ids).
+        analysed_to_ns: End of the window whose analysis wrote them, ns (where a restart resumes).
+        states: The tracker's bookkeeping per diagnosis id (:meth:`Tracker.state`).
 
     Raises:
         StoreError: the insert failed.
@@ -357,13 +378,104 @@ def write_diagnoses(store: Store, diagnoses: list[Diagnosis], updated_ns: int) -
         rows["first_window_ns"].append(int(d.first_window_ns))
         rows["last_window_ns"].append(int(d.last_window_ns))
         rows["state"].append(d.state)
-        rows["evidence"].append(json.dumps(d.evidence, separators=(",", ":"), default=_json_default))
+        rows["evidence"].append(_json(d.evidence))
         rows["updated_ns"].append(int(updated_ns))
+        rows["analysed_to_ns"].append(int(analysed_to_ns))
+        state = (states or {}).get(d.id)
+        rows["tracker"].append(_json(state) if state else "")
     schema = pa.schema(
         [pa.field("job_id", pa.string())]
         + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
     )
     store.insert("diagnoses", pa.table(rows, schema=schema))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=_json_default)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """What the analyzer kept with a stored diagnosis version (see :func:`write_diagnoses`)."""
+
+    analysed_to_ns: int
+    tracker: dict[str, Any]
+
+
+def read_states(store: Store, job_id: str) -> dict[str, StoredState]:
+    """Per diagnosis id of ``job_id``, the analyzer's state stored with its newest version.
+
+    Rows written before these columns existed read ``analysed_to_ns = 0`` and no state: the
+    caller falls back to what their evidence kept.
+
+    Raises:
+        StoreError: the query failed.
+    """
+    t = store.query(
+        "SELECT id, analysed_to_ns, tracker FROM diagnoses FINAL WHERE job_id = {job:String}",
+        {"job": job_id},
+    )
+    out = {}
+    for i, to, tracker in zip(
+        t.column("id").to_pylist(),
+        t.column("analysed_to_ns").to_pylist(),
+        t.column("tracker").to_pylist(),
+        strict=True,
+    ):
+        try:
+            state = json.loads(tracker) if tracker else {}
+        except ValueError:
+            state = {}
+        out[str(i)] = StoredState(int(to), state if isinstance(state, dict) else {})
+    return out
+
+
+def write_window(
+    store: Store,
+    job_id: str,
+    window_start_ns: int,
+    window_ns: int,
+    *,
+    status: str,
+    wall_ns: float,
+    steps: int,
+    lost_ns: float,
+    explained_ns: float,
+    updated_ns: int,
+) -> None:
+    """Record one analysed (or failed) window's lost-time accounting in ``analysis_windows``.
+
+    Raises:
+        StoreError: the insert failed.
+    """
+    row = {
+        "window_start_ns": [int(window_start_ns)],
+        "window_ns": [int(window_ns)],
+        "status": [status],
+        "wall_ns": [round(wall_ns)],
+        "steps": [int(steps)],
+        "lost_ns": [round(lost_ns)],
+        "explained_ns": [round(min(explained_ns, lost_ns))],
+        "updated_ns": [int(updated_ns)],
+    }
+    store.insert("analysis_windows", wire_table("analysis_windows", row, job_id))
+
+
+def write_roles(store: Store, job_id: str, roles: Roles, updated_ns: int) -> None:
+    """Record every rank's inferred role in ``roles`` (a new version per rank).
+
+    Raises:
+        StoreError: the insert failed.
+    """
+    sizes = np.bincount(roles.role, minlength=roles.n_roles)
+    row = {
+        "rank": roles.rank.tolist(),
+        "role": [roles.labels[g] for g in roles.role.tolist()],
+        "pipeline_stage": roles.stage.tolist(),
+        "role_size": sizes[roles.role].tolist(),
+        "updated_ns": [int(updated_ns)] * roles.rank.size,
+    }
+    store.insert("roles", wire_table("roles", row, job_id))
 
 
 def _json_default(o: Any) -> Any:

@@ -11,6 +11,10 @@ of :mod:`argus.schema`):
 * with ``group_size``, each group of that many consecutive ranks (``"1"``,
   ``"2"``, ...) runs one overlapped all-reduce in forward (it never blocks the
   step, so a slow link there leaves step time flat);
+* with ``sync_before_forward``, every step all ranks meet at a barrier on the
+  world group between ``data`` and ``forward`` (a job that keeps its data
+  order or seeds in lockstep): lateness before it is absorbed there, and the
+  gradient all-reduces that follow see the ranks arrive together;
 * rows are recorded when the thing they describe completes: a rank blocked in a
   collective forever records neither that collective nor its step;
 * each node of 8 ranks has its own clock offset (a few ms) on every timestamp;
@@ -60,6 +64,7 @@ FAULT_CAUSE: dict[str, str | None] = {
     "dataloader": "dataloader",
     "communication": "communication",
     "throttling": "throttling",
+    "host_work": "host_stall",
     "hung": "unresponsive",
     "dead": "unresponsive",
     "exit": None,
@@ -75,7 +80,9 @@ class Fault:
     ``magnitude`` means, per kind: ``compute``/``throttling`` — relative slowdown
     of forward and backward (0.1 = 10 % slower, 2.0 = 3×); ``host_stall`` — the
     average share of a step lost to a sleep taken every ``period`` steps;
-    ``dataloader`` — share of a step added to the data phase; ``communication`` —
+    ``dataloader`` — share of a step added to the data phase; ``host_work`` — share of a
+    step of CPU work on the host after ``data``, before the sync point of
+    ``JobSpec.sync_before_forward`` (untracked time, as ``host_stall``, but busy); ``communication`` —
     transfer time multiplier of ``group``'s collectives; ``hung``/``dead``/``exit``
     (the rank leaves with exit code 0 and the others go on) — unused. A fault
     with ``end_s`` stops then.
@@ -119,6 +126,7 @@ class JobSpec:
     start_offset_s: float = 3.7
     end_s: float | None = None
     seed: int = 0
+    sync_before_forward: bool = False
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     @property
@@ -220,6 +228,7 @@ class _Sim:
             if step == 0:
                 fwd *= rng.uniform(0.7, 1.6, n)
             sleep = np.zeros(n)
+            pre_sync = np.zeros(n)  # host work between data and the sync point
             # Isolated hiccups on single ranks: half extra work in forward, half a short sleep.
             hit = rng.random(n) < s.hiccup_prob
             if np.any(hit):
@@ -244,6 +253,8 @@ class _Sim:
                     stall = f.magnitude * f.period * step_ns * _ln(rng, idx.size, 0.1)
                     untracked[idx] += stall
                     sleep[idx] += stall
+                elif f.kind == "host_work" and idx.size:
+                    pre_sync[idx] += f.magnitude * step_ns * _ln(rng, idx.size, 0.1)
                 elif f.kind == "communication" and np.any(on):
                     transfer_mult[f.group] = f.magnitude
                 elif f.kind in ("hung", "dead") and idx.size:
@@ -253,10 +264,19 @@ class _Sim:
             hung_now = hang_step == step
             start = t.copy()
             data_end = start + data.astype(np.int64)
-            fwd_end = data_end + fwd.astype(np.int64)
+            fwd_start = data_end + pre_sync.astype(np.int64)
+            world_seq = step * (s.buckets + 1) if s.sync_before_forward else step * s.buckets
+            if s.sync_before_forward and not np.any(hung_now):
+                xfer = 0.005 * step_ns * _ln(rng, 1, 0.05)[0] * transfer_mult.get("0", 1.0)
+                sync_end = np.full(n, int(fwd_start[live].max()) + int(xfer))
+                zeros = np.zeros(n, np.int64)
+                self._coll(rows, live, step, zeros, world_seq, "barrier", 0, fwd_start, sync_end)
+                fwd_start = sync_end
+                world_seq += 1
+            fwd_end = fwd_start + fwd.astype(np.int64)
             # Overlapped group all-reduce in forward.
             if s.group_size:
-                tp_issue = data_end + (fwd / 2).astype(np.int64)
+                tp_issue = fwd_start + (fwd / 2).astype(np.int64)
                 tp_last = np.full(self.tp_group.max() + 1, np.iinfo(np.int64).min)
                 np.maximum.at(tp_last, self.tp_group, tp_issue)
                 hung_groups = np.unique(self.tp_group[hung_now])
@@ -266,13 +286,24 @@ class _Sim:
                         tp_xfer[int(g) - 1] *= m
                 tp_end = tp_last[self.tp_group] + tp_xfer[self.tp_group].astype(np.int64)
                 ok = ~np.isin(self.tp_group, hung_groups) & live
-                self._coll(rows, ok, step, self.tp_group + 1, step, "allreduce", 4 << 20, tp_issue, tp_end)
+                self._coll(
+                    rows,
+                    ok,
+                    step,
+                    self.tp_group + 1,
+                    step,
+                    "allreduce",
+                    4 << 20,
+                    tp_issue,
+                    tp_end,
+                    overlapped=True,
+                )
             # Bucketed world all-reduces in backward; the rank blocks for the last one.
             issues = [fwd_end + (bwd * (b + 1) / s.buckets).astype(np.int64) for b in range(s.buckets)]
             if np.any(hung_now):
                 # Peers finish forward and block in backward forever; the hung rank stops in forward.
                 self._phase(rows, live & ~hung_now, step, 0, start, data_end)
-                self._phase(rows, live & ~hung_now, step, 1, data_end, fwd_end)
+                self._phase(rows, live & ~hung_now, step, 1, fwd_start, fwd_end)
                 self._phase(rows, hung_now & live, step, 0, start, data_end)
                 hang_time = data_end
                 cpu_trace.append((start, fwd_end, (data * 0.5 + fwd) / np.maximum(fwd_end - start, 1)))
@@ -290,24 +321,25 @@ class _Sim:
                     live,
                     step,
                     np.zeros(n, np.int64),
-                    step * s.buckets + b,
+                    world_seq + b,
                     "allreduce",
                     25 << 20,
                     issues[b],
                     np.full(n, end_b),
+                    overlapped=True,
                 )
             bwd_end = np.maximum(fwd_end + bwd.astype(np.int64), ends[-1] + int(0.001 * step_ns))
             opt_end = bwd_end + opt.astype(np.int64)
             step_end = opt_end + untracked.astype(np.int64)
             for p, (a, b) in enumerate(
-                ((start, data_end), (data_end, fwd_end), (fwd_end, bwd_end), (bwd_end, opt_end))
+                ((start, data_end), (fwd_start, fwd_end), (fwd_end, bwd_end), (bwd_end, opt_end))
             ):
                 self._phase(rows, live, step, p, a, b)
             rows["s_rank"].append(np.flatnonzero(live))
             rows["s_step"].append(np.full(int(live.sum()), step))
             rows["s_start"].append(start[live])
             rows["s_dur"].append((step_end - start)[live])
-            busy = data * 0.5 + fwd + bwd + opt + (untracked - sleep)
+            busy = data * 0.5 + pre_sync + fwd + bwd + opt + (untracked - sleep)
             cpu_trace.append((start, step_end, busy / np.maximum(step_end - start, 1)))
             t = np.where(live, step_end, t)
             step += 1
@@ -324,8 +356,11 @@ class _Sim:
         nbytes: int,
         issue: NDArray[np.int64],
         end: NDArray[np.int64],
+        overlapped: bool = False,
     ) -> None:
         idx = np.flatnonzero(mask)
+        rows["c_overlapped"].append(np.full(idx.size, int(overlapped)))
+        rows["c_op"].append(np.full(idx.size, _OPS.index(op)))
         rows["c_rank"].append(idx)
         rows["c_step"].append(np.full(idx.size, step))
         rows["c_group"].append(np.asarray(group)[idx])
@@ -487,11 +522,12 @@ class _Sim:
                     "step": cat["c_step"],
                     "process_group": [str(g) for g in cat["c_group"].tolist()],
                     "seq": cat["c_seq"],
-                    "op": ["allreduce"] * cr.size,
+                    "op": np.array(_OPS, dtype=object)[cat["c_op"]].tolist(),
                     "bytes": cat["c_bytes"],
                     "issue_ns": cat["c_issue"] + off[cr],
                     "start_ns": cat["c_issue"] + off[cr],
                     "dur_ns": cat["c_dur"],
+                    "overlapped": cat["c_overlapped"],
                 },
             ),
         }
@@ -648,14 +684,15 @@ class _Sim:
             step=cat["c_step"][csel],
             group=cat["c_group"][csel],
             seq=cat["c_seq"][csel],
-            op=np.zeros(int(csel.sum()), np.int64),
+            op=cat["c_op"][csel],
             bytes=cat["c_bytes"][csel],
             issue_ns=cat["c_issue"][csel] + off[cat["c_rank"][csel]],
             start_ns=cat["c_issue"][csel] + off[cat["c_rank"][csel]],
             dur_ns=cat["c_dur"][csel],
             in_window=in_win[csel],
             group_names=tuple(str(g) for g in range(n_groups)),
-            op_names=("allreduce",),
+            op_names=_OPS,
+            overlapped=cat["c_overlapped"][csel].astype(bool),
         )
         hsel = (host["time"] >= w0) & (host["time"] < w1)
         hr = host["rank"][hsel]
@@ -816,6 +853,8 @@ class _Sim:
         )
 
 
+#: Collective ops the synthetic job issues, in code order.
+_OPS = ("allreduce", "barrier")
 _ROW_KEYS = (
     "s_rank",
     "s_step",
@@ -826,6 +865,7 @@ _ROW_KEYS = (
     "p_phase",
     "p_start",
     "p_dur",
+    "c_op",
     "c_rank",
     "c_step",
     "c_group",
@@ -833,4 +873,5 @@ _ROW_KEYS = (
     "c_bytes",
     "c_issue",
     "c_dur",
+    "c_overlapped",
 )

@@ -49,6 +49,19 @@ def _add_auth(p: argparse.ArgumentParser, *, server: bool) -> None:
         p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate of the server to trust: use TLS")
 
 
+def _add_min_loss(p: argparse.ArgumentParser) -> None:
+    from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
+
+    p.add_argument(
+        "--min-loss-pct",
+        type=float,
+        default=DEFAULT_MIN_LOSS_PCT,
+        metavar="PCT",
+        help="loss threshold: a fault opens only when it costs the job at least this share of its time "
+        "over the confirmation span (default %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `argus` parser; each subparser sets ``args.command``."""
     parser = argparse.ArgumentParser(
@@ -84,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=config.DEFAULT_WINDOW_S,
         help="analysis window, seconds (default %(default)s)",
     )
+    _add_min_loss(p)
     p.add_argument(
         "--retention-days",
         type=int,
@@ -163,7 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole system on one machine against a real training job with a fault injected",
     )
-    p.add_argument("--scenario", choices=["none", "compute", "host_stall", "dataloader"], default="compute")
+    # The job's names (argus.demo_job.SCENARIOS, LAYOUTS) written out: that module imports torch.
+    p.add_argument(
+        "--scenario",
+        choices=["none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work"],
+        default="compute",
+        help="the fault (default %(default)s)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=["dp", "pp", "tp"],
+        default="dp",
+        help="data parallel, pipeline x data parallel, tensor x data parallel (default %(default)s)",
+    )
     p.add_argument("--ranks", type=int, default=4, help="world size (default %(default)s)")
     p.add_argument("--slow-rank", type=int, default=None, help="the rank to slow down (default: the last)")
     p.add_argument(
@@ -200,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=config.DEFAULT_WINDOW_S,
         help="analysis window, seconds (default %(default)s)",
     )
+    _add_min_loss(p)
     p.add_argument("--once", action="store_true", help="analyze what is stored, then exit")
     p.add_argument("--job", default=None, help="only this job")
 

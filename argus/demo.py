@@ -1,7 +1,8 @@
 """`argus demo`: the whole system on one machine against a real training job with a fault injected.
 
 It starts `argus server` on an embedded store, a node agent, and a real N-rank
-``torch.distributed`` job (gloo on the CPU, :mod:`argus.demo_job`) under
+``torch.distributed`` job (gloo on the CPU, :mod:`argus.demo_job`, in the
+``--layout`` chosen: data, pipeline × data or tensor × data parallel) under
 `argus run`; after a healthy warm-up the chosen fault hits one rank. The demo
 polls the REST API until a diagnosis has held for two windows (or, for
 ``--scenario none``, for a fixed time), stops the job cleanly, and prints the
@@ -25,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from argus.config import DEFAULT_SERVER_URL
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
 
-__all__ = ["main"]
+__all__ = ["WINDOW_S", "Service", "job_command", "local_service", "main"]
 
 #: Analysis and compression window of the demo, seconds: short, so it ends quickly, yet long
 #: enough that a busy 2-core machine's hiccups do not look like a straggler.
@@ -46,6 +48,12 @@ WARMUP_S = 10.0
 FAULT_TIMEOUT_S = 75.0
 #: With no fault, train this long after the warm-up, seconds.
 CLEAN_RUN_S = 25.0
+#: How the status line names each ``--layout``.
+LAYOUT_NAMES = {
+    "dp": "data parallel (DDP)",
+    "pp": "pipeline (2 unequal stages, GPipe) x data parallel",
+    "tp": "tensor (2-way, Megatron-style) x data parallel",
+}
 
 
 def _free_port() -> int:
@@ -155,66 +163,44 @@ def _print_human(
     console.print("  your own job: argus server, then argus run -- torchrun ... (see README)")
 
 
-def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
-    scenario: str = args.scenario
-    slow_rank = (
-        None if scenario == "none" else (args.slow_rank if args.slow_rank is not None else args.ranks - 1)
-    )
+def _default_slow_rank(args: argparse.Namespace) -> int:
+    """``--slow-rank``, else the last rank (pp dataloader: the last rank of stage 0, which reads data)."""
+    if args.slow_rank is not None:
+        return int(args.slow_rank)
+    return args.ranks // 2 - 1 if (args.layout, args.scenario) == ("pp", "dataloader") else args.ranks - 1
+
+
+@dataclass(frozen=True)
+class Service:
+    """A running `argus server` (embedded store, analyzer on) and node agent (see :func:`local_service`)."""
+
+    grpc: str
+    http: str
+    socket: Path
+    store: Path
+    logs: Path
+
+
+@contextlib.contextmanager
+def local_service(work: Path, console: Console, window_s: float = WINDOW_S) -> Iterator[Service]:
+    """Start `argus server` (store ``work/store``) and `argus agent` on free loopback ports; stop both after.
+
+    Logs go to ``work/logs``. Raises ArgusError when either does not come up.
+    """
     grpc_addr = f"127.0.0.1:{_free_port()}"
     http = f"http://127.0.0.1:{_free_port()}"
     sock = work / "agent.sock"
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    job_id = f"demo-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
-    stop_file = work / "stop"
-
+    window = str(window_s)
     server_cmd = _argus(
-        "server",
-        "--store",
-        f"chdb://{work / 'store'}",
-        "--grpc-listen",
-        grpc_addr,
-        "--http-listen",
-        http.removeprefix("http://"),
-        "--window-s",
-        str(WINDOW_S),
-    )
+        "server", "--store", f"chdb://{work / 'store'}", "--grpc-listen", grpc_addr,
+        "--http-listen", http.removeprefix("http://"), "--window-s", window,
+    )  # fmt: skip
     agent_cmd = _argus(
-        "agent",
-        "--collector",
-        grpc_addr,
-        "--socket",
-        str(sock),
-        "--spool",
-        str(work / "spool"),
-        "--window-s",
-        str(WINDOW_S),
-    )
-    job_cmd = _argus(
-        "run",
-        "--collector",
-        grpc_addr,
-        "--socket",
-        str(sock),
-        "--job-id",
-        job_id,
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={args.ranks}",
-        "-m",
-        "argus.demo_job",
-        f"--scenario={scenario}",
-        f"--fault-after-s={WARMUP_S}",
-        f"--stop-file={stop_file}",
-    )
-    if slow_rank is not None:
-        job_cmd.append(f"--slow-rank={slow_rank}")
-    if args.steps is not None:
-        job_cmd.append(f"--steps={args.steps}")
-
+        "agent", "--collector", grpc_addr, "--socket", str(sock), "--spool", str(work / "spool"),
+        "--window-s", window,
+    )  # fmt: skip
     with _process(server_cmd, logs / "server.log") as server:
         with console.status("starting argus server (embedded ClickHouse)"):
             _wait(lambda: _get_json(f"{http}/healthz", 1.0), 90, "argus server", server)
@@ -223,70 +209,98 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
         with _process(agent_cmd, logs / "agent.log") as agent:
             _wait(sock.exists, 60, "node agent", agent)
             console.print(f"[green]✓[/] node agent on {sock}")
-            with _process(job_cmd, logs / "job.log") as job:
-                fault = f"{scenario} on rank {slow_rank}" if slow_rank is not None else "no fault"
-                console.print(
-                    f"[green]✓[/] training job {job_id}: {args.ranks} ranks, DDP over gloo; "
-                    f"{WARMUP_S:.0f} s healthy, then {fault}"
-                )
-                started = time.monotonic()
-                limit = WARMUP_S + (FAULT_TIMEOUT_S if slow_rank is not None else CLEAN_RUN_S)
-                live: list[Diagnosis] = []
-                opened_at: float | None = None
-                with console.status("training") as status:
-                    while job.poll() is None and time.monotonic() - started < limit:
-                        time.sleep(1.0)
-                        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                            live = _diagnoses(http, job_id)
-                        elapsed = time.monotonic() - started
-                        stage = (
-                            "warm-up"
-                            if elapsed < WARMUP_S
-                            else ("fault" if slow_rank is not None else "clean")
-                        )
-                        status.update(f"training ({stage}, {elapsed:.0f} s): {len(live)} diagnoses so far")
-                        if opened_at is None and _any_open(live):
-                            opened_at = time.monotonic()
-                        # One more window after the first diagnosis opens, so that the
-                        # report shows it updated and anything else that opens beside it.
-                        if (
-                            args.steps is None
-                            and opened_at is not None
-                            and time.monotonic() - opened_at > WINDOW_S
-                        ):
-                            break
+            yield Service(grpc_addr, http, sock, work / "store", logs)
+
+
+def job_command(service: Service, job_id: str, ranks: int, job_args: list[str]) -> list[str]:
+    """`argus run` of :mod:`argus.demo_job` under torchrun with ``ranks`` ranks and ``job_args``."""
+    return _argus(
+        "run", "--collector", service.grpc, "--socket", str(service.socket), "--job-id", job_id, "--",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+        "-m", "argus.demo_job", *job_args,
+    )  # fmt: skip
+
+
+def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
+    scenario: str = args.scenario
+    slow_rank = None if scenario == "none" else _default_slow_rank(args)
+    layout: str = args.layout
+    job_id = f"demo-{layout}-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stop_file = work / "stop"
+    job_args = [
+        f"--layout={layout}",
+        f"--scenario={scenario}",
+        f"--fault-after-s={WARMUP_S}",
+        f"--stop-file={stop_file}",
+    ]
+    if slow_rank is not None:
+        job_args.append(f"--slow-rank={slow_rank}")
+    if scenario == "host_work":
+        job_args.append("--sync=broadcast")  # the fault is host work before this sync point
+    if args.steps is not None:
+        job_args.append(f"--steps={args.steps}")
+
+    with local_service(work, console) as service:
+        http, logs = service.http, service.logs
+        with _process(job_command(service, job_id, args.ranks, job_args), logs / "job.log") as job:
+            fault = f"{scenario} on rank {slow_rank}" if slow_rank is not None else "no fault"
+            console.print(
+                f"[green]✓[/] training job {job_id}: {args.ranks} ranks, {LAYOUT_NAMES[layout]} over gloo; "
+                f"{WARMUP_S:.0f} s healthy, then {fault}"
+            )
+            started = time.monotonic()
+            limit = WARMUP_S + (FAULT_TIMEOUT_S if slow_rank is not None else CLEAN_RUN_S)
+            live: list[Diagnosis] = []
+            opened_at: float | None = None
+            with console.status("training") as status:
+                while job.poll() is None and time.monotonic() - started < limit:
+                    time.sleep(1.0)
                     with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
                         live = _diagnoses(http, job_id)
-                    stop_file.touch()
-                    status.update("stopping the job")
-                    try:
-                        job.wait(timeout=60)
-                    except subprocess.TimeoutExpired as exc:
-                        raise ArgusError(f"the training job did not stop; see {logs / 'job.log'}") from exc
-                if job.returncode != 0:
-                    raise ArgusError(
-                        f"the training job failed (status {job.returncode}); see {logs / 'job.log'}"
+                    elapsed = time.monotonic() - started
+                    stage = (
+                        "warm-up" if elapsed < WARMUP_S else ("fault" if slow_rank is not None else "clean")
                     )
-            with console.status("final analysis"):
-                time.sleep(WINDOW_S * 1.5)
-                final = _diagnoses(http, job_id)
-            # The report is what Argus said while the job ran (it resolves a finished job's
-            # diagnoses), plus anything that opened only at the end, which should be nothing.
-            seen = {d.id for d in live}
-            found = live + [d for d in final if d.id not in seen]
-            trace = Path(tempfile.gettempdir()) / f"argus-{job_id}.trace.json"
-            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"
-                urllib.request.urlretrieve(f"{http}/api/v1/jobs/{job_id}/trace?ranks={ranks}", trace)
-            if args.json:
-                console.print(f"the timeline of the slow rank, for https://ui.perfetto.dev: {trace}")
-            else:
-                # The report is the command's output: stdout (progress stays on stderr).
-                _print_human(
-                    Console(soft_wrap=True), job_id, slow_rank, found, trace, work / "store", keep_data
-                )
+                    status.update(f"training ({stage}, {elapsed:.0f} s): {len(live)} diagnoses so far")
+                    if opened_at is None and _any_open(live):
+                        opened_at = time.monotonic()
+                    # One more window after the first diagnosis opens, so that the
+                    # report shows it updated and anything else that opens beside it.
+                    if (
+                        args.steps is None
+                        and opened_at is not None
+                        and time.monotonic() - opened_at > WINDOW_S
+                    ):
+                        break
+                with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                    live = _diagnoses(http, job_id)
+                stop_file.touch()
+                status.update("stopping the job")
+                try:
+                    job.wait(timeout=60)
+                except subprocess.TimeoutExpired as exc:
+                    raise ArgusError(f"the training job did not stop; see {logs / 'job.log'}") from exc
+            if job.returncode != 0:
+                raise ArgusError(f"the training job failed (status {job.returncode}); see {logs / 'job.log'}")
+        with console.status("final analysis"):
+            time.sleep(WINDOW_S * 1.5)
+            final = _diagnoses(http, job_id)
+        # The report is what Argus said while the job ran (it resolves a finished job's
+        # diagnoses), plus anything that opened only at the end, which should be nothing.
+        seen = {d.id for d in live}
+        found = live + [d for d in final if d.id not in seen]
+        trace = Path(tempfile.gettempdir()) / f"argus-{job_id}.trace.json"
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"
+            urllib.request.urlretrieve(f"{http}/api/v1/jobs/{job_id}/trace?ranks={ranks}", trace)
+        if args.json:
+            console.print(f"the timeline of the slow rank, for https://ui.perfetto.dev: {trace}")
+        else:
+            # The report is the command's output: stdout (progress stays on stderr).
+            _print_human(Console(soft_wrap=True), job_id, slow_rank, found, trace, work / "store", keep_data)
     return {
         "job_id": job_id,
+        "layout": layout,
         "scenario": scenario,
         "slow_rank": slow_rank,
         "diagnoses": [d.to_dict() for d in found],
@@ -299,6 +313,10 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--ranks must be at least 2: a straggler needs peers")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.ranks:
         raise ConfigError(f"--slow-rank must be in 0..{args.ranks - 1}")
+    if args.layout != "dp" and args.ranks % 2:
+        raise ConfigError(f"--layout {args.layout} needs an even --ranks (2 stages or 2-way tensor parallel)")
+    if (args.layout, args.scenario) == ("pp", "dataloader") and _default_slow_rank(args) >= args.ranks // 2:
+        raise ConfigError("--layout pp: only stage 0 (ranks below --ranks / 2) reads data")
     console = Console(stderr=True, soft_wrap=True)
     keep = args.data_dir is not None
     work = Path(args.data_dir) if keep else Path(tempfile.mkdtemp(prefix="argus-demo-"))

@@ -25,6 +25,8 @@ class Cause(StrEnum):
     THROTTLING = "throttling"
     #: The rank stopped reporting, or hangs: alive but never issuing the collective peers wait in.
     UNRESPONSIVE = "unresponsive"
+    #: The job loses time against its own healthy pace and the evidence names no cause.
+    UNKNOWN = "unknown"
 
 
 class State(StrEnum):

@@ -104,7 +104,7 @@ def build_job(kind: str, device: Any) -> Job:
         from argus.demo_job import Fault, TinyLM, Tokens, parse_args
 
         d = parse_args([])
-        fault = Fault("none", None, 0.0)
+        fault = Fault("none", frozenset(), 0)
         model: nn.Module = TinyLM(d.vocab, d.dim, fault, d.compute_repeat)
         data = Tokens(d.batch_size * 64, d.seq_len, d.vocab, fault, d.sample_delay_s)
         loader = DataLoader(data, batch_size=d.batch_size, shuffle=True, drop_last=True)
@@ -197,11 +197,21 @@ def profiled_kernels_per_step(step: Callable[[], None], steps: int) -> float:
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+
+    from argus.demo_job import shutdown  # before init_process_group: see its docstring
 
     torch.set_num_threads(1)
+    dist.init_process_group("nccl" if args.job in ("gpu", "gpu_graph") else "gloo")
+    measure(args)  # its models (and DDP's reducers, which hold the group) are gone when it returns
+    shutdown()
+
+
+def measure(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
     cuda = args.job in ("gpu", "gpu_graph")
-    dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
@@ -218,7 +228,6 @@ def worker(args: argparse.Namespace) -> None:
                 probe.mark_step()
 
         graph_run(args, graph_step, probe)
-        dist.destroy_process_group()
         return
     ddp = DistributedDataParallel(job.model, **job.ddp_kwargs)
     opt = job.optimizer(ddp.parameters())
@@ -253,7 +262,6 @@ def worker(args: argparse.Namespace) -> None:
         per_step = profiled_kernels_per_step(lambda: one_step(ddp, opt), args.profile_steps)
         if rank == 0:
             Path(args.out).write_text(json.dumps({"kernels_per_step": per_step}))
-        dist.destroy_process_group()
         return
     if not args.inprocess_pairs:
         train(ddp, opt, steps=args.warmup)
@@ -295,7 +303,6 @@ def worker(args: argparse.Namespace) -> None:
         probe.active = True
         if rank == 0:
             Path(args.out).write_text(json.dumps({"ratios": ratios}))
-    dist.destroy_process_group()
 
 
 def graph_run(args: argparse.Namespace, step: Callable[[], None], probe: Any) -> None:

@@ -48,6 +48,13 @@ class Job(BaseModel):
     source: str = Field(description="'live', 'import', or '' when no node reported it")
     command: str
     open_diagnoses: int
+    windows_analysed: int = Field(description="analysis windows of the job analysed so far")
+    windows_failed: int = Field(
+        description="of those, windows whose analysis failed (their time is unexplained)"
+    )
+    analysed_s: float = Field(description="wall time of the analysed windows' steps, seconds")
+    lost_s: float = Field(description="time the job lost against its own healthy pace, seconds")
+    unexplained_loss_ratio: float = Field(description="share (0-1) of lost_s that no diagnosis accounts for")
 
 
 class JobPage(BaseModel):
@@ -92,7 +99,9 @@ class DiagnosisModel(BaseModel):
     rank: int | None
     ranks: list[int]
     group: str | None
-    cause: Literal["compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive"]
+    cause: Literal[
+        "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
+    ]
     phase: str | None
     kernel: str | None
     score: float = Field(description="0 = like its peers, >= 1 = past the detection threshold")

@@ -109,7 +109,9 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
     def get_diagnoses(
         job_id: JobId,
         state: Literal["open", "resolved"] | None = None,
-        cause: Literal["compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive"]
+        cause: Literal[
+            "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
+        ]
         | None = None,
         limit: Limit = 100,
         cursor: Cursor = None,

@@ -172,8 +172,17 @@ def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> An
         f"  {job['status']}, {job['ranks_attached']}/{job['world_size']} ranks, "
         f"{job['open_diagnoses']} open diagnoses",
     )
+    windows = job.get("windows_analysed", 0)
+    loss = Text(
+        f"{windows} analysis window(s), {job.get('analysed_s', 0.0):.1f} s of steps analysed; "
+        f"lost {job.get('lost_s', 0.0):.1f} s against its healthy pace, "
+        f"{100 * job.get('unexplained_loss_ratio', 0.0):.0f} % of it unexplained"
+        + (f"; {job['windows_failed']} window(s) failed to analyse" if job.get("windows_failed") else ""),
+        style="dim",
+    )
+    header = Group(head, loss)
     if not diagnoses:
-        return Group(head, Text("no diagnoses: every rank is like its peers", style="green"))
+        return Group(header, Text("no diagnoses: every rank is like its peers", style="green"))
     table = Table(show_lines=False, header_style="bold")
     for name, justify in (
         ("state", "left"),
@@ -182,6 +191,7 @@ def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> An
         ("phase / kernel", "left"),
         ("score", "right"),
         ("slowdown", "right"),
+        ("lost", "right"),
         ("first seen", "left"),
         ("last seen", "left"),
         ("evidence", "left"),
@@ -198,11 +208,14 @@ def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> An
             where,
             f"{d['score']:.2f}",
             f"{d['slowdown_pct']:.1f}%",
+            f"{d['evidence']['lost_s']:.1f} s"
+            if isinstance(d["evidence"].get("lost_s"), int | float)
+            else "-",
             _time(d["first_window_ns"]),
             _time(d["last_window_ns"]),
             _evidence(d["evidence"]),
         )
-    return Group(head, table)
+    return Group(header, table)
 
 
 def diagnose_main(args: argparse.Namespace) -> int:

@@ -122,10 +122,12 @@ def start_http(
     return HttpServer(server, thread, f"{scheme}://{shown}:{port}")
 
 
-def _start_analyzer(store: Store, metrics: Metrics, window_s: float) -> tuple[Analyzer, threading.Thread]:
+def _start_analyzer(
+    store: Store, metrics: Metrics, window_s: float, min_loss_pct: float
+) -> tuple[Analyzer, threading.Thread]:
     from argus.analyzer.service import Analyzer
 
-    analyzer = Analyzer(store, window_s=window_s, metrics=metrics)
+    analyzer = Analyzer(store, window_s=window_s, metrics=metrics, min_loss_pct=min_loss_pct)
     thread = threading.Thread(target=analyzer.run_forever, name="argus-analyzer", daemon=True)
     thread.start()
     return analyzer, thread
@@ -162,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
         tls = {"tls_cert": args.tls_cert, "tls_key": args.tls_key}
         collector = start_collector(store, metrics, args.grpc_listen, token=args.token, **tls)
         if not args.no_analyzer:
-            analyzer = _start_analyzer(store, metrics, args.window_s)
+            analyzer = _start_analyzer(store, metrics, args.window_s, args.min_loss_pct)
         http = start_http(store, metrics, args.http_listen, token=args.token, window_s=args.window_s, **tls)
         notes = [" (TLS)" if collector.tls else "", ", token required" if args.token else ""]
         print(

@@ -52,6 +52,9 @@ def main() -> None:
         default=0,
         help="at the end, N rounds of a ring exchange (send/recv, then isend/irecv) on the world group",
     )
+    p.add_argument(
+        "--p2p-delay-s", type=float, default=0.0, help="even ranks wait this long before each blocking send"
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -101,6 +104,7 @@ def main() -> None:
         for _ in range(args.p2p):
             # Even ranks send first, odd ranks receive first: blocking calls that cannot deadlock.
             if rank % 2 == 0:
+                time.sleep(args.p2p_delay_s)
                 dist.send(torch.ones(16), right)
                 dist.recv(buf, left)
             else:

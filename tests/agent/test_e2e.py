@@ -225,10 +225,12 @@ def test_user_comm_hook_and_inplace_model_train_the_same(argus_server_factory) -
 
 
 def test_point_to_point_transfers_name_their_peer_and_pair_up(argus_server_factory) -> None:
+    """Peers, seq pairing, and timing: gloo's send/recv have no future, so a receive ends at its wait."""
     server = argus_server_factory("--no-analyzer")
     rounds = 3
+    delay_s = 0.3  # even ranks wait this long before each blocking send
     with short_dir() as work:
-        job = torchrun(4, "--steps", "4", "--p2p", str(rounds))
+        job = torchrun(4, "--steps", "4", "--p2p", str(rounds), "--p2p-delay-s", str(delay_s))
         out = run(argus_run(work, server.grpc_target, "e2e-p2p", job), job_env(work))
     assert out.returncode == 0, out.stderr[-3000:]
     co = _frames(server, "e2e-p2p")["collectives"]
@@ -251,3 +253,11 @@ def test_point_to_point_transfers_name_their_peer_and_pair_up(argus_server_facto
     recvs = p2p[p2p.op == "recv"].assign(sender=lambda f: f.peer, receiver=lambda f: f["rank"])
     key = ["process_group", "sender", "receiver", "seq"]
     assert sorted(map(tuple, sends[key].values.tolist())) == sorted(map(tuple, recvs[key].values.tolist()))
+    # A receive ends after its send was issued; the odd ranks' blocking receives from their even
+    # left neighbour (one a round) wait out the delay.
+    pairs = sends.merge(recvs, on=key, suffixes=("_send", "_recv"))
+    assert len(pairs) == len(sends)
+    recv_end = pairs.issue_ns_recv + pairs.dur_ns_recv
+    assert (recv_end >= pairs.issue_ns_send).all(), pairs[recv_end < pairs.issue_ns_send]
+    blocked = recvs[(recvs["rank"] % 2 == 1) & (recvs.peer == recvs["rank"] - 1)]
+    assert len(blocked) == 2 * rounds and (blocked.dur_ns >= 0.8 * delay_s * 1e9).all(), blocked.dur_ns

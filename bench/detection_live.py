@@ -1,0 +1,527 @@
+"""Labelled detection benchmark on real jobs (issue 10, "Must show" 1; the goals of issue 16).
+
+About 24 real 4-rank gloo jobs (:mod:`argus.demo_job`, one CPU thread per rank)
+run one after another under `argus run`, streaming to one `argus server` on an
+embedded store with its analyzer on and one node agent (the demo's stack, its
+5 s window): the diagnosis a user gets live. :data:`CASES` holds 12 faults
+built from the failure classes, not from what an analyzer catches:
+
+- the three layouts: data parallel (``dp``), pipeline × data parallel with
+  unequal stages and a GPipe schedule over ``isend``/``recv`` (``pp``), tensor
+  × data parallel with all-reduces inside the tensor-parallel group (``tp``);
+- every fault kind: compute, steady host stall, rare large stall, slow
+  dataloader, host work before an extra synchronisation point (a broadcast
+  before forward), several ranks slow at once (3 of 4), one pipeline stage slow
+  (both ranks of stage 1); three sizes of two of them (compute, host stall) in
+  the dp layout, meant to cost 8–40 % of throughput.
+
+Every faulty job is followed by its **clean twin** (the same command with
+``--scenario none``), so runs interleave fault, twin, fault, twin, ... and the
+machine's load drifts alike for both; the twins are the clean runs (two or more
+per layout). Each job trains :data:`TRAIN_S` s: :data:`WARMUP_S` s healthy, then
+the fault until the end. The job itself writes the wall time of every step end
+(``--timeline``), so the ground truth does not come from Argus.
+
+Ground truth, per faulty job, over the fault period (its steps that end after
+the fault starts; the twin's at the same offset from its own start):
+
+- mean step time = the period's wall time / its steps (means: rare long steps count);
+- **true cost** = 1 − twin's mean step time / the faulty run's (the share of
+  throughput the fault took);
+- **lost time** = the period's wall time − its steps × the twin's mean step time.
+
+The table also shows, for information only, ``warm%``: the cost with each run's
+fault period first divided by its own warm-up pace, which is less sensitive to a
+machine whose load changes between runs (a shared 2-core machine's does).
+
+Scoring, over every diagnosis Argus gave for the job (open or resolved). A
+diagnosis *names* ``{rank}`` when ``rank`` is set, else its ``ranks``.
+
+- **TP**: it names only injected ranks, at least one, and its windows reach the
+  fault period. For a single-rank fault it must be rank-level (``rank`` is the
+  injected rank): a job-level diagnosis (``rank`` null) is not a hit. For a
+  fault on several ranks (3 of 4, a stage), a rank-level diagnosis of one of them
+  or a job-level one whose ``ranks`` are among them is a hit.
+- **FP**: it names a healthy rank (on a faulty or a clean job), or names the
+  injected rank only in windows that end before the fault began (the rank was
+  healthy then). On a clean job every rank is healthy.
+- Neither: a job-level diagnosis that names no healthy rank but is not a hit
+  (no ranks, or ``rank`` null on a single-rank fault). Shown in the table.
+- **precision** = TP / (TP + FP) over all jobs.
+- **recall**, over the faults whose true cost is ≥ :data:`RECALL_MIN_COST`:
+  the mean share of each fault's injected ranks that its TPs name (a stage
+  fault with one of its two ranks named counts 0.5; partial naming counts in
+  proportion).
+- **cause accuracy** over the TPs: the cause each fault should get
+  (:data:`EXPECTED_CAUSE`): compute → ``compute``; steady and rare stalls →
+  ``host_stall``; slow dataloader → ``dataloader``; host work before a sync
+  point → ``host_stall`` (untracked host time; the wait it causes is absorbed
+  at the broadcast); the slow stage and the 3-of-4 fault are compute → ``compute``.
+- **unexplained_loss_pct**: the share of the faulty jobs' lost time that no
+  diagnosis accounts for. A diagnosis that is not an FP accounts for its
+  ``evidence.lost_s`` when present, else ``slowdown_pct`` × its span (first
+  window to the end of its last); per job, at most the job's lost time. A job
+  with no diagnoses is all unexplained.
+
+A job that exits with a non-zero status is reported (``failed_jobs``) and kept:
+no retry.
+
+Keeping and re-scoring: ``--keep DIR`` records into ``DIR/store`` (the chDB data
+dir) and writes ``DIR/labels.json`` (cases, job ids, timelines, window, the
+live diagnoses). ``--rescore DIR`` re-analyses a copy of the kept store offline
+with today's analyzer (:class:`argus.analyzer.service.Analyzer`, the same window,
+the stored diagnoses dropped first) and scores that in seconds; ``--rescore DIR
+--stored`` scores the diagnoses recorded live again (after a change of scoring).
+
+The per-job table goes to stdout, progress to stderr; the last line is
+``precision=… recall=… cause_accuracy=… unexplained_loss_pct=… jobs=…``.
+A full recording takes about 20 minutes on a 2-core machine; timings depend
+on the machine's load (quote it)::
+
+    python bench/detection_live.py [--keep DIR] [--only NAME,...]
+    python bench/detection_live.py --rescore DIR [--stored]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from argus.demo import WINDOW_S, Service, job_command, local_service  # noqa: E402
+
+#: Healthy training before the fault, then training with it until the job stops, seconds.
+WARMUP_S = 14.0
+TRAIN_S = 40.0
+WORLD = 4
+#: Faults costing less than this share of throughput are scored but not counted in recall.
+RECALL_MIN_COST = 0.10
+#: The cause each fault kind should get.
+EXPECTED_CAUSE = {
+    "compute": "compute",
+    "host_stall": "host_stall",
+    "spiky_stall": "host_stall",
+    "dataloader": "dataloader",
+    "host_work": "host_stall",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One faulty job: ``scenario`` of :mod:`argus.demo_job` on ``ranks``, with ``knobs`` (job arguments)."""
+
+    name: str
+    layout: str
+    scenario: str
+    ranks: tuple[int, ...]
+    knobs: tuple[str, ...] = ()
+    #: Job arguments shared with the twin (the extra sync point).
+    shape: tuple[str, ...] = ()
+
+    @property
+    def cause(self) -> str:
+        return EXPECTED_CAUSE[self.scenario]
+
+
+CASES: tuple[Case, ...] = (
+    # dp: three sizes of compute and of steady host stalls, then the other kinds.
+    Case("dp-compute-small", "dp", "compute", (2,), ("--compute-repeat=0.17",)),
+    Case("dp-compute-medium", "dp", "compute", (2,), ("--compute-repeat=0.5",)),
+    Case("dp-compute-large", "dp", "compute", (2,), ("--compute-repeat=1.3",)),
+    Case("dp-host_stall-small", "dp", "host_stall", (1,), ("--stall-every=4", "--stall-s=0.06")),
+    Case("dp-host_stall-medium", "dp", "host_stall", (1,), ("--stall-every=4", "--stall-s=0.17")),
+    Case("dp-host_stall-large", "dp", "host_stall", (1,), ("--stall-every=4", "--stall-s=0.45")),
+    Case("dp-dataloader", "dp", "dataloader", (0,), ("--sample-delay-s=0.004",)),
+    Case("dp-3-of-4-compute", "dp", "compute", (0, 1, 3), ("--compute-repeat=0.8",)),
+    # pp: a slow stage (both ranks of stage 1, the heavy one), a rare large stall on stage 0.
+    Case("pp-stage1-compute", "pp", "compute", (2, 3), ("--compute-repeat=0.4",)),
+    Case("pp-spiky_stall", "pp", "spiky_stall", (1,), ("--spike-every=40", "--spike-s=2.5")),
+    # tp: host work before a broadcast, a compute straggler.
+    Case("tp-host_work", "tp", "host_work", (2,), ("--host-work-s=0.025",), ("--sync=broadcast",)),
+    Case("tp-compute", "tp", "compute", (3,), ("--compute-repeat=1.0",)),
+)
+
+
+@dataclass
+class Run:
+    """One recorded job: a case's faulty run, or its twin (``scenario`` none)."""
+
+    name: str
+    case: str
+    layout: str
+    scenario: str
+    ranks: list[int]
+    job_id: str
+    args: list[str]
+    returncode: int | None = None
+    timeline: dict[str, Any] | None = None
+
+
+def schedule(cases: tuple[Case, ...], tag: str, warmup_s: float, train_s: float) -> list[Run]:
+    """Each case's faulty run, then its twin: fault, twin, fault, twin, ..."""
+    runs = []
+    for c in cases:
+        common = [f"--layout={c.layout}", *c.shape, f"--fault-after-s={warmup_s}", f"--duration-s={train_s}"]
+        ranks = ",".join(map(str, c.ranks))
+        fault = [*common, f"--scenario={c.scenario}", f"--slow-ranks={ranks}", *c.knobs]
+        runs.append(Run(c.name, c.name, c.layout, c.scenario, list(c.ranks), f"live-{tag}-{c.name}", fault))
+        twin = [*common, "--scenario=none"]
+        runs.append(Run(f"{c.name}~twin", c.name, c.layout, "none", [], f"live-{tag}-{c.name}-twin", twin))
+    return runs
+
+
+# --- recording ------------------------------------------------------------------------------------
+
+
+def record(
+    runs: list[Run], work: Path, console: Console
+) -> tuple[list[Run], dict[str, list[dict[str, Any]]]]:
+    """Run every job under one live server; return the runs (with timelines) and each job's diagnoses."""
+    from argus.collector.client import ArgusClient
+    from argus.errors import NotFound
+
+    timelines = work / "timelines"
+    timelines.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "XDG_STATE_HOME": str(work / "state")}
+    with local_service(work, console) as service:
+        previous: tuple[Run, subprocess.Popen[bytes], float] | None = None
+        for i, run in enumerate(runs):
+            tl = timelines / f"{run.name}.json"
+            cmd = job_command(service, run.job_id, WORLD, [*run.args, f"--timeline={tl}"])
+            with (service.logs / f"{run.name}.log").open("wb") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            if previous is not None:
+                _finish(*previous, timelines, console)
+            # The next job starts once this one has trained (its timeline is written after its
+            # process groups are destroyed): its start-up overlaps only this one's exit.
+            while proc.poll() is None and not tl.exists():
+                time.sleep(0.5)
+            previous = (run, proc, time.monotonic())
+            console.print(f"[{i + 1}/{len(runs)}] {run.name} trained, load {os.getloadavg()[0]:.1f}")
+        if previous is not None:
+            _finish(*previous, timelines, console)
+        # The analyzer analyses a job's windows up to 3 past its last row, each once it is complete.
+        _wait_for_analysis(service, runs, console)
+        found: dict[str, list[dict[str, Any]]] = {}
+        with ArgusClient(service.http) as client:
+            for r in runs:
+                try:
+                    found[r.job_id] = list(client.items(f"/api/v1/jobs/{r.job_id}/diagnoses"))
+                except NotFound:  # the job never reported (it failed to start)
+                    found[r.job_id] = []
+    return runs, found
+
+
+def _finish(
+    run: Run, proc: subprocess.Popen[bytes], trained: float, timelines: Path, console: Console
+) -> None:
+    """Wait for ``run``'s process to exit; keep its exit status and timeline."""
+    run.returncode = proc.wait()
+    tl = timelines / f"{run.name}.json"
+    run.timeline = json.loads(tl.read_text()) if tl.exists() else None
+    steps = len(run.timeline["step_end_ns"]) if run.timeline else 0
+    left = [t for t in (run.timeline or {}).get("threads_at_exit", []) if "gloo" in t]
+    console.print(
+        f"    {run.name}: exit {run.returncode}, {steps} steps, exited {time.monotonic() - trained:.0f} s "
+        "after training" + (f", gloo threads left at exit: {left}" if left else "")
+    )
+
+
+def _wait_for_analysis(service: Service, runs: list[Run], console: Console) -> None:
+    last_ns = max((r.timeline["step_end_ns"][-1] for r in runs if r.timeline), default=time.time_ns())
+    ready_ns = last_ns + round((4 * WINDOW_S + max(2.0, WINDOW_S / 4) + WINDOW_S) * 1e9)
+    with console.status("final analysis"):
+        while time.time_ns() < ready_ns:
+            time.sleep(1.0)
+
+
+def reanalyse(kept: Path, runs: list[Run], window_s: float) -> dict[str, list[dict[str, Any]]]:
+    """Today's analyzer over a copy of the kept store (its stored diagnoses dropped), job by job."""
+    from argus.analyzer.service import Analyzer
+    from argus.analyzer.store_io import read_diagnoses
+    from argus.collector.store import open_store
+
+    with tempfile.TemporaryDirectory(prefix="argus-rescore-") as tmp:
+        copy = Path(tmp) / "store"
+        shutil.copytree(kept / "store", copy, symlinks=True)  # ClickHouse links tables to their data
+        store = open_store(f"chdb://{copy}")
+        try:
+            store.command("TRUNCATE TABLE diagnoses")
+            analyzer = Analyzer(store, window_s=window_s, backlog_s=None)
+            analyzer.run_once(now_ns=time.time_ns() + 3600 * 10**9)
+            out = {run.job_id: [d.to_dict() for d in read_diagnoses(store, run.job_id)] for run in runs}
+        finally:
+            store.close()
+    return out
+
+
+# --- ground truth and scoring ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A run's fault period: its steps, wall time (s) and mean step time (s)."""
+
+    steps: int
+    wall_s: float
+    step_s: float
+
+
+def pace(timeline: dict[str, Any]) -> Pace:
+    """The steps ending after the fault starts (the twin: the same offset), timed from the step before."""
+    ends = timeline["step_end_ns"]
+    start = timeline["fault_start_ns"]
+    before = [t for t in ends if t <= start]
+    after = [t for t in ends if t > start]
+    if not before or len(after) < 2:
+        return Pace(0, 0.0, math.nan)
+    wall = (after[-1] - before[-1]) / 1e9
+    return Pace(len(after), wall, wall / len(after))
+
+
+def warm_step_s(timeline: dict[str, Any], skip: int = 5) -> float:
+    """Mean step time of the warm-up after its first ``skip`` steps (start-up), seconds; NaN if too short."""
+    ends = [t for t in timeline["step_end_ns"] if t <= timeline["fault_start_ns"]][skip:]
+    return (ends[-1] - ends[0]) / 1e9 / (len(ends) - 1) if len(ends) >= 3 else math.nan
+
+
+def named(d: dict[str, Any]) -> set[int]:
+    """The ranks a diagnosis names: its rank, else its ``ranks``."""
+    return {int(d["rank"])} if d.get("rank") is not None else {int(r) for r in d.get("ranks") or []}
+
+
+def judge(d: dict[str, Any], injected: set[int], fault_start_ns: int | None, window_ns: int) -> str:
+    """``tp``, ``fp`` or ``none`` (a job-level diagnosis that is not a hit and blames no healthy rank)."""
+    who = named(d)
+    if who - injected:
+        return "fp"
+    if not who:
+        return "none"
+    during = fault_start_ns is not None and int(d["last_window_ns"]) + window_ns > fault_start_ns
+    if not during:
+        return "fp"
+    if len(injected) == 1 and d.get("rank") is None:
+        return "none"
+    return "tp"
+
+
+def accounted_s(d: dict[str, Any], window_ns: int) -> float:
+    """The job time a diagnosis accounts for: ``evidence.lost_s``, else slowdown × its span."""
+    lost = (d.get("evidence") or {}).get("lost_s")
+    if isinstance(lost, int | float) and math.isfinite(lost):
+        return max(float(lost), 0.0)
+    span_s = (int(d["last_window_ns"]) + window_ns - int(d["first_window_ns"])) / 1e9
+    return max(float(d.get("slowdown_pct") or 0.0), 0.0) / 100 * span_s
+
+
+@dataclass
+class Row:
+    """One job's line of the table."""
+
+    name: str
+    layout: str
+    fault: str
+    ranks: str
+    exit: int | None
+    cost: float = math.nan
+    #: Information only: the cost with each run's fault period against its own warm-up first
+    #: (1 - (twin fault / twin warm-up) / (fault / warm-up)), less sensitive to load between runs.
+    cost_vs_warmup: float = math.nan
+    lost_s: float = math.nan
+    explained_s: float = 0.0
+    tp: int = 0
+    fp: int = 0
+    other: int = 0
+    share: float = math.nan
+    cause_ok: int = 0
+    counted: bool = False
+    diagnoses: str = ""
+
+
+def score(
+    runs: list[Run], found: dict[str, list[dict[str, Any]]], window_s: float
+) -> tuple[list[Row], dict[str, float]]:
+    """Score every run (see the module docstring); returns the table's rows and the figures."""
+    window_ns = round(window_s * 1e9)
+    by_name = {r.name: r for r in runs}
+    cases = {c.name: c for c in CASES}
+    rows: list[Row] = []
+    for run in runs:
+        faulty = run.scenario != "none"
+        injected = set(run.ranks)
+        row = Row(
+            run.name,
+            run.layout,
+            run.scenario if faulty else "clean",
+            ",".join(map(str, run.ranks)) or "-",
+            run.returncode,
+        )
+        start = run.timeline["fault_start_ns"] if run.timeline else None
+        diagnoses = found.get(run.job_id, [])
+        hits: set[int] = set()
+        for d in diagnoses:
+            verdict = judge(d, injected, start if faulty else None, window_ns)
+            if verdict == "tp":
+                row.tp += 1
+                hits |= named(d)
+                row.cause_ok += d["cause"] == cases[run.case].cause
+            elif verdict == "fp":
+                row.fp += 1
+            else:
+                row.other += 1
+            if verdict != "fp":
+                row.explained_s += accounted_s(d, window_ns)
+        row.diagnoses = "; ".join(_describe(d) for d in diagnoses) or "-"
+        twin = by_name.get(f"{run.name}~twin")
+        if faulty and twin is not None and run.timeline and twin.timeline:
+            mine, theirs = pace(run.timeline), pace(twin.timeline)
+            row.cost = 1 - theirs.step_s / mine.step_s
+            drift = theirs.step_s / warm_step_s(twin.timeline)
+            row.cost_vs_warmup = 1 - drift / (mine.step_s / warm_step_s(run.timeline))
+            row.lost_s = max(mine.wall_s - mine.steps * theirs.step_s, 0.0)
+            row.counted = row.cost >= RECALL_MIN_COST
+        if faulty:
+            row.share = len(hits & injected) / len(injected)
+        rows.append(row)
+    faulty_rows = [r for r in rows if r.fault != "clean"]
+    tp = sum(r.tp for r in rows)
+    fp = sum(r.fp for r in rows)
+    counted = [r for r in faulty_rows if r.counted]
+    lost = sum(r.lost_s for r in faulty_rows if math.isfinite(r.lost_s))
+    unexplained = sum(r.lost_s - min(r.explained_s, r.lost_s) for r in faulty_rows if math.isfinite(r.lost_s))
+    figures = {
+        "precision": tp / (tp + fp) if tp + fp else math.nan,
+        "recall": statistics.fmean(r.share for r in counted) if counted else math.nan,
+        "cause_accuracy": sum(r.cause_ok for r in rows) / tp if tp else math.nan,
+        "unexplained_loss_pct": 100 * unexplained / lost if lost > 0 else math.nan,
+        "jobs": len(rows),
+        "tp": tp,
+        "fp": fp,
+        "fp_on_clean_jobs": sum(r.fp for r in rows if r.fault == "clean"),
+        "faults_counted": len(counted),
+        "failed_jobs": sum(1 for r in rows if r.exit != 0),
+        "lost_s": lost,
+    }
+    return rows, figures
+
+
+def _describe(d: dict[str, Any]) -> str:
+    who = (
+        f"r{d['rank']}"
+        if d.get("rank") is not None
+        else "job[" + ",".join(map(str, d.get("ranks") or [])) + "]"
+    )
+    lost = (d.get("evidence") or {}).get("lost_s")
+    extra = f" lost {lost:.1f}s" if isinstance(lost, int | float) else ""
+    return f"{who} {d['cause']} {float(d.get('slowdown_pct') or 0):.0f}%{extra}"
+
+
+def report(rows: list[Row], figures: dict[str, float]) -> None:
+    """The per-job table, then the summary lines (the figures last)."""
+    print(
+        f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
+        f"{'expl_s':>6} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5}  diagnoses"
+    )
+    for r in rows:
+        cost = f"{100 * r.cost:6.1f}" if math.isfinite(r.cost) else f"{'':6}"
+        warm = f"{100 * r.cost_vs_warmup:6.1f}" if math.isfinite(r.cost_vs_warmup) else f"{'':6}"
+        lost = f"{r.lost_s:6.1f}" if math.isfinite(r.lost_s) else f"{'':6}"
+        share = f"{r.share:5.2f}" if math.isfinite(r.share) else f"{'':5}"
+        cause = f"{r.cause_ok}/{r.tp}" if r.tp else ""
+        mark = "" if r.counted or r.fault == "clean" else " (cost < 10 %: not in recall)"
+        print(
+            f"{r.name:24} {r.layout:3} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
+            f"{cost} {warm} {lost} {r.explained_s:6.1f} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5}  "
+            f"{r.diagnoses}{mark}"
+        )
+    f = figures
+    print(
+        f"tp={f['tp']} fp={f['fp']} fp_on_clean_jobs={f['fp_on_clean_jobs']} "
+        f"faults_counted={f['faults_counted']} failed_jobs={f['failed_jobs']} lost_s={f['lost_s']:.1f}"
+    )
+    print(
+        f"precision={f['precision']:.4f} recall={f['recall']:.4f} cause_accuracy={f['cause_accuracy']:.4f} "
+        f"unexplained_loss_pct={f['unexplained_loss_pct']:.1f} jobs={f['jobs']}"
+    )
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+def _labels(
+    runs: list[Run], found: dict[str, list[dict[str, Any]]], window_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    return {
+        "window_s": window_s,
+        "warmup_s": args.warmup_s,
+        "train_s": args.train_s,
+        "cases": [asdict(c) for c in CASES],
+        "runs": [asdict(r) for r in runs],
+        "live_diagnoses": found,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", metavar="DIR", help="keep the recording (store and labels) in DIR")
+    parser.add_argument("--rescore", metavar="DIR", help="score a kept recording instead of running jobs")
+    parser.add_argument(
+        "--stored", action="store_true", help="--rescore: the live diagnoses, not a new analysis"
+    )
+    parser.add_argument("--only", metavar="NAME,...", help="only these cases (and their twins)")
+    parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="healthy training before the fault")
+    parser.add_argument("--train-s", type=float, default=TRAIN_S, help="training per job, warm-up included")
+    args = parser.parse_args()
+    console = Console(stderr=True, soft_wrap=True)
+    if args.rescore:
+        kept = Path(args.rescore)
+        labels = json.loads((kept / "labels.json").read_text())
+        runs = [Run(**r) for r in labels["runs"]]
+        window_s = float(labels["window_s"])
+        t0 = time.monotonic()
+        found = labels["live_diagnoses"] if args.stored else reanalyse(kept, runs, window_s)
+        console.print(
+            f"{'scored' if args.stored else 're-analysed'} {len(runs)} jobs in {time.monotonic() - t0:.1f} s"
+        )
+    else:
+        cases = CASES
+        if args.only:
+            wanted = set(args.only.split(","))
+            cases = tuple(c for c in CASES if c.name in wanted)
+            if unknown := wanted - {c.name for c in cases}:
+                parser.error(f"unknown cases {sorted(unknown)}; known: {[c.name for c in CASES]}")
+        work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="argus-live-bench-"))
+        if args.keep and (work / "store").exists():
+            parser.error(f"{work} already holds a recording")
+        work.mkdir(parents=True, exist_ok=True)
+        load_start = os.getloadavg()[0]
+        tag = time.strftime("%Y%m%d-%H%M%S")
+        runs, found = record(schedule(cases, tag, args.warmup_s, args.train_s), work, console)
+        window_s = WINDOW_S
+        console.print(f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+        if args.keep:
+            (work / "labels.json").write_text(json.dumps(_labels(runs, found, window_s, args), indent=1))
+            console.print(f"kept: {work} (re-score: python bench/detection_live.py --rescore {work})")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    rows, figures = score(runs, found, window_s)
+    report(rows, figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The demo job's layouts (argus.demo_job): real 4-rank gloo jobs that train and exit cleanly.
+
+The pipeline layout runs under `argus run` so its point-to-point rows can be checked:
+each send pairs with its receive by (group, sender, receiver, seq), a receive ends
+after its send was issued, and the process groups are the ones the layout made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+
+from argus import cli, demo_job
+from tests.agent.jobs import argus_run, job_env, read_tables, run, short_dir
+
+STEPS = 12
+
+
+def _job(timeline: Path, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+        "-m", "argus.demo_job", f"--steps={STEPS}", f"--timeline={timeline}", *args,
+    ]  # fmt: skip
+
+
+def _timeline(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["dp", "tp"])
+def test_layout_trains_and_leaves_no_gloo_thread_at_exit(layout: str, tmp_path: Path) -> None:
+    # The fault starts at once: the job must also run with it (host work before a broadcast).
+    timeline = tmp_path / "timeline.json"
+    args = [
+        "--layout",
+        layout,
+        "--fault-after-s=0",
+        "--scenario=host_work",
+        "--slow-rank=1",
+        "--sync=broadcast",
+    ]
+    done = subprocess.run(_job(timeline, *args), capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = _timeline(timeline)
+    assert len(doc["step_end_ns"]) == STEPS
+    assert not [t for t in doc["threads_at_exit"] if "gloo" in t], doc["threads_at_exit"]
+
+
+@pytest.mark.slow
+def test_pipeline_rows_pair_each_send_with_its_receive(argus_server_factory) -> None:
+    server = argus_server_factory("--no-analyzer")
+    with short_dir() as work:
+        timeline = work / "timeline.json"
+        job = _job(timeline, "--layout=pp", "--scenario=compute", "--slow-stage=1", "--fault-after-s=0")
+        out = run(argus_run(work, server.grpc_target, "pp-rows", job), job_env(work))
+        assert out.returncode == 0, out.stderr[-3000:]
+        doc = _timeline(timeline)
+    assert not [t for t in doc["threads_at_exit"] if "gloo" in t]
+    assert server.stop() == 0, server.logs()
+    tables = read_tables(server.store_url, "pp-rows", ["collectives", "ranks"])
+    co, ranks = (tables[t].to_pandas() for t in ("collectives", "ranks"))
+    groups = {tuple(g) for g in ranks[ranks.event == "group"].group_ranks.map(list)}
+    # Data-parallel groups per stage, pipeline groups per replica (and the world).
+    assert {(0, 1), (2, 3), (0, 2), (1, 3), (0, 1, 2, 3)} <= groups
+    p2p = co[co.op.isin(["send", "recv"])]
+    micro = demo_job.MICRO_BATCHES
+    for stage0, stage1 in ((0, 2), (1, 3)):
+        # Per step, stage 0 sends the targets and one activation per micro-batch and receives
+        # one gradient per micro-batch; stage 1 the reverse. Peers are global ranks.
+        mine = p2p[p2p["rank"] == stage0]
+        assert (mine.peer == stage1).all()
+        assert (mine.op == "send").sum() == STEPS * (1 + micro) and (mine.op == "recv").sum() == STEPS * micro
+        theirs = p2p[p2p["rank"] == stage1]
+        assert (theirs.peer == stage0).all() and (theirs.op == "recv").sum() == STEPS * (1 + micro)
+    sends = p2p[p2p.op == "send"].assign(sender=lambda f: f["rank"], receiver=lambda f: f.peer)
+    recvs = p2p[p2p.op == "recv"].assign(sender=lambda f: f.peer, receiver=lambda f: f["rank"])
+    key = ["process_group", "sender", "receiver", "seq"]
+    pairs = pd.merge(sends, recvs, on=key, suffixes=("_send", "_recv"))
+    assert len(pairs) == len(sends) == len(recvs)
+    assert (pairs.bytes_send == pairs.bytes_recv).all()
+    assert (pairs.issue_ns_recv + pairs.dur_ns_recv >= pairs.issue_ns_send).all()
+
+
+def _demo_choices(dest: str) -> list[str]:
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return list(next(a.choices for a in sub.choices["demo"]._actions if a.dest == dest))
+
+
+def test_cli_offers_the_jobs_scenarios_and_layouts() -> None:
+    # The CLI spells them out (demo_job imports torch); they must not drift apart.
+    assert _demo_choices("scenario") == list(demo_job.SCENARIOS)
+    assert _demo_choices("layout") == list(demo_job.LAYOUTS)
+
+
+def test_extra_passes_do_a_fraction_of_a_pass_on_that_share_of_the_batch() -> None:
+    seen: list[int] = []
+    demo_job.extra_passes(lambda x: seen.append(x.shape[0]), torch.zeros(16, 3), 2.25)
+    assert seen == [16, 16, 4]
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--layout=pp", "--scenario=dataloader", "--slow-rank=3"], "only stage 0"),
+        (["--layout=dp", "--scenario=compute", "--slow-stage=1"], "--slow-stage needs --layout pp"),
+        (["--scenario=host_work", "--slow-rank=1"], "needs --sync"),
+        (["--scenario=compute", "--slow-ranks=1,7"], "must be in 0..3"),
+    ],
+)
+def test_a_job_that_cannot_run_as_asked_says_why(args: list[str], problem: str) -> None:
+    parsed = demo_job.parse_args(args)
+    with pytest.raises(SystemExit, match=problem):
+        demo_job._check(parsed, 4, demo_job._slow_ranks(parsed, 4))
