@@ -330,8 +330,9 @@ def decode(batches: Sequence[Activity], offset_ns: int = 0) -> Decoded:
     ok = (start > 0) & (end > 0) & (end >= start)
     out.dropped = int(ok.size - np.count_nonzero(ok))
     if out.dropped:
-        kind, name_id, stream, device, corr, start, end, graph, node = (
-            a[ok] for a in (kind, name_id, stream, device, corr, start, end, graph, node)
+        kind, name_id = kind[ok], name_id[ok]
+        stream, device, corr, start, end, graph, node = (
+            a[ok] for a in (stream, device, corr, start, end, graph, node)
         )
     out.kind, out.name_id = kind, name_id
     out.stream, out.device, out.correlation = stream, device, corr

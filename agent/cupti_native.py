@@ -190,7 +190,7 @@ class NameTable:
 # --- the walk ------------------------------------------------------------------------------------
 
 
-def _cat(parts: Sequence[_I64]) -> _I64:
+def _cat(parts: Sequence[npt.NDArray[Any]]) -> _I64:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -198,22 +198,15 @@ class _Records:
     """Records a walk met: word position, the chunk it was walked for, its rank there, its kind."""
 
     def __init__(self) -> None:
-        self.pos = self.chunk = self.rank = self.kind = np.zeros(0, np.int64)
+        self.pos = self.chunk = self.rank = np.zeros(0, np.int64)
+        self.kind: npt.NDArray[Any] = np.zeros(0, np.int64)
 
-    def take(
-        self, parts: Sequence[tuple[_I64, _I64, _I64]], ranks: Sequence[_I64 | int] | None = None
-    ) -> None:
-        """Concatenate per-step parts; a rank given as an int (default: the step number) is shared."""
+    def take(self, parts: Sequence[tuple[_I64, _I64, npt.NDArray[Any]]]) -> None:
+        """Concatenate per-step parts ``(positions, chunks, kinds)``: one record per walk and step."""
         self.pos = _cat([p for p, _, _ in parts])
         self.chunk = _cat([c for _, c, _ in parts])
         self.kind = _cat([k for _, _, k in parts])
-        ranks = range(len(parts)) if ranks is None else ranks
-        self.rank = _cat(
-            [
-                np.full(p.size, r, np.int64) if isinstance(r, int) else r
-                for (p, _, _), r in zip(parts, ranks, strict=True)
-            ]
-        )
+        self.rank = _cat([np.full(p.size, r, np.int64) for r, (p, _, _) in enumerate(parts)])
 
 
 class _Speculation(_Records):
@@ -375,7 +368,7 @@ class _Walk:
         ids = np.flatnonzero(entry >= 0)
         pos, end = entry[ids], ends[ids]
         mark, rank = self.mark, 0
-        parts: list[tuple[_I64, _I64, _I64]] = []
+        parts: list[tuple[_I64, _I64, npt.NDArray[Any]]] = []
         while ids.size:
             ended = pos >= end
             merged = ~ended
@@ -410,7 +403,7 @@ class _Walk:
         out = _Speculation(np.full(cb.size, -1, np.int64))
         ids = np.arange(cb.size, dtype=np.int64)
         pos, lim = cb.copy(), cl.copy()
-        parts: list[tuple[_I64, _I64, _I64]] = []
+        parts: list[tuple[_I64, _I64, npt.NDArray[Any]]] = []
         t = 0
         while ids.size:
             kind = kinds[pos]

@@ -248,10 +248,8 @@ class Decoded:
         """The rows as a ``kernel_events`` wire table of ``rank`` (strings built by Arrow, not per row)."""
         schema = wire_schema("kernel_events")
         n = len(self)
-        kinds = pa.DictionaryArray.from_arrays(pa.array(self.kind.astype(np.int32)), pa.array(EVENT_KINDS))
-        names = pa.DictionaryArray.from_arrays(
-            pa.array(self.name_id), pa.array(list(self.names), pa.string())
-        )
+        kinds = pa.DictionaryArray.from_arrays(self.kind.astype(np.int32), pa.array(EVENT_KINDS))
+        names = pa.DictionaryArray.from_arrays(self.name_id, pa.array(list(self.names), pa.string()))
         columns: dict[str, Any] = {
             "rank": pa.array(np.full(n, rank, np.uint32)),
             "kind": kinds.cast(pa.string()),
