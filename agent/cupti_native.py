@@ -38,7 +38,7 @@ import ctypes
 import ctypes.util
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -136,11 +136,6 @@ class NameTable:
 
     #: Id of the memset name.
     MEMSET = len(MEMCPY_NAMES)
-
-    def id_of(self, name: str) -> int:
-        """The id of ``name`` (added when new)."""
-        with self._lock:
-            return self._id(name)
 
     def _id(self, name: str) -> int:
         i = self._ids.get(name)
@@ -723,8 +718,3 @@ class _Columns:
         out.start_ns, out.dur_ns = self.start_ns[:n], self.dur_ns[:n]
         out.graph_id, out.graph_node_id = self.graph_id[:n], self.graph_node_id[:n]
         return out
-
-
-def sizes_from_dtypes(dtypes: Iterable[tuple[int, Any]]) -> dict[int, int]:
-    """Kind → record bytes from ``(kind, numpy dtype)`` pairs (e.g. cupti-python's record dtypes)."""
-    return {kind: int(np.dtype(d).itemsize) for kind, d in dtypes}

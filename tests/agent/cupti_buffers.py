@@ -22,6 +22,7 @@ from argus.agent.cupti_records import (
     KIND_CONCURRENT_KERNEL,
     KIND_EXTERNAL_CORRELATION,
     KIND_MEMCPY,
+    KIND_MEMCPY2,
     KIND_MEMSET,
     KIND_RUNTIME,
 )
@@ -114,6 +115,24 @@ _REPLICAS = {
             "graph_id": (72, "<u4"),
         },
     ),
+    KIND_MEMCPY2: _replica(
+        96,
+        {
+            "kind": (0, "<i4"),
+            "copy_kind": (4, "u1"),
+            "bytes": (8, "<u8"),
+            "start": (16, "<u8"),
+            "end": (24, "<u8"),
+            "device_id": (32, "<u4"),
+            "context_id": (36, "<u4"),
+            "stream_id": (40, "<u4"),
+            "src_device_id": (44, "<u4"),
+            "dst_device_id": (52, "<u4"),
+            "correlation_id": (60, "<u4"),
+            "graph_node_id": (72, "<u8"),
+            "graph_id": (80, "<u4"),
+        },
+    ),
     KIND_EXTERNAL_CORRELATION: _replica(
         24,
         {
@@ -139,6 +158,7 @@ _REPLICAS = {
 _CUPTI_NAMES = {
     KIND_CONCURRENT_KERNEL: ("activity_kernel11_dtype", "ActivityKernel11"),
     KIND_MEMCPY: ("activity_memcpy6_dtype", "ActivityMemcpy6"),
+    KIND_MEMCPY2: ("activity_memcpy_pto_p4_dtype", "ActivityMemcpyPtoP4"),
     KIND_MEMSET: ("activity_memset4_dtype", "ActivityMemset4"),
     KIND_EXTERNAL_CORRELATION: ("activity_external_correlation_dtype", "ActivityExternalCorrelation"),
     KIND_RUNTIME: ("activity_api_dtype", "ActivityAPI"),

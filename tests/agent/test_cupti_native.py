@@ -248,6 +248,19 @@ def test_graph_launched_kernels_are_captured_named_and_summarised_by_graph() -> 
     assert set(two_nodes.graph_id) == {7} and set(two_nodes.graph_node_id) == {0}  # two nodes: none named
 
 
+def test_peer_to_peer_memcpys_read_with_their_own_layout_stay_in_record_order() -> None:
+    def copy(kind: int, corr: int, start: int) -> tuple[int, dict]:  # type: ignore[type-arg]
+        return (
+            kind,
+            dict(copy_kind=10 if kind == 22 else 1, correlation_id=corr, start=start, end=start + 9),
+        )
+
+    bufs = _records([copy(1, 1, 10), copy(22, 2, 20), copy(22, 3, 30), copy(1, 4, 0), copy(1, 5, 50)])
+    got = native(bufs)
+    same(got, cb.object_path(bufs))
+    assert got.correlation.tolist() == [1, 2, 3, 5] and got.name[1] == "Memcpy PtoP"
+
+
 def test_kernel_and_concurrent_kernel_records_are_both_kernels() -> None:
     bufs = _records([_k(0, 1, 10, 20), (KIND_KERNEL, dict(name=1, correlation_id=2, start=30, end=40))])
     got = native(bufs)
