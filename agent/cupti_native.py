@@ -14,11 +14,13 @@ buffers at once instead of one record at a time:
    after a few steps (the walks are self-synchronising, as a decoder of a
    variable-length code started mid-stream is).
 2. **Stitching.** Chunk *c*'s true entry is where the true chain leaves chunk
-   *c-1*. Where that position lies on chunk *c*'s walk, the walk is the chain from
-   there on; where it does not (rare), a short scalar walk from the true entry
-   runs until it meets a recorded walk. Records found by a walk before its chunk's
-   true entry are discarded. The result is exactly the chain a record-by-record
-   walk from each buffer's start gives (tests check this on adversarial buffers).
+   *c-1*. From every chunk's entry the chain is walked (again all chunks at once)
+   until it meets a position its chunk's walk recorded: from there on that walk is
+   the chain (a walk is deterministic), and what it found before is discarded. A
+   chunk whose walk never met the chain is covered by the walk from the chunk
+   before. Each buffer's records are then checked to tile it (each record starts
+   where the previous one ends); a buffer that fails the check, which the tests'
+   adversarial buffers never do, is walked record by record instead.
 3. **Columns.** Fields are gathered per kind from the record offsets with the
    layouts of :mod:`argus.agent.cupti_records`; kernel names are resolved once per
    distinct name pointer (:class:`NameTable`; CUPTI keeps one string per kernel for
