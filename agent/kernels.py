@@ -3,8 +3,10 @@
 Kernel events from the probes (times already on the collector's clock) are
 grouped into windows aligned to epoch multiples of ``window_s``. When a window
 has been closed for ``grace_s`` (CUPTI hands records over in buffers, late),
-each (rank, kind, kernel, stream) group of durations is compressed with
-:func:`argus.kde.compress` into ``kernel_summaries`` rows. Events for a window
+each (rank, kind, kernel, stream, graph_id) group of durations is compressed with
+:func:`argus.kde.compress` into ``kernel_summaries`` rows: kernels a CUDA graph
+launched are summarised apart from the same kernels launched eagerly, and a
+group's ``graph_node_id`` names its graph node when all of them ran at one. Events for a window
 already compressed are counted as dropped, never summarised twice.
 
 Probes with duty-cycled CUPTI capture report the spans they captured
@@ -47,18 +49,23 @@ def summarize(
 
     Returns:
         A table of :func:`argus.schema.wire_schema` ``("kernel_summaries")``, one row
-        per cluster, groups in (rank, kind, kernel, stream) order.
+        per cluster, groups in (rank, kind, kernel, stream, graph_id) order.
     """
     schema = wire_schema("kernel_summaries")
     if events.num_rows == 0:
         return schema.empty_table()
-    grouped = events.group_by(["rank", "kind", "kernel", "stream"]).aggregate([("dur_ns", "list")])
-    grouped = grouped.sort_by([("rank", "ascending"), ("kind", "ascending"), ("kernel", "ascending")])
+    keys = ["rank", "kind", "kernel", "stream", "graph_id"]
+    grouped = events.group_by(keys).aggregate(
+        [("dur_ns", "list"), ("graph_node_id", "min"), ("graph_node_id", "max")]
+    )
+    grouped = grouped.sort_by([(k, "ascending") for k in keys])
     cols: dict[str, list[object]] = {f.name: [] for f in schema}
     ranks = grouped["rank"].to_pylist()
     kinds = grouped["kind"].to_pylist()
     names = grouped["kernel"].to_pylist()
     streams = grouped["stream"].to_pylist()
+    graphs = grouped["graph_id"].to_pylist()
+    lo, hi = grouped["graph_node_id_min"].to_pylist(), grouped["graph_node_id_max"].to_pylist()
     durs = grouped["dur_ns_list"]
     covered = covered_ns or {}
     for i in range(grouped.num_rows):
@@ -66,6 +73,7 @@ def summarize(
         clusters = compress(d, RESOLUTION_NS)
         name = names[i]
         flag = 1 if kinds[i] == "kernel" and is_collective_kernel(name) else 0
+        node = lo[i] if lo[i] == hi[i] else 0
         for k in range(clusters.size):
             c = clusters[k]
             cols["rank"].append(ranks[i])
@@ -84,6 +92,8 @@ def summarize(
             cols["sum_ns"].append(float(c["sum_ns"]))
             cols["resolution_ns"].append(RESOLUTION_NS)
             cols["covered_ns"].append(covered.get(int(ranks[i] or 0), window_ns))
+            cols["graph_id"].append(graphs[i])
+            cols["graph_node_id"].append(node)
     return pa.Table.from_pydict(cols, schema=schema)
 
 

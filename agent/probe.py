@@ -34,7 +34,7 @@ import torch.distributed as dist
 from argus import config
 from argus.agent import collectives, identity
 from argus.agent.buffers import RowBuffer
-from argus.agent.cupti import Activity, CollectiveJoin, CuptiSource, decode
+from argus.agent.cupti import CollectiveJoin, CuptiSource
 from argus.agent.host import HostSampler
 from argus.agent.nvml import cuda_present
 from argus.agent.sink import AgentLink
@@ -54,8 +54,6 @@ SAMPLE_S = 1.0
 IDLE_STEP_NS = 1_000_000_000
 #: Rows each buffer holds between two shipments.
 CAPACITY = {"steps": 4096, "phases": 16384, "collectives": 65536, "ranks": 1024, "host_samples": 256}
-#: Kernel/memcpy/memset records held between two shipments.
-KERNEL_CAPACITY = 1 << 20
 #: Seconds the exit flush may take.
 EXIT_FLUSH_S = 3.0
 #: Collectives held as pending (issued, not complete) at most; more are dropped and counted.
@@ -151,10 +149,6 @@ class Probe:
         self.active = True
         self.identity: identity.Identity | None = None
         self.buffers = {name: RowBuffer(cap) for name, cap in CAPACITY.items()}
-        self._activity: list[Activity] = []
-        self._activity_rows = 0
-        self._activity_lock = threading.Lock()
-        self._activity_dropped = 0
         self._cupti_dropped = 0
         self.tracker = StepTracker(self.buffers["steps"], self.buffers["phases"], self.attach_ns)
         self._hooks = TorchHooks(self.tracker, lambda: self.active)
@@ -396,29 +390,13 @@ class Probe:
     def _start_gpu(self) -> None:
         if not self._device.startswith("cuda") or os.environ.get(ENV_CUPTI, "1") == "0":
             return
-        source = CuptiSource(self._on_activity)
+        source = CuptiSource()
         if source.start():
             self._cupti, self._join = source, CollectiveJoin()
             self._correlator = _Correlator(source)
             from argus.agent import profiler_yield
 
             profiler_yield.install(self._release_cupti, self._resume_cupti)
-
-    def _on_activity(self, activity: Activity) -> None:
-        """A completed CUPTI buffer (CUPTI's thread): keep it for the shipper, bounded by records."""
-        n = len(activity)
-        with self._activity_lock:
-            if self._activity_rows + n > KERNEL_CAPACITY:
-                self._activity_dropped += n
-                return
-            self._activity.append(activity)
-            self._activity_rows += n
-
-    def _take_activity(self) -> list[Activity]:
-        with self._activity_lock:
-            out, self._activity = self._activity, []
-            self._activity_rows = 0
-        return out
 
     def _duty(self, now_ns: int) -> None:
         """At an edge of the CUPTI duty cycle, start or end a capture slice (shipper thread)."""
@@ -577,22 +555,20 @@ class Probe:
         if source is None or join is None:
             return None
         source.flush()
-        activity = self._take_activity()
+        decoded = source.take()
+        self._cupti_dropped += decoded.dropped
+        join.feed(decoded)
         table = None
-        if activity:
-            decoded = decode(activity, source.offset_ns)
-            self._cupti_dropped += decoded.dropped
-            join.feed(decoded)
-            if len(decoded):
-                assert self.identity is not None
-                table = decoded.table(self.identity.rank)
+        if len(decoded):
+            assert self.identity is not None
+            table = decoded.table(self.identity.rank)
         for row in join.drain() if final else join.ready(now_ns):
             self.buffers["collectives"].append(row)
         return table
 
     def _take_dropped(self) -> int:
         total = sum(b.dropped for b in self.buffers.values()) + self._pending_dropped
-        total += self._activity_dropped + self._cupti_dropped
+        total += self._cupti_dropped + (self._cupti.lost if self._cupti is not None else 0)
         if self._link is not None:
             total += self._link.dropped_rows
         new = total - self._dropped_reported

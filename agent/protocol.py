@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from argus.proto import collector_pb2
-from argus.schema import WIRE_TABLES, wire_schema
+from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 
 __all__ = [
     "HEADER",
@@ -131,6 +131,9 @@ def encode_batch(seq: int, table: str, data: pa.RecordBatch | pa.Table) -> bytes
 def decode_batch(payload: bytes) -> tuple[str, pa.Table]:
     """Table name and rows of a BATCH payload, checked against the wire schema.
 
+    Columns added to a table later (they carry a default, :mod:`argus.schema`) may be
+    absent, as in a batch of an older probe: they are filled with their default.
+
     Raises:
         ProtocolError: unknown table, unreadable Arrow bytes or a different schema.
     """
@@ -141,6 +144,7 @@ def decode_batch(payload: bytes) -> tuple[str, pa.Table]:
         data = pa.ipc.open_stream(payload[1:]).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise ProtocolError(f"bad Arrow IPC in {name} batch: {exc}") from exc
+    data = with_defaults(name, data)
     if not data.schema.equals(wire_schema(name)):
         raise ProtocolError(f"{name} batch schema differs from the wire schema: {data.schema}")
     return name, data

@@ -617,6 +617,8 @@ class _Sim:
                 ("sum_ns", k.sum_ns),
                 ("resolution_ns", np.ones(m, np.int64)),
                 ("covered_ns", np.full(m, w.end_ns - w.start_ns)),
+                ("graph_id", np.zeros(m, np.int64)),
+                ("graph_node_id", np.zeros(m, np.int64)),
             ):
                 ks[c].append(v)
         if ks["rank"]:

@@ -241,9 +241,23 @@ KERNEL_SUMMARIES = TableDef(
             "ns of the window the rank's capture ran (window_ns when throughout): count and sum_ns "
             "cover only this time; scale by window_ns / covered_ns for whole-window totals",
         ),
+        _c(
+            "graph_id",
+            "UInt32",
+            pa.uint32(),
+            "CUDA graph the group's kernels ran in (CUPTI graphId, per process); 0: launched eagerly",
+            default=0,
+        ),
+        _c(
+            "graph_node_id",
+            "UInt64",
+            pa.uint64(),
+            "the graph node (CUPTI graphNodeId) when every kernel of the group ran at that one node, else 0",
+            default=0,
+        ),
     ),
     ("job_id", "window_start_ns", "kernel", "rank"),
-    "KDE clusters of kernel durations per (window, rank, kernel, stream); see argus.kde.",
+    "KDE clusters of kernel durations per (window, rank, kind, kernel, stream, graph_id); see argus.kde.",
 )
 
 KERNEL_EVENTS = TableDef(
@@ -257,6 +271,20 @@ KERNEL_EVENTS = TableDef(
         _c("correlation", "UInt64", pa.uint64(), "CUPTI correlation id, 0 if unknown"),
         _START,
         _DUR,
+        _c(
+            "graph_id",
+            "UInt32",
+            pa.uint32(),
+            "CUDA graph the kernel ran in (CUPTI graphId, per process); 0: launched eagerly",
+            default=0,
+        ),
+        _c(
+            "graph_node_id",
+            "UInt64",
+            pa.uint64(),
+            "its node in that graph (CUPTI graphNodeId, per process); 0: launched eagerly",
+            default=0,
+        ),
     ),
     ("job_id", "rank", "start_ns"),
     "Raw kernel, memcpy and memset events: streamed when asked for, filled by trace import.",

@@ -58,6 +58,8 @@ def kernel_events(rank: int, rows: int, part: int, kernels: int) -> pa.Table:
         "correlation": pa.array(np.arange(part * rows, (part + 1) * rows, dtype=np.uint64)),
         "start_ns": pa.array(start),
         "dur_ns": pa.array(dur),
+        "graph_id": pa.array(np.zeros(rows, np.uint32)),
+        "graph_node_id": pa.array(np.zeros(rows, np.uint64)),
     }
     return pa.table(columns, schema=wire_schema("kernel_events"))
 

@@ -25,6 +25,17 @@ periods, so every run holds the same share of capture). ``cupti_slice_ratio``
 compares, inside the ``argus`` runs, the steps that ended while CUPTI captured
 with those that did not: the cost of capture while it is on.
 
+``--cuda --capture always`` (issue 11) captures every kernel (``ARGUS_CUPTI_DUTY=always``)
+and adds the capture checks, each from separate runs (CUPTI has one subscriber):
+``kernels_per_step`` of the argus runs (kernel counts of their ``kernel_summaries``
+over their steps) against ``profiler_kernels_per_step``, a ``torch.profiler`` run of the
+same deterministic job (``kernel_count_ratio``, goal within 1 %); ``dropped_records``,
+the records the argus runs' probes lost (goal 0 at the default buffer settings); and a
+CUDA-graph job (the same model captured whole into one ``torch.cuda.CUDAGraph`` and
+replayed) whose graph-launched kernels per step (``graph_kernels_per_step``) are
+compared with a profiler run of it (``graph_kernel_count_ratio``). It runs unattended
+on one GPU in about 5-7 minutes.
+
 A run's figure is rank 0's mean step time over its measured steps (after
 ``--warmup``): throughput, so that costs paid once a second (the shipper thread)
 count. ``cpu_ratio`` compares the CPU time per step of all ranks together
@@ -34,10 +45,14 @@ core). Progress goes to stdout; the last line holds every figure::
 
     step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=… micro_ratio=…
     micro_inprocess_ratio=… cpu_ratio=… agent_cpu_pct=… failed_runs=… load_avg=START/END
-    (--cuda adds cupti_off_ratio=… cupti_slice_ratio=… captured_share=… cupti=… kernel_summary_rows=…)
+    (--cuda adds cupti_off_ratio=… cupti_slice_ratio=… captured_share=… cupti=… kernel_summary_rows=…;
+     --capture always adds kernels_per_step=… profiler_kernels_per_step=… kernel_count_ratio=…
+     dropped_records=… graph_kernels_per_step=… graph_profiler_kernels_per_step=…
+     graph_kernel_count_ratio=…)
 
     python bench/overhead.py [--pairs 15] [--full-stack-pairs 5] [--micro-pairs 5]
     python bench/overhead.py --cuda --full-stack-pairs 0      # about 4-5 minutes on one GPU
+    python bench/overhead.py --cuda --capture always          # issue 11's check, about 5-7 minutes
 """
 
 from __future__ import annotations
@@ -100,7 +115,7 @@ def build_job(kind: str, device: Any) -> Job:
 
         return Job(model, {}, _forever(loader), loss, lambda p: torch.optim.AdamW(p, lr=1e-3))
     g = torch.Generator().manual_seed(rank)
-    if kind == "gpu":
+    if kind in ("gpu", "gpu_graph"):
         # ~12 blocks of (LayerNorm, Linear, GELU): a few hundred kernels per step.
         width, depth, batch, dim_in = 1024, 12, 256, 256
         layers: list[nn.Module] = [nn.Linear(dim_in, width)]
@@ -117,13 +132,66 @@ def build_job(kind: str, device: Any) -> Job:
         kwargs = {"bucket_cap_mb": 0.1}
     n = batch * 64
     tensors = TensorDataset(torch.randn(n, dim_in, generator=g), torch.randint(0, 10, (n,), generator=g))
-    loader: Any = DataLoader(tensors, batch_size=batch, shuffle=False, pin_memory=kind == "gpu")
+    loader: Any = DataLoader(tensors, batch_size=batch, shuffle=False, pin_memory=kind != "micro")
     return Job(model, kwargs, _forever(loader), nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.01))
 
 
 def _forever(loader: Any) -> Iterator[Any]:
     while True:
         yield from loader
+
+
+def graphed_step(job: Job, device: Any) -> Callable[[], None]:
+    """One training step of ``job``'s model captured whole into a CUDA graph; the callable replays it.
+
+    PyTorch's whole-network capture: static input and target tensors, a few warm-up
+    iterations on a side stream, then forward, backward and optimizer step in one graph.
+    """
+    import torch
+
+    model, opt = job.model, job.optimizer(job.model.parameters())
+    xb, yb = next(job.batches)
+    static_x, static_y = xb.to(device), yb.to(device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            job.loss(model(static_x), static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        job.loss(model(static_x), static_y).backward()
+        opt.step()
+
+    def step() -> None:
+        x, y = next(job.batches)
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        graph.replay()
+
+    return step
+
+
+def profiled_kernels_per_step(step: Callable[[], None], steps: int) -> float:
+    """Kernels per step that ``torch.profiler`` records over ``steps`` steps (its trace's kernel events)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return sum(1 for e in events if e.get("cat") == "kernel") / steps
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -133,7 +201,7 @@ def worker(args: argparse.Namespace) -> None:
     from argus.demo_job import shutdown  # before init_process_group: see its docstring
 
     torch.set_num_threads(1)
-    dist.init_process_group("nccl" if args.job == "gpu" else "gloo")
+    dist.init_process_group("nccl" if args.job in ("gpu", "gpu_graph") else "gloo")
     measure(args)  # its models (and DDP's reducers, which hold the group) are gone when it returns
     shutdown()
 
@@ -143,30 +211,44 @@ def measure(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    cuda = args.job == "gpu"
+    cuda = args.job in ("gpu", "gpu_graph")
     rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     job = build_job(args.job, device)
+    probe = _probe()
+    if args.job == "gpu_graph":
+        # One GPU, no DDP (a graph replay is not a DDP step): the probe is told of each step.
+        replay = graphed_step(job, device)
+
+        def graph_step() -> None:
+            replay()
+            if probe is not None:
+                probe.mark_step()
+
+        graph_run(args, graph_step, probe)
+        return
     ddp = DistributedDataParallel(job.model, **job.ddp_kwargs)
     opt = job.optimizer(ddp.parameters())
-    probe = _probe()
 
     def capturing() -> bool:
         source = getattr(probe, "_cupti", None) if probe is not None else None
         return bool(getattr(source, "capturing", False))
+
+    def one_step(model: Any, opt: Any) -> None:
+        xb, yb = next(job.batches)
+        x, y = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        job.loss(model(x), y).backward()
+        opt.step()
 
     def train(model: Any, opt: Any, steps: int = 0, seconds: float = 0.0) -> tuple[list[float], list[bool]]:
         times: list[float] = []
         flags: list[bool] = []
         t_start = t_prev = time.perf_counter()
         while (steps and len(times) < steps) or (seconds and t_prev - t_start < seconds):
-            xb, yb = next(job.batches)
-            x, y = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            job.loss(model(x), y).backward()
-            opt.step()
+            one_step(model, opt)
             if cuda:
                 torch.cuda.synchronize()
             t = time.perf_counter()
@@ -175,6 +257,12 @@ def measure(args: argparse.Namespace) -> None:
             t_prev = t
         return times, flags
 
+    if args.profile_steps:
+        train(ddp, opt, steps=args.warmup)
+        per_step = profiled_kernels_per_step(lambda: one_step(ddp, opt), args.profile_steps)
+        if rank == 0:
+            Path(args.out).write_text(json.dumps({"kernels_per_step": per_step}))
+        return
     if not args.inprocess_pairs:
         train(ddp, opt, steps=args.warmup)
         cpu0 = time.process_time()
@@ -183,7 +271,12 @@ def measure(args: argparse.Namespace) -> None:
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, cpu_per_step)
         if rank == 0:
-            doc = {"times": times, "capturing": flags, "cpu_per_step": sum(every)}
+            doc = {
+                "times": times,
+                "capturing": flags,
+                "cpu_per_step": sum(every),
+                "steps_total": args.warmup + len(times),
+            }
             Path(args.out).write_text(json.dumps(doc))
     else:
         # Same processes, alternating step by step: A = a second DDP copy on DDP's built-in C++
@@ -212,6 +305,30 @@ def measure(args: argparse.Namespace) -> None:
             Path(args.out).write_text(json.dumps({"ratios": ratios}))
 
 
+def graph_run(args: argparse.Namespace, step: Callable[[], None], probe: Any) -> None:
+    """The CUDA-graph job: profile it (``--profile-steps``), or replay it and count the replays."""
+    import torch
+
+    for _ in range(args.warmup):
+        step()
+    if args.profile_steps:
+        doc: dict[str, Any] = {"kernels_per_step": profiled_kernels_per_step(step, args.profile_steps)}
+    else:
+        times: list[float] = []
+        t_start = t_prev = time.perf_counter()
+        while (args.steps and len(times) < args.steps) or (
+            args.measure_s and t_prev - t_start < args.measure_s
+        ):
+            step()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            times.append(t - t_prev)
+            t_prev = t
+        doc = {"times": times, "capturing": [], "cpu_per_step": float("nan"), "steps_total": len(times)}
+        doc["replays"] = args.warmup + len(times)
+    Path(args.out).write_text(json.dumps(doc))
+
+
 def _probe() -> Any:
     if "argus.agent" not in sys.modules:
         return None
@@ -224,7 +341,12 @@ def _probe() -> Any:
 
 
 class AckCollector:
-    """``argus.v1.Collector`` that acknowledges every batch and counts rows per table."""
+    """``argus.v1.Collector`` that acknowledges every batch and counts rows per table.
+
+    Per job it also sums what the capture checks need: kernels in ``kernel_summaries``
+    (``count`` of kind ``kernel``; those with a ``graph_id`` apart) and dropped events
+    (``host_samples.dropped_events`` and the batches' ``dropped_events``).
+    """
 
     def __init__(self) -> None:
         import grpc
@@ -233,17 +355,34 @@ class AckCollector:
 
         pb = collector_pb2
         self.rows: dict[int, int] = {}
+        self.kernels: dict[str, int] = {}
+        self.graph_kernels: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
         lock = threading.Lock()
         outer = self
 
         class Servicer(collector_pb2_grpc.CollectorServicer):
             def Stream(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
                 import pyarrow as pa
+                import pyarrow.compute as pc
 
                 for batch in request_iterator:
-                    n = pa.ipc.open_stream(batch.arrow_ipc).read_all().num_rows
+                    data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
+                    n = data.num_rows
+                    job = batch.job_id
                     with lock:
                         outer.rows[batch.table] = outer.rows.get(batch.table, 0) + n
+                        outer.dropped[job] = outer.dropped.get(job, 0) + batch.dropped_events
+                        if batch.table == pb.KERNEL_SUMMARIES and n:
+                            kernel = pc.equal(data["kind"], "kernel")
+                            counts = data["count"].filter(kernel)
+                            graphs = data["count"].filter(pc.and_(kernel, pc.greater(data["graph_id"], 0)))
+                            outer.kernels[job] = outer.kernels.get(job, 0) + (pc.sum(counts).as_py() or 0)
+                            extra = pc.sum(graphs).as_py() or 0
+                            outer.graph_kernels[job] = outer.graph_kernels.get(job, 0) + extra
+                        elif batch.table == pb.HOST_SAMPLES and n:
+                            extra = pc.sum(data["dropped_events"]).as_py() or 0
+                            outer.dropped[job] = outer.dropped.get(job, 0) + extra
                     yield pb.Ack(seq=batch.seq, status=pb.Ack.STORED, rows=n)
 
             def Clock(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -275,6 +414,9 @@ class Run:
     cpu_per_step: float = float("nan")
     #: The node agent's CPU seconds per second of the run (0 for plain runs).
     agent_cpu: float = 0.0
+    job_id: str = ""
+    #: Training steps the run took (warm-up included): all of them ran under capture when always on.
+    steps_total: int = 0
 
     @property
     def mean(self) -> float:
@@ -316,6 +458,8 @@ class Bench:
         env = dict(self.env)
         if arm == "cupti_off":
             env["ARGUS_CUPTI"] = "0"
+        elif arm == "argus" and self.args.capture == "always":
+            env["ARGUS_CUPTI_DUTY"] = "always"
         elif arm == "argus" and self.args.cupti_duty:
             env["ARGUS_CUPTI_DUTY"] = self.args.cupti_duty
         return env
@@ -374,11 +518,22 @@ class Bench:
         raise RuntimeError(f"run {job_id} ({arm}) failed three times")
 
     def run(self, kind: str, arm: str, sock: str | None, job_id: str) -> Run:
-        nproc = 1 if kind == "gpu" else self.args.ranks
+        nproc = 1 if kind.startswith("gpu") else self.args.ranks
         extra = ["--steps", str(self.args.steps), "--measure-s", str(self.args.measure_s)]
         cmd, out = self.job(kind, nproc, extra)
         got = self.launch(cmd, out, arm, sock, job_id)
-        return Run(got["times"], got["capturing"], got["cpu_per_step"], got.get("agent_cpu", 0.0))
+        steps = int(got.get("replays", got.get("steps_total", 0)))
+        return Run(
+            got["times"], got["capturing"], got["cpu_per_step"], got.get("agent_cpu", 0.0), job_id, steps
+        )
+
+    def profile(self, kind: str, steps: int = 50) -> float:
+        """Kernels per step of ``kind`` as ``torch.profiler`` counts them (a plain run, no Argus)."""
+        cmd, out = self.job(kind, 1, ["--profile-steps", str(steps)])
+        got = self.launch(cmd, out, "plain", None, f"bench-profile-{kind}")
+        per_step = float(got["kernels_per_step"])
+        print(f"[profiler] {kind}: {per_step:.2f} kernels per step ({steps} steps)", flush=True)
+        return per_step
 
     def rounds(
         self, kind: str, arms: list[str], sock: str, n: int, label: str, budget_s: float = 0.0
@@ -466,11 +621,41 @@ def ratios_of(rounds: list[dict[str, Run]], arm: str) -> list[float]:
 
 
 def cupti_available() -> bool:
+    """A libcupti the probe can load (native capture), or cupti-python (its fallback)."""
+    from argus.agent.cupti_lib import find_libcupti
+
+    if find_libcupti() is not None:
+        return True
     try:
         from cupti import cupti  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def capture_checks(checks: dict[str, Any], main_rounds: list[dict[str, Run]], collector: AckCollector) -> str:
+    """``--capture always``'s figures (issue 11): kernels per step vs the profiler, drops, CUDA graphs."""
+    argus_runs = [r["argus"] for r in main_rounds if r["argus"].steps_total]
+    per_step = [collector.kernels.get(r.job_id, 0) / r.steps_total for r in argus_runs]
+    kps = median_or_nan(per_step)
+    graph: Run = checks["graph_run"]
+    graph_kps = collector.graph_kernels.get(graph.job_id, 0) / graph.steps_total if graph.steps_total else 0.0
+    dropped = sum(collector.dropped.get(r.job_id, 0) for r in [*argus_runs, graph])
+    ratio = kps / checks["profiler"] if checks["profiler"] else float("nan")
+    graph_ratio = graph_kps / checks["graph_profiler"] if checks["graph_profiler"] else float("nan")
+    print(
+        f"overhead: capture always: {kps:.2f} kernels per step captured, {checks['profiler']:.2f} by the "
+        f"profiler (goal: within 1 %); {dropped} records dropped (goal 0); CUDA graph job: "
+        f"{graph_kps:.2f} graph kernels per step captured, {checks['graph_profiler']:.2f} by the profiler",
+        flush=True,
+    )
+    return (
+        f" kernels_per_step={kps:.2f} profiler_kernels_per_step={checks['profiler']:.2f}"
+        f" kernel_count_ratio={ratio:.4f} dropped_records={dropped}"
+        f" graph_kernels_per_step={graph_kps:.2f}"
+        f" graph_profiler_kernels_per_step={checks['graph_profiler']:.2f}"
+        f" graph_kernel_count_ratio={graph_ratio:.4f}"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -493,6 +678,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--cupti-duty", default="", help="ARGUS_CUPTI_DUTY for the argus arm (default: the probe's)"
     )
+    p.add_argument(
+        "--capture",
+        choices=["duty", "always"],
+        default="duty",
+        help="CUDA: 'always' captures every kernel and adds issue 11's capture checks (profiler "
+        "kernel counts, dropped records, a CUDA-graph job); default: the duty cycle",
+    )
+    p.add_argument("--profile-steps", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--budget-s", type=float, default=None, help="start no round past this (CUDA default 300)")
     p.add_argument(
         "--arms", default="", help="main arms, comma-separated (default plain,argus; CUDA adds cupti_off)"
@@ -524,10 +717,13 @@ def main() -> int:
         cupti = "on" if cupti_available() else "off"
         if cupti == "off":
             print(
-                "overhead --cuda: cupti-python is NOT installed (pip install cupti-python): CUPTI capture is "
-                "off, the figure covers steps, phases, collectives and NVML only",
+                "overhead --cuda: no libcupti found and cupti-python is NOT installed (pip install "
+                "cupti-python): CUPTI capture is off, the figure covers steps, phases, collectives "
+                "and NVML only",
                 flush=True,
             )
+    if args.capture == "always" and not cuda:
+        raise SystemExit("overhead: --capture always needs --cuda")
     load_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="argus-bench-", dir="/tmp"))
     bench = Bench(args, work)
@@ -538,6 +734,7 @@ def main() -> int:
     full_rounds: list[dict[str, Run]] = []
     inproc: list[float] = []
     arms: list[str] = []
+    checks: dict[str, Any] = {}
     try:
         what = "cuda, 1 GPU, arms plain/cupti_off/argus" if cuda else f"cpu, {args.ranks} ranks, demo job"
         print(f"overhead: {what}; load average {load_start:.2f}; work dir {work}", flush=True)
@@ -552,6 +749,11 @@ def main() -> int:
         if "plain" not in arms or "argus" not in arms:
             raise SystemExit("overhead: --arms needs plain and argus")
         main_rounds = bench.rounds("gpu" if cuda else "demo", arms, sock, args.pairs, "main", budget)
+        if cuda and args.capture == "always":
+            # Separate runs: the profiler and the probe cannot both hold CUPTI in one process.
+            checks["profiler"] = bench.profile("gpu")
+            checks["graph_profiler"] = bench.profile("gpu_graph")
+            checks["graph_run"] = bench.run("gpu_graph", "argus", sock, "bench-graph")
         if not cuda:
             if args.micro_pairs:
                 micro_rounds = bench.rounds("micro", ["plain", "argus"], sock, args.micro_pairs, "micro")
@@ -603,6 +805,8 @@ def main() -> int:
             f" micro_inprocess_ratio={median_or_nan(inproc):.4f}"
             f" step_ms={median_or_nan([r['plain'].mean * 1e3 for r in main_rounds]):.2f}"
         )
+    if checks:
+        line += capture_checks(checks, main_rounds, collector)
     line += f" failed_runs={len(bench.failures)} load_avg={load_start:.2f}/{os.getloadavg()[0]:.2f}"
     print(f"overhead: {bench.elapsed():.0f} s", flush=True)
     print(line)

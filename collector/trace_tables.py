@@ -117,6 +117,9 @@ def kernel_events_table(rt: RankTrace, rows: slice = slice(None)) -> pa.Table:
         "correlation": pa.array(t.correlation[rows].astype(np.uint64)),
         "start_ns": pa.array(t.start_ns[rows]),
         "dur_ns": pa.array(t.dur_ns[rows]),
+        # Kineto traces name no CUDA graph: every kernel counts as launched eagerly.
+        "graph_id": pa.array(np.zeros(n, np.uint32)),
+        "graph_node_id": pa.array(np.zeros(n, np.uint64)),
     }
     return pa.table(columns)
 
@@ -222,6 +225,7 @@ def kernel_summaries_table(rt: RankTrace, window_ns: int) -> pa.Table:
     cols["window_ns"] = _full(n, window_ns)
     cols["resolution_ns"] = _full(n, t.resolution_ns)
     cols["covered_ns"] = _full(n, window_ns)
+    cols["graph_id"] = cols["graph_node_id"] = _full(n, 0)  # no CUDA graph in Kineto traces
     return _table("kernel_summaries", rt.job_id, cols)
 
 

@@ -119,6 +119,8 @@ CREATE TABLE IF NOT EXISTS argus.kernel_summaries_local ON CLUSTER argus (
     `sum_ns` Float64,
     `resolution_ns` Int64,
     `covered_ns` Int64,
+    `graph_id` UInt32 DEFAULT 0,
+    `graph_node_id` UInt64 DEFAULT 0,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
@@ -139,6 +141,8 @@ CREATE TABLE IF NOT EXISTS argus.kernel_events_local ON CLUSTER argus (
     `correlation` UInt64,
     `start_ns` Int64,
     `dur_ns` Int64,
+    `graph_id` UInt32 DEFAULT 0,
+    `graph_node_id` UInt64 DEFAULT 0,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')

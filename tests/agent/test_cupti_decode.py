@@ -1,4 +1,5 @@
-"""CUPTI decoding and compression on a CPU machine, from records shaped like cupti-python's (must show 5)."""
+"""CUPTI decoding (the cupti-python object path) and compression on a CPU machine, from records shaped
+like cupti-python's; the native decoder is checked against this path in test_cupti_native.py."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from argus.agent.cupti import (
 )
 from argus.agent.kernels import KernelWindows, summarize
 from argus.kde import CLUSTER_DTYPE, fidelity
-from argus.schema import wire_schema
+from argus.schema import wire_schema, wire_table
 
 
 def kernel(
-    name: str, start: int, end: int, stream: int = 7, corr: int = 1, device: int = 0
+    name: str, start: int, end: int, stream: int = 7, corr: int = 1, device: int = 0, graph: int = 0
 ) -> SimpleNamespace:
     return SimpleNamespace(
         kind=KIND_CONCURRENT_KERNEL,
@@ -39,6 +40,35 @@ def kernel(
         correlation_id=corr,
         start=start,
         end=end,
+        graph_id=graph,
+        graph_node_id=graph * 100,
+    )
+
+
+def memcpy(copy_kind: int, start: int, end: int, corr: int, stream: int = 7) -> SimpleNamespace:
+    return SimpleNamespace(
+        kind=KIND_MEMCPY,
+        copy_kind=copy_kind,
+        stream_id=stream,
+        device_id=0,
+        correlation_id=corr,
+        start=start,
+        end=end,
+        graph_id=0,
+        graph_node_id=0,
+    )
+
+
+def memset(start: int, end: int, corr: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        kind=KIND_MEMSET,
+        stream_id=7,
+        device_id=0,
+        correlation_id=corr,
+        start=start,
+        end=end,
+        graph_id=0,
+        graph_node_id=0,
     )
 
 
@@ -49,15 +79,13 @@ def test_records_decode_with_zero_timestamps_counted_as_dropped() -> None:
         kernel("ncclDevKernel_AllGather_RING_LL", 10_000, 12_000, stream=13, corr=13),
         kernel("lost_timestamps", 0, 0, corr=14),
         kernel("half_lost", 5_000, 0, corr=15),
-        SimpleNamespace(
-            kind=KIND_MEMCPY, copy_kind=1, stream_id=7, device_id=0, correlation_id=16, start=20, end=70
-        ),
-        SimpleNamespace(kind=KIND_MEMSET, stream_id=7, device_id=0, correlation_id=17, start=0, end=0),
+        memcpy(1, 20, 70, corr=16),
+        memset(0, 0, corr=17),
         SimpleNamespace(kind=KIND_EXTERNAL_CORRELATION, correlation_id=12, external_id=5, external_kind=5),
         SimpleNamespace(kind=5, start=1, end=2),  # a runtime API record: not ours
     ]
     out = decode_records(records, offset_ns=1_000_000)
-    assert out.dropped == 3
+    assert out.dropped == 3 and out.skipped == 1
     assert out.external == {12: 5}
     assert [r[:2] for r in out.rows] == [
         ("kernel", "ampere_sgemm_128x64_nn"),
@@ -65,7 +93,7 @@ def test_records_decode_with_zero_timestamps_counted_as_dropped() -> None:
         ("kernel", "ncclDevKernel_AllGather_RING_LL"),
         ("memcpy", "Memcpy HtoD"),
     ]
-    assert out.rows[0] == ("kernel", "ampere_sgemm_128x64_nn", 7, 0, 11, 1_001_000, 5_000)
+    assert out.rows[0] == ("kernel", "ampere_sgemm_128x64_nn", 7, 0, 11, 1_001_000, 5_000, 0, 0)
     assert all(r[6] >= 0 for r in out.rows)
 
 
@@ -96,21 +124,10 @@ def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
 
 
 def _events(rows: list[tuple], rank: int = 0) -> pa.Table:
-    cols = list(zip(*rows, strict=True))
-    kind, name, stream, device, corr, start, dur = cols
-    n = len(rows)
-    return pa.Table.from_arrays(
-        [
-            pa.array([rank] * n, pa.uint32()),
-            *(pa.array(c) for c in (kind, name)),
-            pa.array(stream, pa.uint32()),
-            pa.array(device, pa.int32()),
-            pa.array(corr, pa.uint64()),
-            pa.array(start, pa.int64()),
-            pa.array(dur, pa.int64()),
-        ],
-        schema=wire_schema("kernel_events"),
-    )
+    """``kernel_events`` of :attr:`Decoded.rows`-shaped tuples (graph columns optional)."""
+    names = ("kind", "kernel", "stream", "device", "correlation", "start_ns", "dur_ns", "graph_id")
+    cols = dict(zip((*names, "graph_node_id"), zip(*rows, strict=True), strict=False))
+    return wire_table("kernel_events", {"rank": [rank] * len(rows), **cols})
 
 
 def test_decoded_records_compress_per_window_kernel_and_stream() -> None:
@@ -145,14 +162,14 @@ def test_decoded_records_compress_per_window_kernel_and_stream() -> None:
     assert (nccl.collective == 1).all() and (gemm.collective == 0).all()
     assert set(s.stream) == {7, 13} and (s.window_start_ns == base).all()
     # Late events for a compressed window are counted, not summarised twice.
-    windows.add("job", _events([("kernel", "gemm", 7, 0, 1, base + 10, 1000)]))
+    windows.add("job", _events([("kernel", "gemm", 7, 0, 1, base + 10, 1000, 0, 0)]))
     assert windows.late_events == 1 and windows.ready(now_ns=base + 20 * window) == []
 
 
 def test_summary_rebuilds_within_five_percent() -> None:
     rng = np.random.default_rng(5)
     durs = rng.lognormal(np.log(120_000), 0.2, 20_000).astype(np.int64)
-    rows = [("kernel", "k", 1, 0, 0, 1_000_000 + i, int(d)) for i, d in enumerate(durs)]
+    rows = [("kernel", "k", 1, 0, 0, 1_000_000 + i, int(d), 0, 0) for i, d in enumerate(durs)]
     s = summarize(_events(rows), 0, 10**10)
     clusters = np.array(
         list(
@@ -175,34 +192,30 @@ def test_collected_batches_decode_together_with_memcpy_names_and_external_ids() 
     first = collect(
         [
             kernel("gemm", 100, 400, corr=1),
-            SimpleNamespace(
-                kind=KIND_MEMCPY, copy_kind=8, stream_id=7, device_id=0, correlation_id=2, start=500, end=900
-            ),
+            memcpy(8, 500, 900, corr=2),
             SimpleNamespace(kind=KIND_EXTERNAL_CORRELATION, correlation_id=3, external_id=42),
         ]
     )
     second = collect(
         [
-            kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1_000, 1_800, stream=13, corr=3),
-            SimpleNamespace(
-                kind=KIND_MEMCPY, copy_kind=99, stream_id=7, device_id=0, correlation_id=4, start=0, end=50
-            ),
-            SimpleNamespace(
-                kind=KIND_MEMSET, stream_id=7, device_id=0, correlation_id=5, start=2_000, end=2_100
-            ),
+            kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1_000, 1_800, stream=13, corr=3, graph=2),
+            memcpy(99, 0, 50, corr=4),
+            memset(2_000, 2_100, corr=5),
         ]
     )
     assert (len(first), len(second)) == (2, 3)
     out = decode([first, second], offset_ns=10)
     assert out.dropped == 1 and out.external == {3: 42}
     assert out.rows == [
-        ("kernel", "gemm", 7, 0, 1, 110, 300),
-        ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 13, 0, 3, 1_010, 800),
-        ("memcpy", "Memcpy DtoD", 7, 0, 2, 510, 400),
-        ("memset", "Memset", 7, 0, 5, 2_010, 100),
+        ("kernel", "gemm", 7, 0, 1, 110, 300, 0, 0),
+        ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 13, 0, 3, 1_010, 800, 2, 200),
+        ("memcpy", "Memcpy DtoD", 7, 0, 2, 510, 400, 0, 0),
+        ("memset", "Memset", 7, 0, 5, 2_010, 100, 0, 0),
     ]
     table = out.table(rank=5)
     assert table.schema == wire_schema("kernel_events") and table["rank"].to_pylist() == [5] * 4
+    assert table["graph_id"].to_pylist() == [0, 2, 0, 0] and table["graph_node_id"].to_pylist()[1] == 200
+    assert table["kernel"].to_pylist()[2:] == ["Memcpy DtoD", "Memset"]
     assert decode([]).rows == [] and len(decode([collect([])])) == 0
 
 
@@ -229,33 +242,32 @@ def test_duty_cycle_slices_are_epoch_aligned_and_cover_their_share() -> None:
     assert duty_from_env({}) == DutyCycle.parse(DEFAULT_DUTY)
 
 
-class _FakeCupti:
+class _FakeBackend:
     """Records the activity calls CuptiSource.update makes (unit test of that one method)."""
 
-    class ActivityKind:
-        CONCURRENT_KERNEL, MEMCPY, MEMSET, EXTERNAL_CORRELATION = 10, 1, 2, 39
+    name = "fake"
+    lost = 0
 
     def __init__(self) -> None:
         self.enabled: set[int] = set()
         self.flushes = 0
 
-    def activity_enable(self, kind: int) -> None:
+    def enable(self, kind: int) -> None:
         self.enabled.add(kind)
 
-    def activity_disable(self, kind: int) -> None:
+    def disable(self, kind: int) -> None:
         self.enabled.discard(kind)
 
-    def activity_flush_all(self, _flag: int) -> None:
+    def flush(self) -> None:
         self.flushes += 1
 
 
 def test_update_enables_capture_inside_slices_only_and_reports_spans() -> None:
     s = 1_000_000_000
-    source = CuptiSource(lambda _a: None, duty=DutyCycle(s, 10 * s))
-    fake = _FakeCupti()
-    source._cupti, source.active = fake, True
+    fake = _FakeBackend()
+    source = CuptiSource(duty=DutyCycle(s, 10 * s), backend=fake)  # type: ignore[arg-type]
+    source.active = True
     source._kinds = [10, 1, 2, 39]
-    source._ext_kind = object()
     t0 = 1_790_000_000 * s
     assert source.update(t0 + 5 * s) == t0 + 10 * s and not source.capturing and not fake.enabled
     assert source.update(t0 + 10 * s) == t0 + 11 * s

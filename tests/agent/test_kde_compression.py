@@ -8,14 +8,15 @@ import pyarrow as pa
 from argus.agent.kernels import summarize
 from argus.agent.protocol import ipc_bytes
 from argus.kde import compress, fidelity
-from argus.schema import wire_schema
+from argus.schema import wire_table
 
 RNG = np.random.default_rng(11)
 
 
 def _events(durs: np.ndarray, kernel: str = "k") -> pa.Table:
     n = durs.size
-    return pa.Table.from_pydict(
+    return wire_table(
+        "kernel_events",
         {
             "rank": np.zeros(n, np.uint32),
             "kind": ["kernel"] * n,
@@ -26,7 +27,6 @@ def _events(durs: np.ndarray, kernel: str = "k") -> pa.Table:
             "start_ns": np.arange(n, dtype=np.int64) * 1000,
             "dur_ns": durs.astype(np.int64),
         },
-        schema=wire_schema("kernel_events"),
     )
 
 

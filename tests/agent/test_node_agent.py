@@ -13,7 +13,7 @@ from argus.agent.node import NodeAgent
 from argus.agent.protocol import FrameType, decode_json, encode_json, read_frame
 from argus.agent.sink import AgentLink
 from argus.errors import ConfigError
-from argus.schema import wire_schema
+from argus.schema import wire_schema, wire_table
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import short_dir
 
@@ -27,7 +27,8 @@ def wait_for(cond, timeout: float = 20.0) -> None:
 
 def kernel_events(rank: int, start_ns: int, n: int) -> pa.Table:
     rng = np.random.default_rng(rank)
-    return pa.Table.from_pydict(
+    return wire_table(
+        "kernel_events",
         {
             "rank": [rank] * n,
             "kind": ["kernel"] * n,
@@ -38,7 +39,6 @@ def kernel_events(rank: int, start_ns: int, n: int) -> pa.Table:
             "start_ns": [start_ns + 1000 * i for i in range(n)],
             "dur_ns": rng.lognormal(np.log(50_000), 0.1, n).astype(np.int64).tolist(),
         },
-        schema=wire_schema("kernel_events"),
     )
 
 

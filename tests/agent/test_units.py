@@ -19,7 +19,7 @@ from argus.agent.protocol import (
     read_frame,
 )
 from argus.agent.steps import BACKWARD, DATA, FORWARD, OPTIMIZER, StepTracker
-from argus.schema import wire_schema
+from argus.schema import wire_schema, wire_table
 
 
 def tracker() -> tuple[StepTracker, RowBuffer, RowBuffer]:
@@ -197,3 +197,29 @@ def test_pending_collectives_are_bounded_and_the_excess_counted(monkeypatch: pyt
     assert probe._take_dropped() == 2
     probe.active = False
     assert probe.open_collective(world, "allreduce", 4, 9) == 0
+
+
+def test_a_probe_batch_without_later_columns_is_filled_with_their_defaults() -> None:
+    """A probe that predates the graph columns still talks to this node agent."""
+
+    events = wire_table(
+        "kernel_events",
+        {
+            "rank": [1],
+            "kind": ["kernel"],
+            "kernel": ["gemm"],
+            "stream": [7],
+            "device": [0],
+            "correlation": [3],
+            "start_ns": [10],
+            "dur_ns": [5],
+        },
+    ).drop_columns(["graph_id", "graph_node_id"])
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(encode_batch(4, "kernel_events", events))
+        frame = read_frame(b)
+    assert frame is not None
+    name, data = decode_batch(frame[2])
+    assert name == "kernel_events" and data.schema == wire_schema("kernel_events")
+    assert data["graph_id"].to_pylist() == [0] and data["graph_node_id"].to_pylist() == [0]

@@ -103,7 +103,7 @@ def synthetic_job(
                 for k, v in zip(p_cols, (r, step, phase, t, dur), strict=True):
                     p_cols[k].append(v)
                 if phase in ("forward", "backward"):
-                    row = (r, "kernel", f"gemm_{phase}", 7, 0, step * 10 + r, t + 100_000, dur // 2)
+                    row = (r, "kernel", f"gemm_{phase}", 7, 0, step * 10 + r, t + 100_000, dur // 2, 0, 0)
                     for k, v in zip(k_cols, row, strict=True):
                         k_cols[k].append(v)
                 t += dur

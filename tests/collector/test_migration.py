@@ -94,3 +94,41 @@ def test_migration_statements_add_each_defaulted_column_after_its_predecessor() 
         s.startswith(f"ALTER TABLE {DATABASE}.collectives_local ON CLUSTER c1 ADD COLUMN") for s in cluster
     )
     assert any(s.startswith(f"ALTER TABLE {DATABASE}.collectives ON CLUSTER c1 ADD COLUMN") for s in cluster)
+
+
+def test_a_store_made_before_graph_columns_gets_them_and_old_kernel_batches_store_with_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert ADDED["kernel_events"] == ["graph_id", "graph_node_id"]
+    assert ADDED["kernel_summaries"] == ["graph_id", "graph_node_id"]
+    url = f"chdb://{tmp_path / 'store'}"
+    old = open_store(url, create=False)
+    try:
+        for statement in _old_schema_statements():
+            old.command(statement)
+        assert "graph_id" not in _columns(old, "kernel_events")
+        rows = sample("kernel_events", n=2).drop_columns(["graph_id", "graph_node_id"])
+        old.insert("kernel_events", rows.append_column("job_id", pa.array(["old"] * 2)))
+    finally:
+        old.close()
+    store = open_store(url)
+    try:
+        for table in ("kernel_events", "kernel_summaries"):
+            assert _columns(store, table) == ["job_id", *TABLES[table].column_names, "stored_at"]
+        got = store.query("SELECT graph_id, graph_node_id FROM kernel_events WHERE job_id = 'old'")
+        assert got.column("graph_id").to_pylist() == [0, 0] and got.column("graph_node_id").to_pylist() == [
+            0,
+            0,
+        ]
+        older = sample("kernel_summaries", n=3, salt=4).drop_columns(["graph_id", "graph_node_id"])
+        newer = sample("kernel_summaries", n=2, salt=8)
+        outcomes = ingest.write_group(
+            store,
+            [
+                ingest.decode(batch("kernel_summaries", older, seq=1, job_id="k")),
+                ingest.decode(batch("kernel_summaries", newer, seq=2, job_id="k")),
+            ],
+        )
+        assert [o.rows for o in outcomes] == [3, 2]  # type: ignore[union-attr]
+        graphs = store.query("SELECT graph_id FROM kernel_summaries WHERE job_id = 'k'").column("graph_id")
+        assert sorted(graphs.to_pylist()) == sorted([0, 0, 0, *newer["graph_id"].to_pylist()])
+    finally:
+        store.close()
