@@ -239,10 +239,11 @@ def _job_finding(
 
 
 def _ranks_behind(l2: PhaseResult) -> tuple[int, ...]:
-    """Ranks whose self time grew against their own past by more than the floor."""
+    """Ranks whose self time grew against their own past by the floor more than the job's common
+    change: none when every rank slowed alike (the job is slower, no rank stands out)."""
     if l2.rank.size == 0:
         return ()
-    grew = l2.change_ns >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
+    grew = l2.behind_ns >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
     return tuple(int(r) for r in l2.rank[grew])
 
 

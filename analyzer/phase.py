@@ -128,6 +128,8 @@ class PhaseResult:
         common_change_ns: The job's common change of self time per step against its past, ns.
         change_ns: Per rank, mean change of self time per step against its own past, ns (NaN
             without history), the common change included.
+        behind_ns: Per rank, the mean of that change beyond the job's common change, ns (NaN
+            without history): how far it fell behind the others.
         job_end_ns: Per step column, when the job ended the step (its slowest rank), ns.
     """
 
@@ -155,6 +157,7 @@ class PhaseResult:
     times: StepTimes | None = None
     common_change_ns: float = 0.0
     change_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    behind_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
@@ -409,6 +412,7 @@ def _compare(
         times=t,
         common_change_ns=float(common),
         change_ns=np.nanmean(change, axis=1),
+        behind_ns=np.nanmean(np.where(valid, x_past, np.nan), axis=1),
         job_end_ns=job_end,
     )
 

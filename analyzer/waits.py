@@ -21,10 +21,11 @@ asynchronous (DDP's gradient buckets, ``isend``, ``async_op=True``) and blocks
 otherwise. The probe sees the issue and the completion of each; the rank was
 *not* blocked on a row if it did anything else in between — issued another
 collective, began or ended a phase. So a row blocked its rank from issue to end
-exactly when no other event of that rank lies strictly inside that span, and
-no other participant of the same instance was busy during its call either (the
-same code runs on every rank: one rank computing through it shows the call is
-asynchronous). A call waited later (``isend``/``irecv`` and their ``wait()``:
+exactly when no other event of that rank lies strictly inside that span, and,
+for a collective, no other participant of the same instance was busy during
+its call either (the same code runs on every rank: one rank computing through
+it shows the call is asynchronous; the two ends of a transfer are different
+calls, a blocking ``recv`` of an ``isend``). A call waited later (``isend``/``irecv`` and their ``wait()``:
 ``collectives.wait_ns``) blocked from the wait to its end, whatever the rank did
 before. Calls the probe knows to be overlapped (DDP's gradient buckets,
 ``collectives.overlapped``) block only at the rank's last one of the step in
@@ -163,11 +164,13 @@ def blocking_rows(
         )
         busy[idx] = nxt_wait < hi[idx]
     if instance is not None and instance.size == n:
-        # One participant busy during its call: the call did not block anyone (calls waited later
-        # are judged by their own wait).
+        # One participant busy during its call: the collective did not block anyone (the same code
+        # runs on every rank). Not so for a transfer, whose two ends are two different calls (a
+        # blocking recv of an isend), nor for calls waited later, judged by their own wait.
+        alike = ~waited & (c.peers < 0)
         busy_inst = np.zeros(int(instance.max()) + 1 if n else 0, bool)
-        np.logical_or.at(busy_inst, instance[~waited], busy[~waited])
-        busy |= busy_inst[instance] & ~waited
+        np.logical_or.at(busy_inst, instance[alike], busy[alike])
+        busy |= busy_inst[instance] & alike
     blocking = ~busy & (end > block_start(c))
     overlapped = c.overlaps & c_ok
     if np.any(overlapped):
