@@ -30,7 +30,7 @@ Per window the service reads the job's rows (:mod:`argus.analyzer.store_io`),
 runs :class:`argus.analyzer.pipeline.JobAnalysis`, writes every diagnosis that
 was opened, updated or resolved as a new version of its row in ``diagnoses``
 (a ReplacingMergeTree on ``updated_ns``: read it with ``FINAL``), and updates
-``argus_straggler_score`` (the :data:`~argus.collector.metrics.TOP_SUSPECTS`
+``argus_straggler_score`` (the :data:`~argus.metrics.TOP_SUSPECTS`
 highest-scoring ranks per job), ``argus_diagnosis_active`` and
 ``argus_analysis_lag_seconds``.
 """
@@ -55,10 +55,10 @@ from argus.analyzer.store_io import (
     read_window,
     write_diagnoses,
 )
-from argus.collector.metrics import TOP_SUSPECTS, Metrics
-from argus.collector.store import Store, open_store
 from argus.diagnosis import Cause, Diagnosis, State
 from argus.errors import ArgusError, ConfigError
+from argus.metrics import TOP_SUSPECTS, Metrics
+from argus.store import Store, open_store
 
 __all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
 

@@ -1,7 +1,7 @@
 """Reading analysis windows from the store and writing diagnoses back (the analyzer's only I/O).
 
 Every query names tables bare and binds ``{name:Type}`` parameters, so it runs
-unchanged on chDB and on a ClickHouse server (:mod:`argus.collector.store`).
+unchanged on chDB and on a ClickHouse server (:mod:`argus.store`).
 Arrow results become NumPy columns here, once; nothing past this module sees
 Arrow or SQL.
 
@@ -37,9 +37,9 @@ from argus.analyzer.window import (
     Steps,
     Window,
 )
-from argus.collector.store import Store
 from argus.diagnosis import Diagnosis
 from argus.schema import PHASES, TABLES
+from argus.store import Store
 
 __all__ = [
     "JobSpan",

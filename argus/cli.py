@@ -22,13 +22,13 @@ __all__ = ["build_parser", "main"]
 
 #: Subcommand → "module:function" that runs it.
 COMMANDS: dict[str, str] = {
-    "server": "argus.collector.server:main",
+    "server": "argus.server:main",
     "agent": "argus.agent.node:main",
     "run": "argus.agent.run:main",
     "demo": "argus.demo:main",
     "import": "argus.collector.importer:main",
     "analyze": "argus.analyzer.service:main",
-    "diagnose": "argus.collector.client:diagnose_main",
+    "diagnose": "argus.client:diagnose_main",
 }
 
 

@@ -23,10 +23,10 @@ import uvicorn
 
 from argus.collector.api import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
 from argus.collector.grpc_service import CollectorServer, start_collector
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store, open_store
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import ConfigError
+from argus.metrics import Metrics
+from argus.store import Store, open_store
 
 if TYPE_CHECKING:
     from argus.analyzer.service import Analyzer

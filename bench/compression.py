@@ -32,8 +32,8 @@ import ijson
 import numpy as np
 import pyarrow as pa
 
-from argus.collector.kineto import parse_trace
-from argus.collector.trace_tables import RankTrace, kernel_summaries_table, summary_window
+from argus.collector.importer.kineto import parse_trace
+from argus.collector.importer.tables import RankTrace, kernel_summaries_table, summary_window
 from argus.kde import compress, fidelity
 
 KINETO_DIR = Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto"))
@@ -80,11 +80,11 @@ def full_window(window_ns: int) -> None:
     """The same measure over one whole window of steps (the traces hold 2-6 steps each).
 
     One rank of a job resampled from ``diff_control``'s real kernels
-    (``tests/importer/synthetic_job.py``) for as many steps as fill ``window_ns``;
+    (``synthetic/kineto.py``) for as many steps as fill ``window_ns``;
     raw = its GPU events as compact Kineto JSON.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.importer.synthetic_job import resample_job, write_kineto
+    from synthetic.kineto import resample_job, write_kineto
 
     template = parse_trace(KINETO_DIR / "diff_control_rank3_of8.json.gz")
     steps = int(window_ns / np.median(template.step_dur_ns))

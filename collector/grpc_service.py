@@ -28,8 +28,6 @@ from typing import Any, NoReturn
 import grpc
 
 from argus.collector import ingest
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
 from argus.config import MAX_MESSAGE_BYTES
 from argus.errors import (
@@ -40,8 +38,10 @@ from argus.errors import (
     StoreError,
     Unauthenticated,
 )
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
+from argus.store import Store
 
 __all__ = ["GRPC_CODES", "CollectorServer", "CollectorServicer", "grpc_code", "start_collector"]
 

@@ -27,11 +27,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.errors import InvalidBatch, StoreError
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
+from argus.store import Store
 
 __all__ = [
     "TABLE_BY_ENUM",

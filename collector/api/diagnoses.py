@@ -9,11 +9,11 @@ import json
 import math
 from typing import Any
 
-from argus.collector.api_jobs import require_job
-from argus.collector.api_params import INT64_MAX, decode_cursor, encode_cursor
-from argus.collector.store import Store
+from argus.collector.api.jobs import require_job
+from argus.collector.api.params import INT64_MAX, decode_cursor, encode_cursor
 from argus.diagnosis import Diagnosis
 from argus.errors import StoreError
+from argus.store import Store
 
 __all__ = ["finite", "list_diagnoses"]
 

@@ -33,7 +33,7 @@ class Health(BaseModel):
 
 
 class Job(BaseModel):
-    """One job; see :mod:`argus.collector.api_jobs` for how ``status`` is derived."""
+    """One job; see :mod:`argus.collector.api.jobs` for how ``status`` is derived."""
 
     job_id: str
     status: JobStatus

@@ -1,6 +1,6 @@
 """The rows one parsed Kineto trace contributes to each table (schema of :mod:`argus.schema`).
 
-Pure functions from a :class:`~argus.collector.kineto.ParsedTrace` and the
+Pure functions from a :class:`~argus.collector.importer.kineto.ParsedTrace` and the
 rank it is imported as to Arrow tables whose columns are ``job_id`` plus the
 table's wire columns, ready for :meth:`Store.insert`.
 
@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from argus.collector.kineto import KINDS, ParsedTrace
+from argus.collector.importer.kineto import KINDS, ParsedTrace
 from argus.kde import compress
 from argus.schema import wire_schema, wire_table
 

@@ -25,8 +25,8 @@ import pytest
 
 from argus.analyzer.service import Analyzer
 from argus.analyzer.store_io import read_diagnoses
-from argus.collector.store import open_store
 from argus.diagnosis import Diagnosis
+from argus.store import open_store
 from tests.agent.jobs import argus_run, job_env, short_dir
 from tests.conftest import ArgusServer
 

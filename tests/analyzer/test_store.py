@@ -11,11 +11,11 @@ from prometheus_client import generate_latest
 
 from argus.analyzer.service import Analyzer, main
 from argus.analyzer.store_io import read_diagnoses
-from argus.analyzer.synthetic import NS, Fault, JobSpec, simulate
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.errors import StoreError
+from argus.metrics import Metrics
 from argus.schema import wire_schema
+from argus.store import Store
+from synthetic.jobs import NS, Fault, JobSpec, simulate
 
 from .conftest import load, rows_between
 
