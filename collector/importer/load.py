@@ -60,7 +60,7 @@ from argus.collector.importer.tables import (
 )
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import StoreError, TraceError
-from argus.store import ChdbStore, Store, open_store
+from argus.store import Store, open_store
 
 __all__ = ["ImportResult", "default_job_id", "import_parsed", "import_traces", "main"]
 
@@ -120,7 +120,7 @@ def _assign_ranks(traces: list[ParsedTrace], rank: int | None) -> list[int]:
 
 def _stored_ranks(store: Store, job_id: str) -> set[int]:
     table = store.query("SELECT DISTINCT rank FROM ranks WHERE job_id = {job_id:String}", {"job_id": job_id})
-    return {int(r) for r in table.column(0).to_pylist()}
+    return {int(r) for r in table.column(0).to_numpy()}
 
 
 def _build(rt: RankTrace, window_ns: int) -> dict[str, list[pa.Table]]:
@@ -148,7 +148,7 @@ def _release_memory(store: Store) -> None:
     chDB's jemalloc holds freed pages for seconds; over the many inserts of a big
     trace that roughly doubles what the inserts add to the process's peak RSS.
     """
-    if isinstance(store, ChdbStore):
+    if store.embedded:
         try:
             store.command("SYSTEM JEMALLOC PURGE")
         except StoreError as exc:  # a chDB built without jemalloc: nothing to release

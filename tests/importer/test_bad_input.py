@@ -153,6 +153,7 @@ class _FailingStore:
 
     def __init__(self, store: Store, table: str) -> None:
         self.url = store.url
+        self.embedded = store.embedded
         self._store = store
         self._table = table
 
