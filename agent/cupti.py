@@ -75,7 +75,6 @@ __all__ = [
     "decode",
     "decode_records",
     "duty_from_env",
-    "is_collective_kernel",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,15 +109,6 @@ DEFAULT_DUTY = "1/10"
 FORCED_FLUSH_S = 2.0
 #: Bytes of each activity buffer (about 40,000 kernel records).
 BUFFER_BYTES = 16 << 20
-#: Name prefixes of NCCL's communication kernels, old and new.
-COLLECTIVE_PREFIXES = ("ncclKernel_", "ncclDevKernel_", "ncclDevFunc_", "nccl")
-
-
-def is_collective_kernel(name: str) -> bool:
-    """True for NCCL communication kernels (``ncclKernel_*``, ``ncclDevKernel_*``, ...)."""
-    return name.startswith(COLLECTIVE_PREFIXES)
-
-
 # --- duty cycle ----------------------------------------------------------------------------------
 
 

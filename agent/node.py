@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus import config
+from argus.agent.clock import shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
 from argus.agent.protocol import (
     FrameType,
@@ -46,23 +47,10 @@ from argus.agent.uploader import Uploader
 from argus.errors import ConfigError
 from argus.schema import wire_schema
 
-__all__ = ["TIME_COLUMNS", "NodeAgent", "main", "new_agent_id", "shift_times"]
+__all__ = ["NodeAgent", "main", "new_agent_id"]
 
 log = logging.getLogger(__name__)
 
-#: Timestamp columns of each wire table: the agent adds its clock offset to these.
-TIME_COLUMNS: dict[str, tuple[str, ...]] = {
-    "jobs": ("start_ns",),
-    "ranks": ("time_ns",),
-    "steps": ("start_ns",),
-    "phases": ("start_ns",),
-    "collectives": ("issue_ns", "start_ns"),
-    "kernel_summaries": ("window_start_ns",),
-    "kernel_events": ("start_ns",),
-    "host_samples": ("time_ns", "pending_issue_ns"),
-}
-#: Timestamp columns where 0 means "none" and stays 0.
-ZERO_IS_NONE = frozenset({"pending_issue_ns"})
 #: Seconds between clock offset estimates once one succeeded.
 CLOCK_EVERY_S = 300.0
 #: A new estimate replaces the old one only when they differ by more than this (ns).
@@ -74,21 +62,6 @@ STATS_EVERY_S = 60.0
 def new_agent_id() -> str:
     """``<host>-<pid>-<start ns>``: unique per agent process, never reused with a reset sequence."""
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
-
-
-def shift_times(table: str, data: pa.Table, offset_ns: int) -> pa.Table:
-    """``data`` with ``offset_ns`` added to the timestamp columns of ``table``."""
-    if offset_ns == 0:
-        return data
-    offset = pa.scalar(offset_ns, pa.int64())
-    for name in TIME_COLUMNS.get(table, ()):
-        i = data.schema.get_field_index(name)
-        col = data[name]
-        shifted = pc.add(col, offset)
-        if name in ZERO_IS_NONE:
-            shifted = pc.if_else(pc.equal(col, pa.scalar(0, pa.int64())), col, shifted)
-        data = data.set_column(i, name, shifted)
-    return data
 
 
 def _pid_gone(pid: int) -> bool:
@@ -256,14 +229,11 @@ class NodeAgent:
                 elif kind == FrameType.CAPTURE:
                     if hello is None:
                         raise ProtocolError("CAPTURE before HELLO")
-                    spans = [(int(a), int(b)) for a, b in decode_json(payload)["spans"]]
-                    off = self.offset_ns
+                    spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
                     with self._intake:
                         if self._closing:
                             break
-                        self.windows.cover(
-                            str(hello["job_id"]), int(hello["rank"]), [(a + off, b + off) for a, b in spans]
-                        )
+                        self.windows.cover(str(hello["job_id"]), int(hello["rank"]), spans)
                         self._ack_later(conn, seq, self.uploader.generation)
                 elif kind == FrameType.BYE:
                     clean = True
@@ -366,6 +336,8 @@ class NodeAgent:
         elif table == "kernel_events":
             self.windows.add(job_id, data)
             return self.uploader.generation
+        elif table == "steps":
+            self.windows.steps(job_id, data)  # they place the job's kernels in windows
         return self.uploader.add(job_id, table, data, offset)
 
     def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:

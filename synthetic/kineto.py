@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from argus.collector.importer.kineto import KINDS, CollectiveMeta, ParsedTrace
+from argus.collector.importer.kineto import CollectiveMeta, ParsedTrace
+from argus.kernels import KINDS
 
 __all__ = ["GEMM", "resample_job", "write_kineto"]
 

@@ -21,10 +21,10 @@ from argus.agent.cupti import (
     decode,
     decode_records,
     duty_from_env,
-    is_collective_kernel,
 )
-from argus.agent.kernels import KernelWindows, summarize
+from argus.agent.kernels import KernelWindows
 from argus.kde import CLUSTER_DTYPE, fidelity
+from argus.kernels import KernelEvents, is_collective_kernel, summarize
 from argus.schema import wire_schema
 
 
@@ -153,7 +153,7 @@ def test_summary_rebuilds_within_five_percent() -> None:
     rng = np.random.default_rng(5)
     durs = rng.lognormal(np.log(120_000), 0.2, 20_000).astype(np.int64)
     rows = [("kernel", "k", 1, 0, 0, 1_000_000 + i, int(d)) for i, d in enumerate(durs)]
-    s = summarize(_events(rows), 0, 10**10)
+    s = summarize(KernelEvents.from_wire(_events(rows)), 10**10)
     clusters = np.array(
         list(
             zip(

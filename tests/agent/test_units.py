@@ -8,8 +8,7 @@ import pyarrow as pa
 import pytest
 
 from argus.agent.buffers import RowBuffer
-from argus.agent.clock import estimate_offset
-from argus.agent.node import shift_times
+from argus.agent.clock import estimate_offset, shift_times
 from argus.agent.protocol import (
     FrameType,
     ProtocolError,
