@@ -44,18 +44,11 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from argus import render
 from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.store_io import (
-    JobSpan,
-    Liveness,
-    list_jobs,
-    read_diagnoses,
-    read_liveness,
-    read_window,
-    write_diagnoses,
-)
-from argus.diagnosis import Cause, Diagnosis, State
+from argus.analyzer.store_io import JobSpan, Liveness, list_jobs, read_liveness, read_window
+from argus.diagnosis import Cause, Diagnosis, State, read_diagnoses, write_diagnoses
 from argus.errors import ArgusError, ConfigError
 from argus.metrics import TOP_SUSPECTS, Metrics
 from argus.store import Store, open_store
@@ -225,17 +218,7 @@ class Analyzer:
                 raise
         job.suspects = result.suspects
         for d in changed:
-            log.info(
-                "%s diagnosis %s job=%s cause=%s rank=%s phase=%s score=%.2f slowdown=%.1f%%",
-                d.state,
-                d.id,
-                d.job_id,
-                d.cause,
-                d.rank if d.rank is not None else ",".join(map(str, d.ranks[:8])),
-                d.phase,
-                d.score,
-                d.slowdown_pct,
-            )
+            log.info("diagnosis %s", render.line(d))
         return changed
 
     def _update_gauges(self, job_id: str, job: _Job) -> None:
@@ -298,18 +281,7 @@ def main(args: argparse.Namespace) -> int:
     analyzer.run_once()
     stored = read_diagnoses(store, args.job)
     for d in sorted(stored, key=lambda d: (d.job_id, d.first_window_ns)):
-        who = f"rank {d.rank}" if d.rank is not None else f"ranks {_ranks(d.ranks)}"
-        where = f" phase={d.phase}" if d.phase else ""
-        where += f" kernel={d.kernel}" if d.kernel else ""
-        where += f" group={d.group}" if d.group else ""
-        print(
-            f"{d.job_id} {d.id} {d.state} {d.cause} {who}{where} "
-            f"score={d.score:.2f} slowdown={d.slowdown_pct:.1f}%"
-        )
+        print(render.line(d))
     if not stored:
         print("no diagnoses")
     return 0
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks[:16])) + (f",... ({len(ranks)} ranks)" if len(ranks) > 16 else "")

@@ -1,4 +1,4 @@
-"""Reading analysis windows from the store and writing diagnoses back (the analyzer's only I/O).
+"""Reading analysis windows from the store (the analyzer's I/O, with :mod:`argus.diagnosis` for diagnoses).
 
 Every query names tables bare and binds ``{name:Type}`` parameters, so it runs
 unchanged on chDB and on a ClickHouse server (:mod:`argus.store`).
@@ -20,7 +20,6 @@ Which rows belong to a window ``[w0, w1)``:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,18 +36,15 @@ from argus.analyzer.window import (
     Steps,
     Window,
 )
-from argus.diagnosis import Diagnosis
-from argus.schema import PHASES, TABLES
+from argus.schema import PHASES
 from argus.store import Store
 
 __all__ = [
     "JobSpan",
     "Liveness",
     "list_jobs",
-    "read_diagnoses",
     "read_liveness",
     "read_window",
-    "write_diagnoses",
 ]
 
 #: Steps starting this long before a window are still looked at (a step longer than this is missed).
@@ -107,9 +103,9 @@ def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
         JobSpan(str(j), int(a), int(b), bool(i))
         for j, a, b, i in zip(
             t.column("job_id").to_pylist(),
-            t.column("first_ns").to_pylist(),
-            t.column("last_ns").to_pylist(),
-            t.column("imported").to_pylist(),
+            _col(t, "first_ns"),
+            _col(t, "last_ns"),
+            _col(t, "imported", bool),
             strict=True,
         )
     ]
@@ -331,69 +327,3 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
     status = _status(_rank_table(store, job_id, w1), live, host_gpu)
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status)
-
-
-def write_diagnoses(store: Store, diagnoses: list[Diagnosis], updated_ns: int) -> None:
-    """Insert one row per diagnosis (a new version of each id: ``diagnoses`` keeps the newest).
-
-    Raises:
-        StoreError: the insert failed.
-    """
-    if not diagnoses:
-        return
-    names = ("job_id", *TABLES["diagnoses"].column_names)
-    rows: dict[str, list[Any]] = {n: [] for n in names}
-    for d in diagnoses:
-        rows["job_id"].append(d.job_id)
-        rows["id"].append(d.id)
-        rows["rank"].append(d.rank)
-        rows["ranks"].append([int(r) for r in d.ranks])
-        rows["process_group"].append(d.group)
-        rows["cause"].append(d.cause)
-        rows["phase"].append(d.phase)
-        rows["kernel"].append(d.kernel)
-        rows["score"].append(float(d.score))
-        rows["slowdown_pct"].append(float(d.slowdown_pct))
-        rows["first_window_ns"].append(int(d.first_window_ns))
-        rows["last_window_ns"].append(int(d.last_window_ns))
-        rows["state"].append(d.state)
-        rows["evidence"].append(json.dumps(d.evidence, separators=(",", ":"), default=_json_default))
-        rows["updated_ns"].append(int(updated_ns))
-    schema = pa.schema(
-        [pa.field("job_id", pa.string())]
-        + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
-    )
-    store.insert("diagnoses", pa.table(rows, schema=schema))
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
-
-
-def read_diagnoses(store: Store, job_id: str | None = None, *, state: str | None = None) -> list[Diagnosis]:
-    """The newest version of every diagnosis (``FINAL``), oldest first; filter by job and state."""
-    where = ["1 = 1"]
-    params: dict[str, Any] = {}
-    if job_id is not None:
-        where.append("job_id = {job:String}")
-        params["job"] = job_id
-    if state is not None:
-        where.append("state = {state:String}")
-        params["state"] = state
-    t = store.query(
-        f"""SELECT job_id, id, rank, ranks, process_group, cause, phase, kernel, score, slowdown_pct,
-                   first_window_ns, last_window_ns, state, evidence
-            FROM diagnoses FINAL WHERE {" AND ".join(where)} ORDER BY first_window_ns, id""",
-        params,
-    )
-    out = []
-    for row in t.to_pylist():
-        row["group"] = row.pop("process_group")
-        out.append(Diagnosis.from_dict(row))
-    return out

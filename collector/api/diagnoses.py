@@ -1,62 +1,18 @@
-"""A job's diagnoses, read from the ``diagnoses`` table with FINAL (newest row per id).
+"""A job's diagnoses for the REST API: one page of :func:`argus.diagnosis.read_diagnoses`.
 
 Each item is exactly :meth:`argus.diagnosis.Diagnosis.to_dict` (DESIGN §5).
 """
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from argus.collector.api.jobs import require_job
 from argus.collector.api.params import INT64_MAX, decode_cursor, encode_cursor
-from argus.diagnosis import Diagnosis
-from argus.errors import StoreError
+from argus.diagnosis import read_diagnoses
 from argus.store import Store
 
-__all__ = ["finite", "list_diagnoses"]
-
-_SQL = """
-SELECT id, job_id, rank, ranks, process_group, cause, phase, kernel, score, slowdown_pct,
-       first_window_ns, last_window_ns, state, evidence
-FROM diagnoses FINAL
-WHERE job_id = {job:String}
-  AND ({state:String} = '' OR state = {state:String})
-  AND ({cause:String} = '' OR cause = {cause:String})
-  AND ({after:UInt8} = 0 OR first_window_ns < {after_ns:Int64}
-       OR (first_window_ns = {after_ns:Int64} AND id > {after_id:String}))
-ORDER BY first_window_ns DESC, id
-LIMIT {limit:UInt32}
-"""
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf) replaced by None: JSON has none."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value
-
-
-def _diagnosis(row: dict[str, Any]) -> dict[str, Any]:
-    row["group"] = row.pop("process_group")
-    try:
-        evidence = json.loads(row["evidence"]) if row["evidence"] else {}
-    except ValueError:
-        evidence = {"unparsed": row["evidence"]}
-    row["evidence"] = finite(evidence) if isinstance(evidence, dict) else {"value": finite(evidence)}
-    for key in ("score", "slowdown_pct"):
-        # The contract says float; a non-finite value (an analyzer bug) must not break the list.
-        if not math.isfinite(row[key]):
-            row[key] = 0.0 if math.isnan(row[key]) else math.copysign(1.7976931348623157e308, row[key])
-    try:
-        return Diagnosis.from_dict(row).to_dict()
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"diagnosis {row.get('id')!r} in the store is malformed: {exc}") from exc
+__all__ = ["list_diagnoses"]
 
 
 def list_diagnoses(
@@ -75,19 +31,13 @@ def list_diagnoses(
         BadParameter: ``cursor`` is not one this function made.
     """
     require_job(store, job_id)
-    after_ns, after_id = decode_cursor(cursor, (int, str)) if cursor else (0, "")
-    rows = store.query(
-        _SQL,
-        {
-            "job": job_id,
-            "state": state or "",
-            "cause": cause or "",
-            "after": 1 if cursor else 0,
-            "after_ns": max(-(2**63), min(after_ns, INT64_MAX)),
-            "after_id": after_id,
-            "limit": limit + 1,
-        },
-    ).to_pylist()
-    items = [_diagnosis(row) for row in rows[:limit]]
-    nxt = encode_cursor([items[-1]["first_window_ns"], items[-1]["id"]]) if len(rows) > limit else None
+    after = None
+    if cursor:
+        after_ns, after_id = decode_cursor(cursor, (int, str))
+        after = (max(-(2**63), min(after_ns, INT64_MAX)), after_id)
+    found = read_diagnoses(
+        store, job_id, state=state, cause=cause, newest_first=True, after=after, limit=limit + 1
+    )
+    items = [d.to_dict() for d in found[:limit]]
+    nxt = encode_cursor([items[-1]["first_window_ns"], items[-1]["id"]]) if len(found) > limit else None
     return items, nxt

@@ -24,6 +24,7 @@ from argus.collector.api.models import (
 from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse_time_ns
 from argus.collector.api.trace import chrome_trace
 from argus.collector.importer import import_traces
+from argus.diagnosis import Cause, State
 from argus.errors import NotFound
 from argus.store import Store
 
@@ -108,9 +109,8 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
     )
     def get_diagnoses(
         job_id: JobId,
-        state: Literal["open", "resolved"] | None = None,
-        cause: Literal["compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive"]
-        | None = None,
+        state: State | None = None,
+        cause: Cause | None = None,
         limit: Limit = 100,
         cursor: Cursor = None,
     ) -> Any:

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from argus.analyzer.service import Analyzer, main
-from argus.analyzer.store_io import read_diagnoses
+from argus.diagnosis import read_diagnoses
 from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.schema import wire_schema
