@@ -286,9 +286,10 @@ def _install_ddp() -> None:
 
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
         slot: _HookSlot | None = self.__dict__.get("_argus_hook_slot")
+        builtin = dist.BuiltinCommHookType  # type: ignore[attr-defined]  # torch exports it untyped
         python_equivalent = {
-            dist.BuiltinCommHookType.ALLREDUCE: recorded_allreduce,
-            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+            builtin.ALLREDUCE: recorded_allreduce,
+            builtin.FP16_COMPRESS: default_hooks.fp16_compress_hook,
         }.get(comm_hook_type)
         if slot is not None and python_equivalent is not None:
             slot.hook, slot.state = python_equivalent, getattr(self, "process_group", None)
@@ -345,7 +346,7 @@ def _install_default_hook(model: Any, orig_register: Callable[..., Any], hook: C
 
 def _make_delegate(inner: Callable[..., Any]) -> Callable[..., Any]:
     def argus_comm_hook(slot, bucket):  # type: ignore[no-untyped-def]  # DDP inspects the annotations
-        return _delegate(slot, bucket)
+        return _delegate(slot, bucket)  # type: ignore[no-untyped-call]
 
     argus_comm_hook.__qualname__ = getattr(inner, "__qualname__", "argus_comm_hook")
     return argus_comm_hook

@@ -164,7 +164,7 @@ class Probe:
         self._pending: dict[int, tuple[Any, ...]] = {}
         self._keys = itertools.count(1)
         self._pending_dropped = 0
-        self.correlate: _Correlator | None = None
+        self.correlate: collectives.Correlator | None = None
         self._cupti: CuptiSource | None = None
         self._correlator: _Correlator | None = None
         self._next_edge_ns = 0
@@ -329,7 +329,7 @@ class Probe:
         try:
             if not torch.cuda.is_available():
                 return "cpu"
-            if torch.cuda.is_initialized():
+            if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
                 return f"cuda:{torch.cuda.current_device()}"
             local = int(os.environ.get("LOCAL_RANK", "0") or 0)
             return f"cuda:{local % max(torch.cuda.device_count(), 1)}"

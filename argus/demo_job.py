@@ -79,7 +79,8 @@ class TinyLM(nn.Module):
             with torch.no_grad():
                 for _ in range(self.compute_repeat):
                     self.encoder(x)
-        return self.head(x)
+        logits: torch.Tensor = self.head(x)
+        return logits
 
 
 def _stop_requested(stop_file: str | None) -> bool:

@@ -146,7 +146,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return self.writer.close(timeout) and drained
 
 
-class _BearerToken(grpc.ServerInterceptor):
+class _BearerToken(grpc.ServerInterceptor):  # type: ignore[type-arg]  # generic only in the stubs
     """Ends every call without ``authorization: Bearer TOKEN`` metadata with UNAUTHENTICATED."""
 
     def __init__(self, token: str) -> None:
@@ -154,9 +154,9 @@ class _BearerToken(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         metadata = dict(handler_call_details.invocation_metadata or ())
         sent = metadata.get("authorization", "")
         sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)

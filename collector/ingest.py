@@ -148,7 +148,7 @@ def decode(batch: pb.Batch) -> Decoded:
         raise InvalidBatch("job_id: empty; every batch names its job")
     table = TABLE_BY_ENUM.get(batch.table)
     if table is None:
-        known = ", ".join(pb.Table.Name(v) for v in TABLE_BY_ENUM)
+        known = ", ".join(TABLE_BY_ENUM.values()).upper()
         raise InvalidBatch(f"table: unknown or unspecified table {batch.table} (expected one of {known})")
     data = validate_columns(table, _read_ipc(batch.arrow_ipc))
     # One dictionary entry, not num_rows copies of the string: job_id is LowCardinality.
