@@ -41,12 +41,11 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from argus import config
+
 __all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "recorded_allreduce", "uninstall"]
 
 log = logging.getLogger(__name__)
-
-#: ``ARGUS_DDP_HOOK=0``: leave DDP on its built-in C++ all-reduce (its buckets are then not captured).
-ENV_DDP_HOOK = "ARGUS_DDP_HOOK"
 
 #: ProcessGroup method → (op name, index of the argument holding this rank's payload).
 PG_METHODS: dict[str, tuple[str, int]] = {
@@ -270,7 +269,8 @@ def _install_ddp() -> None:
     orig_register = ddp.register_comm_hook
     orig_builtin = ddp._register_builtin_comm_hook
     orig_forward = ddp.forward
-    hook_on = os.environ.get(ENV_DDP_HOOK, "1") != "0"  # read once: forward runs every step
+    # ARGUS_DDP_HOOK=0: leave DDP on its built-in C++ all-reduce (its buckets are then not captured).
+    hook_on = os.environ.get(config.ENV_DDP_HOOK, "1") != "0"  # read once: forward runs every step
 
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
         slot: _HookSlot | None = self.__dict__.get("_argus_hook_slot")

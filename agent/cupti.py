@@ -56,11 +56,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from argus.config import ENV_CUPTI_DUTY
 from argus.schema import wire_schema
 
 __all__ = [
     "DEFAULT_DUTY",
-    "ENV_CUPTI_DUTY",
     "KIND_CONCURRENT_KERNEL",
     "KIND_EXTERNAL_CORRELATION",
     "KIND_KERNEL",
@@ -103,7 +103,6 @@ MEMCPY_NAMES = (
 )
 
 #: ``ARGUS_CUPTI_DUTY``: ``ON/PERIOD`` seconds of capture (``1/10``), or ``always``.
-ENV_CUPTI_DUTY = "ARGUS_CUPTI_DUTY"
 DEFAULT_DUTY = "1/10"
 #: Seconds between two forced flushes of partly filled activity buffers during a slice.
 FORCED_FLUSH_S = 2.0

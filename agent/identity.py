@@ -14,12 +14,11 @@ from typing import Any
 
 from argus import config
 
-__all__ = ["ENV_COMMAND", "Identity", "command_line", "hostname", "new_job_id", "rank_info", "resolve_job_id"]
+__all__ = ["Identity", "command_line", "hostname", "new_job_id", "rank_info", "resolve_job_id"]
 
 log = logging.getLogger(__name__)
 
 #: Set by ``argus run``: the command line of the job, for the ``jobs`` row.
-ENV_COMMAND = "ARGUS_COMMAND"
 _STORE_KEY = "argus/job_id"
 
 
@@ -107,7 +106,7 @@ def rank_info(dist: Any = None) -> tuple[int, int, int] | None:
 
 def command_line() -> str:
     """The job's command: ``$ARGUS_COMMAND`` (set by ``argus run``) or this process's argv."""
-    return os.environ.get(ENV_COMMAND) or " ".join([sys.executable, *sys.argv])
+    return os.environ.get(config.ENV_COMMAND) or " ".join([sys.executable, *sys.argv])
 
 
 def hostname() -> str:

@@ -31,7 +31,6 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus import config
 from argus.agent.clock import shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
 from argus.agent.protocol import (
@@ -44,6 +43,7 @@ from argus.agent.protocol import (
 )
 from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader
+from argus.config import AgentConfig
 from argus.errors import ConfigError
 from argus.schema import wire_schema
 
@@ -421,15 +421,20 @@ def _bind(path: str) -> socket.socket:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`argus agent`: run until SIGINT/SIGTERM, then drain to the collector for a few seconds."""
+    """`argus agent`: run until SIGINT/SIGTERM, then drain to the collector for a few seconds.
+
+    Raises:
+        ConfigError: a bad option, or another agent listens on the socket.
+    """
+    settings = AgentConfig.from_args(args)
     agent = NodeAgent(
-        args.socket,
-        args.collector,
-        args.spool or str(config.spool_dir_for(args.collector)),
-        args.spool_max_bytes,
-        args.window_s,
-        token=args.token,
-        tls_cert=args.tls_cert,
+        settings.socket,
+        settings.collector,
+        settings.spool_dir,
+        settings.spool_max_bytes,
+        settings.window_s,
+        token=settings.token,
+        tls_cert=settings.tls_cert,
     )
     agent.start()
 
@@ -440,5 +445,5 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     agent.wait()
-    agent.stop(drain_s=float(os.environ.get("ARGUS_AGENT_DRAIN_S", "10")))
+    agent.stop(drain_s=settings.drain_s)
     return 0

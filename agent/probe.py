@@ -59,7 +59,6 @@ KERNEL_CAPACITY = 1 << 20
 EXIT_FLUSH_S = 3.0
 #: Collectives held as pending (issued, not complete) at most; more are dropped and counted.
 MAX_PENDING = 65536
-ENV_CUPTI = "ARGUS_CUPTI"
 
 
 def _start_shipper(run: Any, stop: threading.Event) -> threading.Thread:
@@ -337,7 +336,7 @@ class Probe:
             return "cpu"
 
     def _start_gpu(self) -> None:
-        if not self._device.startswith("cuda") or os.environ.get(ENV_CUPTI, "1") == "0":
+        if not self._device.startswith("cuda") or os.environ.get(config.ENV_CUPTI, "1") == "0":
             return
         source = CuptiSource(self._on_activity)
         if source.start():

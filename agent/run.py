@@ -30,14 +30,13 @@ from typing import Any
 
 from argus import config
 from argus.agent import _bootstrap
-from argus.agent.identity import ENV_COMMAND, new_job_id
+from argus.agent.identity import new_job_id
+from argus.config import ENV_AGENT_LOG, ENV_AUTOATTACH, ENV_COMMAND
 
 __all__ = ["agent_listening", "bootstrap_dir", "main"]
 
 log = logging.getLogger(__name__)
 
-ENV_AUTOATTACH = "ARGUS_AUTOATTACH"
-ENV_AGENT_LOG = "ARGUS_AGENT_LOG"
 #: Seconds to wait for a started agent to listen.
 AGENT_START_S = 15.0
 #: Seconds a started agent may take to drain after the job.

@@ -1,10 +1,12 @@
-"""`argus server`: collector (gRPC) + analyzer + REST API and /metrics in one process.
+"""`argus server`: the composition root — collector (gRPC), analyzer, REST API and /metrics in one process.
 
-Start-up order: open the store (creating the schema, applying the retention
-TTL), start gRPC, start the analyzer thread, start uvicorn, then print one
-line saying where it listens. SIGTERM/SIGINT stop it in the reverse order: the
-collector refuses new batches and waits for those being stored, so every
-acknowledged batch is in the store before the store closes.
+The one module that wires the parts together; each part knows only the store and the metrics
+it is handed. Start-up order: open the store (creating the schema, migrating it, applying the
+retention TTL), start gRPC (:mod:`argus.collector.grpc_service`), start the analyzer thread
+(:mod:`argus.analyzer.service`), start the HTTP side (:mod:`argus.collector.api`), then print
+one line saying where it listens. SIGTERM/SIGINT stop it in the reverse order: the collector
+refuses new batches and waits for those being stored, so every acknowledged batch is in the
+store before the store closes.
 """
 
 from __future__ import annotations
@@ -12,26 +14,18 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 import threading
-from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
 
-import uvicorn
-
-from argus.collector.api import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
+from argus.analyzer.service import Analyzer
+from argus.collector.api.serve import HttpServer, start_http
 from argus.collector.grpc_service import CollectorServer, start_collector
-from argus.config import DEFAULT_WINDOW_S
-from argus.errors import ConfigError
+from argus.config import ServerConfig
 from argus.metrics import Metrics
-from argus.store import Store, open_store
+from argus.store import open_store
 
-if TYPE_CHECKING:
-    from argus.analyzer.service import Analyzer
-
-__all__ = ["HttpServer", "main", "parse_listen", "start_http"]
+__all__ = ["GRACE_S", "main", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -39,132 +33,48 @@ log = logging.getLogger(__name__)
 GRACE_S = 5.0
 
 
-def parse_listen(value: str, option: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into host and port.
-
-    Raises:
-        ConfigError: no port, or a port outside 0..65535.
-    """
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"{option} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7470")
-    return host.strip("[]"), int(port)
-
-
-@dataclass
-class HttpServer:
-    """uvicorn serving the REST app in a thread, on a socket bound before it starts."""
-
-    server: uvicorn.Server
-    thread: threading.Thread
-    url: str
-
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        self.server.should_exit = True
-        self.thread.join(grace_s)
-        if self.thread.is_alive():
-            self.server.force_exit = True
-            self.thread.join(grace_s)
-
-
-def start_http(
-    store: Store,
-    metrics: Metrics,
-    listen: str,
-    *,
-    token: str | None = None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    window_s: float = DEFAULT_WINDOW_S,
-) -> HttpServer:
-    """Serve ``argus.collector.api.create_app`` on ``listen`` (port 0 picks a free one).
-
-    Serves HTTPS with ``tls_cert``/``tls_key``. Returns once it accepts requests.
-
-    Raises:
-        ConfigError: the address cannot be bound, or uvicorn failed to start.
-    """
-    host, port = parse_listen(listen, "--http-listen")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen for HTTP on {listen}: {exc}") from exc
-    sock.listen(1024)
-    port = sock.getsockname()[1]
-    app = create_app(
-        store,
-        metrics=metrics,
-        token=token,
-        window_s=window_s,
-        heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
-    )
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        ssl_certfile=tls_cert,
-        ssl_keyfile=tls_key,
-        timeout_graceful_shutdown=int(GRACE_S),
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="argus-http", daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise ConfigError(f"the HTTP server on {listen} failed to start (see the log above)")
-        thread.join(0.02)
-    scheme = "https" if tls_cert else "http"
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    return HttpServer(server, thread, f"{scheme}://{shown}:{port}")
-
-
-def _start_analyzer(store: Store, metrics: Metrics, window_s: float) -> tuple[Analyzer, threading.Thread]:
-    from argus.analyzer.service import Analyzer
-
-    analyzer = Analyzer(store, window_s=window_s, metrics=metrics)
-    thread = threading.Thread(target=analyzer.run_forever, name="argus-analyzer", daemon=True)
-    thread.start()
-    return analyzer, thread
-
-
 def main(args: argparse.Namespace) -> int:
-    """Run `argus server` until SIGTERM or SIGINT; return the exit status (0 after a clean stop).
+    """`argus server`: :func:`serve` with the settings of its flags.
 
     Raises:
-        ConfigError: a bad option (listen address, TLS files, retention).
+        ConfigError: a bad option (listen address, TLS files, retention, window).
         StoreError: the store cannot be opened (StoreLocked: another process holds it).
     """
-    parse_listen(args.grpc_listen, "--grpc-listen")
-    if args.retention_days < 1:
-        raise ConfigError(f"--retention-days must be >= 1, got {args.retention_days}")
-    if args.window_s <= 0:
-        raise ConfigError(f"--window-s must be > 0, got {args.window_s}")
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    stop = threading.Event()
+    return serve(ServerConfig.from_args(args))
+
+
+def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
+    """Run the server until SIGTERM or SIGINT (or ``stop``); return 0 after a clean stop.
+
+    Raises:
+        ConfigError: an address cannot be bound or a TLS file read.
+        StoreError: the store cannot be opened (StoreLocked: another process holds it).
+    """
+    stop = stop if stop is not None else threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
 
-    store = open_store(args.store, retention_days=args.retention_days, cluster=args.cluster)
+    store = open_store(config.store, retention_days=config.retention_days, cluster=config.cluster)
     metrics = Metrics()
     collector: CollectorServer | None = None
     http: HttpServer | None = None
     analyzer: tuple[Analyzer, threading.Thread] | None = None
     try:
-        tls = {"tls_cert": args.tls_cert, "tls_key": args.tls_key}
-        collector = start_collector(store, metrics, args.grpc_listen, token=args.token, **tls)
-        if not args.no_analyzer:
-            analyzer = _start_analyzer(store, metrics, args.window_s)
-        http = start_http(store, metrics, args.http_listen, token=args.token, window_s=args.window_s, **tls)
-        notes = [" (TLS)" if collector.tls else "", ", token required" if args.token else ""]
+        collector = start_collector(store, metrics, config.grpc_listen, token=config.token, tls=config.tls)
+        if config.analyzer:
+            service = Analyzer(store, window_s=config.window_s, metrics=metrics)
+            thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
+            thread.start()
+            analyzer = service, thread
+        http = start_http(
+            store, metrics, config.http_listen, token=config.token, tls=config.tls, window_s=config.window_s
+        )
+        notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(
             f"argus server: gRPC on {collector.address}{notes[0]}, HTTP on {http.url}, "
             f"store {store.url}{notes[1]}",

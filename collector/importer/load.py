@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -47,7 +46,6 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from argus import config
 from argus.collector.importer.kineto import ParsedTrace, file_digest, parse_trace, trace_name
 from argus.collector.importer.tables import (
     RankTrace,
@@ -262,10 +260,9 @@ def import_parsed(
 def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, Any]:
     from argus.client import ArgusClient
 
-    server = args.server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_SERVER_URL
     job = args.job_id or default_job_id([file_digest(p) for p in paths])
     # Big traces take a while to import server-side: a long read timeout.
-    with ArgusClient(server, token=args.token, tls_cert=args.tls_cert, timeout_s=600.0) as client:
+    with ArgusClient(args.server, token=args.token, tls_cert=args.tls_cert, timeout_s=600.0) as client:
         return client.upload_traces(job, paths, rank=args.rank)
 
 
