@@ -26,6 +26,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
+__all__ = ["SCENARIOS", "Fault", "TinyLM", "Tokens", "main", "parse_args"]
+
 SCENARIOS = ("none", "compute", "host_stall", "dataloader")
 
 
