@@ -210,40 +210,17 @@ class NodeAgent:
         hello: dict[str, Any] | None = None
         clean = False
         try:
-            while True:
-                frame = read_frame(conn)
-                if frame is None:
-                    break
+            while (frame := read_frame(conn)) is not None:
                 kind, seq, payload = frame
                 if kind == FrameType.HELLO:
                     hello = decode_json(payload)
                     self._on_hello(hello)
-                elif kind == FrameType.BATCH:
-                    if hello is None:
-                        raise ProtocolError("BATCH before HELLO")
-                    table, data = decode_batch(payload)
-                    with self._intake:
-                        if self._closing:
-                            break  # not acknowledged: the probe sends it to the next agent
-                        self._ack_later(conn, seq, self._ingest(str(hello["job_id"]), table, data))
-                elif kind == FrameType.CAPTURE:
-                    if hello is None:
-                        raise ProtocolError("CAPTURE before HELLO")
-                    spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
-                    with self._intake:
-                        if self._closing:
-                            break
-                        self.windows.cover(str(hello["job_id"]), int(hello["rank"]), spans)
-                        self._ack_later(conn, seq, self.uploader.generation)
                 elif kind == FrameType.BYE:
                     clean = True
                 elif kind == FrameType.DUMP:
-                    doc = decode_json(payload)
-                    rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
-                    with self._ack_lock:
-                        conn.sendall(encode_frame(FrameType.ACK, rows))
-                else:
-                    raise ProtocolError(f"unexpected frame {kind.name} from a probe")
+                    self._on_dump(conn, decode_json(payload))
+                elif not self._take(conn, kind, seq, payload, hello):
+                    break  # closing: not acknowledged, the probe sends it to the next agent
         except (ProtocolError, OSError, KeyError, ValueError, TypeError) as exc:
             if not self._stop.is_set():
                 log.warning("argus agent: dropping a probe connection: %s", exc)
@@ -255,6 +232,40 @@ class NodeAgent:
                 conn.close()
         if hello is not None and not clean and not self._stop.is_set():
             self._maybe_lost(hello)
+
+    def _take(
+        self, conn: socket.socket, kind: FrameType, seq: int, payload: bytes, hello: dict[str, Any] | None
+    ) -> bool:
+        """Take a BATCH or CAPTURE frame and acknowledge it once spooled; False when closing.
+
+        Raises:
+            ProtocolError: another kind of frame, or one before HELLO.
+        """
+        if kind not in (FrameType.BATCH, FrameType.CAPTURE):
+            raise ProtocolError(f"unexpected frame {kind.name} from a probe")
+        if hello is None:
+            raise ProtocolError(f"{kind.name} before HELLO")
+        job_id = str(hello["job_id"])
+        if kind == FrameType.BATCH:
+            table, data = decode_batch(payload)
+            with self._intake:
+                if self._closing:
+                    return False
+                self._ack_later(conn, seq, self._ingest(job_id, table, data))
+            return True
+        spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
+        with self._intake:
+            if self._closing:
+                return False
+            self.windows.cover(job_id, int(hello["rank"]), spans)
+            self._ack_later(conn, seq, self.uploader.generation)
+        return True
+
+    def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+        """A DUMP request: queue the raw events asked for; the ACK carries how many."""
+        rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
+        with self._ack_lock:
+            conn.sendall(encode_frame(FrameType.ACK, rows))
 
     def _on_hello(self, hello: dict[str, Any]) -> None:
         job_id = str(hello["job_id"])

@@ -143,7 +143,9 @@ class Tracker:
                     o.job_ns = float(d.evidence.get("mean_job_step_ms") or 0.0) * 1e6 * steps
                 self._open[(_family(d.cause), _subject(d))] = o
 
-    def update(self, window_ns: int, findings: list[Finding], observed: set[int]) -> list[Diagnosis]:
+    def update(  # noqa: C901  (the module doc's rules, one clause each, in its order)
+        self, window_ns: int, findings: list[Finding], observed: set[int]
+    ) -> list[Diagnosis]:
         """Apply one window's findings.
 
         Args:

@@ -329,7 +329,9 @@ def compare_phases(
         return _compare_phases(w, d, baseline)
 
 
-def _compare_phases(w: Window, d: Decomposition | None, baseline: Mapping[int, float] | None) -> PhaseResult:
+def _compare_phases(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
+    w: Window, d: Decomposition | None, baseline: Mapping[int, float] | None
+) -> PhaseResult:
     st = w.steps
     keep = st.step >= WARMUP_STEPS
     if not np.any(keep):

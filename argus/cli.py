@@ -104,16 +104,8 @@ def _window(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full `argus` parser; each subparser sets ``args.command``."""
-    parser = argparse.ArgumentParser(
-        prog="argus",
-        description="Always-on tracing and fail-slow diagnosis for distributed PyTorch training.",
-    )
-    parser.add_argument("--version", action="version", version=f"argus {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus server` and its options."""
     p = sub.add_parser("server", help="collector + analyzer + REST API + /metrics in one process")
     _store(p)
     p.add_argument(
@@ -143,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-analyzer", action="store_true", help="run ingest and API only")
 
+
+def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus agent` and its options."""
     p = sub.add_parser("agent", help="node agent: takes probe buffers, compresses, streams to the collector")
     _collector(p)
     p.add_argument(
@@ -160,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     _window(p, "kernel compression window")
     _auth(p, server=False)
 
+
+def _run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus run` and its options."""
     p = sub.add_parser(
         "run", help="run COMMAND (e.g. torchrun ...) with the probe attached to every Python rank"
     )
@@ -173,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     _auth(p, server=False)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command to run")
 
+
+def _demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus demo` and its options."""
     p = sub.add_parser(
         "demo",
         help="the whole system on one machine against a real training job with a fault injected",
@@ -186,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="store data dir (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
+
+def _import_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus import` and its options."""
     p = sub.add_parser("import", help="load PyTorch profiler (Kineto) traces, one file per rank")
     where = p.add_mutually_exclusive_group()
     _server_url(where)
@@ -197,17 +201,42 @@ def build_parser() -> argparse.ArgumentParser:
     _auth(p, server=False)
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files (.json or .json.gz)")
 
+
+def _analyze_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus analyze` and its options."""
     p = sub.add_parser("analyze", help="the analyzer on its own")
     _store(p)
     _window(p, "analysis window")
     p.add_argument("--once", action="store_true", help="analyze what is stored, then exit")
     p.add_argument("--job", default=None, help="only this job")
 
+
+def _diagnose_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus diagnose` and its options."""
     p = sub.add_parser("diagnose", help="print a job's diagnoses")
     p.add_argument("--job", "--job-id", dest="job", required=True, help="job id")
     _server_url(p)
     p.add_argument("--json", action="store_true", help="print the diagnosis objects as JSON")
     _auth(p, server=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full `argus` parser; each subparser sets ``args.command``."""
+    parser = argparse.ArgumentParser(
+        prog="argus",
+        description="Always-on tracing and fail-slow diagnosis for distributed PyTorch training.",
+    )
+    parser.add_argument("--version", action="version", version=f"argus {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    _server_command(sub)
+    _agent_command(sub)
+    _run_command(sub)
+    _demo_command(sub)
+    _import_command(sub)
+    _analyze_command(sub)
+    _diagnose_command(sub)
     return parser
 
 

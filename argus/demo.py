@@ -130,7 +130,9 @@ def _print_human(
     console.print("  your own job: argus server, then argus run -- torchrun ... (see README)")
 
 
-def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
+def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader follows it)
+    args: argparse.Namespace, console: Console, work: Path, keep_data: bool
+) -> dict[str, Any]:
     scenario: str = args.scenario
     slow_rank = (
         None if scenario == "none" else (args.slow_rank if args.slow_rank is not None else args.ranks - 1)

@@ -91,7 +91,7 @@ def _read_ipc(payload: bytes) -> pa.Table:
         raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
 
 
-def validate_columns(table: str, data: pa.Table) -> pa.Table:
+def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (the checks below, in order)
     """Check ``data`` against the wire schema of ``table``; return it in schema column order.
 
     Checks, each naming the column: every wire column present and no other (a column
