@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from argus.agent.rows import CollectiveRow
 from argus.config import ENV_CUPTI_DUTY
 from argus.schema import wire_schema
 
@@ -378,21 +379,20 @@ class CollectiveJoin:
     :meth:`ready` once a kernel was seen for them, or after ``timeout_ns`` with
     their host-side times (the collective launched no kernel CUPTI reported).
 
-    Row layout (the probe's collectives buffer): ``(step, process_group, seq, op,
-    bytes, issue_ns, start_ns, dur_ns)``.
+    Rows are the probe's :class:`~argus.agent.rows.CollectiveRow`.
     """
 
     def __init__(self, timeout_ns: int = 10_000_000_000) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[int, list[Any]] = {}
+        self._pending: dict[int, CollectiveRow] = {}
         self._span: dict[int, list[int]] = {}
         self._corr: dict[int, int] = {}
         self.timeout_ns = timeout_ns
 
-    def expect(self, uid: int, row: tuple[Any, ...]) -> None:
+    def expect(self, uid: int, row: CollectiveRow) -> None:
         """Hold ``row`` (host times) until kernels for external id ``uid`` arrive."""
         with self._lock:
-            self._pending[uid] = list(row)
+            self._pending[uid] = row
 
     def feed(self, decoded: Decoded) -> None:
         """Match kernel rows to held collectives through their correlation ids."""
@@ -420,21 +420,21 @@ class CollectiveJoin:
                 for key in list(self._corr)[:50_000]:
                     del self._corr[key]
 
-    def ready(self, now_ns: int) -> list[tuple[Any, ...]]:
+    def ready(self, now_ns: int) -> list[CollectiveRow]:
         """Rows whose kernels were seen (device times) or whose wait timed out (host times)."""
-        out: list[tuple[Any, ...]] = []
+        out: list[CollectiveRow] = []
         with self._lock:
-            for uid, row in list(self._pending.items()):
+            for uid, held in list(self._pending.items()):
                 span = self._span.pop(uid, None)
-                if span is not None:
-                    row[6], row[7] = span[0], span[1] - span[0]
-                elif now_ns - row[5] < self.timeout_ns:
+                if span is None and now_ns - held.issue_ns < self.timeout_ns:
                     continue
                 del self._pending[uid]
-                out.append(tuple(row))
+                out.append(
+                    held if span is None else held._replace(start_ns=span[0], dur_ns=span[1] - span[0])
+                )
         return out
 
-    def drain(self) -> list[tuple[Any, ...]]:
+    def drain(self) -> list[CollectiveRow]:
         """Every held row (at exit), device times where known."""
         return self.ready(1 << 62)
 

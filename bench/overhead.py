@@ -144,7 +144,7 @@ def worker(args: argparse.Namespace) -> None:
     probe = _probe()
 
     def capturing() -> bool:
-        source = getattr(probe, "_cupti", None) if probe is not None else None
+        source = probe.gpu.source if probe is not None and probe.gpu is not None else None
         return bool(getattr(source, "capturing", False))
 
     def train(model: Any, opt: Any, steps: int = 0, seconds: float = 0.0) -> tuple[list[float], list[bool]]:

@@ -23,6 +23,7 @@ from argus.agent.cupti import (
     duty_from_env,
 )
 from argus.agent.kernels import KernelWindows
+from argus.agent.rows import CollectiveRow
 from argus.kde import CLUSTER_DTYPE, fidelity
 from argus.kernels import KernelEvents, is_collective_kernel, summarize
 from argus.schema import wire_schema
@@ -77,9 +78,9 @@ def test_both_nccl_kernel_families_are_collectives() -> None:
 
 def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
     join = CollectiveJoin(timeout_ns=1_000)
-    host_row = (3, "0", 17, "allreduce", 4096, 100, 100, 50)
+    host_row = CollectiveRow(3, "0", 17, "allreduce", 4096, 100, 100, 50, -1)
     join.expect(5, host_row)
-    join.expect(6, (3, "0", 18, "allreduce", 4096, 200, 200, 40))
+    join.expect(6, CollectiveRow(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1))
     decoded = decode_records(
         [
             SimpleNamespace(
@@ -90,9 +91,9 @@ def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
     )
     join.feed(decoded)
     rows = join.ready(now_ns=150)
-    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500)]
+    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500, -1)]
     # No kernel ever came for uid 6: after the timeout it leaves with its host times.
-    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40)]
+    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1)]
 
 
 def _events(rows: list[tuple], rank: int = 0) -> pa.Table:
