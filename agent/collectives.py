@@ -92,19 +92,33 @@ class CollectiveRecorder(Protocol):
     correlate: Correlator | None
 
     def collective(
-        self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0, peer: int = -1
+        self,
+        pg: Any,
+        op: str,
+        nbytes: int,
+        issue_ns: int,
+        work: Any,
+        uid: int = 0,
+        peer: int = -1,
+        overlapped: bool = False,
     ) -> None:
         """Record one collective issued at ``issue_ns`` on ``pg``; ``work`` may be None.
 
         ``uid`` is the id returned by ``correlate.push()`` (0 without CUPTI); ``peer`` is the
-        partner's rank in ``pg`` for a point-to-point ``send``/``recv`` (-1 otherwise or unknown).
+        partner's rank in ``pg`` for a point-to-point ``send``/``recv`` (-1 otherwise or unknown);
+        ``overlapped``: issued from a DDP comm hook, the rank goes on with backward meanwhile.
         """
 
     def collective_count(self) -> int:
         """How many collectives were recorded so far (monotonic)."""
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1) -> int:
-        """Number a collective issued at ``issue_ns``, hold it as pending; its key (0: not recorded)."""
+    def open_collective(
+        self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1, overlapped: bool = False
+    ) -> int:
+        """Number a collective issued at ``issue_ns``, hold it as pending; its key (0: not recorded).
+
+        ``overlapped``: the call returns at once and the rank goes on working (a DDP bucket).
+        """
 
     def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:
         """Record the pending collective ``key`` (from :meth:`open_collective`) as completed at ``end_ns``."""
@@ -113,6 +127,13 @@ class CollectiveRecorder(Protocol):
         """``then`` callback of a recorded DDP bucket: close ``key`` now, return the reduced bucket."""
 
 
+class _HookFlag(threading.local):
+    """True on a thread while it runs a user's DDP comm hook."""
+
+    active = False
+
+
+_in_comm_hook = _HookFlag()
 _recorder: CollectiveRecorder | None = None
 _originals: dict[tuple[Any, str], Any] = {}
 _lock = threading.Lock()
@@ -148,7 +169,7 @@ def _wrap_method(method: str, op: str, arg: int, orig: Callable[..., Any]) -> Ca
         try:
             size = nbytes(args[arg]) if 0 <= arg < len(args) else 0
             peer = int(args[peer_arg]) if 0 <= peer_arg < len(args) else -1
-            rec.collective(self, op, size, issue_ns, work, uid, peer)
+            rec.collective(self, op, size, issue_ns, work, uid, peer, _in_comm_hook.active)
         except Exception:  # never let capture break a collective
             log.debug("argus: recording %s failed", method, exc_info=True)
         return work
@@ -199,11 +220,17 @@ def _delegate(slot, bucket):  # type: ignore[no-untyped-def]  # DDP inspects the
         return hook(slot.state, bucket)
     before = rec.collective_count()
     issue_ns = _now()
-    fut = hook(slot.state, bucket)
+    _in_comm_hook.active = True  # what the user's hook issues overlaps backward, as DDP's buckets do
+    try:
+        fut = hook(slot.state, bucket)
+    finally:
+        _in_comm_hook.active = False
     if rec.collective_count() == before:
         try:
             pg = slot.process_group or dist.distributed_c10d._get_default_group()
-            rec.collective(pg, "allreduce", nbytes(bucket.buffer()), issue_ns, _FutureWork(fut))
+            rec.collective(
+                pg, "allreduce", nbytes(bucket.buffer()), issue_ns, _FutureWork(fut), overlapped=True
+            )
         except Exception:
             log.debug("argus: recording a DDP bucket failed", exc_info=True)
     return fut
@@ -238,7 +265,7 @@ def recorded_allreduce(process_group: Any, bucket: Any) -> Any:
     finally:
         if corr is not None:
             corr.pop()
-    key = rec.open_collective(group, "allreduce", buf.nbytes, issue_ns)
+    key = rec.open_collective(group, "allreduce", buf.nbytes, issue_ns, overlapped=True)
     if not key:
         return work.get_future().then(_first)
     return work.get_future().then(partial(rec.bucket_done, key, uid))

@@ -54,13 +54,21 @@ class _Group:
 class _Pending:
     """A collective issued and not yet complete (``__slots__``: one is made per collective)."""
 
-    __slots__ = ("bytes", "issue_ns", "op", "peer", "process_group", "seq", "step")
+    __slots__ = ("bytes", "issue_ns", "op", "overlapped", "peer", "process_group", "seq", "step")
 
     def __init__(
-        self, step: int, process_group: str, seq: int, op: str, nbytes: int, issue_ns: int, peer: int
+        self,
+        step: int,
+        process_group: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        issue_ns: int,
+        peer: int,
+        overlapped: bool,
     ) -> None:
         self.step, self.process_group, self.seq, self.op = step, process_group, seq, op
-        self.bytes, self.issue_ns, self.peer = nbytes, issue_ns, peer
+        self.bytes, self.issue_ns, self.peer, self.overlapped = nbytes, issue_ns, peer, overlapped
 
     def done(self, end_ns: int) -> CollectiveRow:
         """The row of this collective completed at ``end_ns`` (host times)."""
@@ -74,6 +82,7 @@ class _Pending:
             self.issue_ns,
             end_ns - self.issue_ns,
             self.peer,
+            int(self.overlapped),
         )
 
 
@@ -117,10 +126,18 @@ class Recorder:
     # --- collectives (training threads) ----------------------------------------------------------
 
     def collective(
-        self, pg: Any, op: str, nbytes: int, issue_ns: int, work: Any, uid: int = 0, peer: int = -1
+        self,
+        pg: Any,
+        op: str,
+        nbytes: int,
+        issue_ns: int,
+        work: Any,
+        uid: int = 0,
+        peer: int = -1,
+        overlapped: bool = False,
     ) -> None:
         """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        key = self.open_collective(pg, op, nbytes, issue_ns, peer)
+        key = self.open_collective(pg, op, nbytes, issue_ns, peer, overlapped)
         if not key:
             return
         fut = None
@@ -137,10 +154,13 @@ class Recorder:
     def _work_done(self, key: int, uid: int, _fut: Any) -> None:
         self.close_collective(key, time.time_ns(), uid)
 
-    def open_collective(self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1) -> int:
+    def open_collective(
+        self, pg: Any, op: str, nbytes: int, issue_ns: int, peer: int = -1, overlapped: bool = False
+    ) -> int:
         """Number a collective and hold it as pending until it completes; its key, 0 when not recorded.
 
-        A point-to-point ``send``/``recv`` names its partner by group rank in ``peer``; the row
+        ``overlapped`` says the call returns at once while the rank goes on (a DDP bucket). A
+        point-to-point ``send``/``recv`` names its partner by group rank in ``peer``; the row
         holds the partner's global rank and a seq counted per (direction, partner), apart from
         the group's collectives (``argus.schema`` ``collectives``), so the k-th send from A to
         B pairs with B's k-th receive from A. At most :data:`MAX_PENDING` collectives are
@@ -166,7 +186,9 @@ class Recorder:
             seq = next(counter)
         else:
             peer, seq = -1, next(info.seq)
-        pending[key] = _Pending(self.tracker.event_step(), info.name, seq, op, nbytes, issue_ns, peer)
+        pending[key] = _Pending(
+            self.tracker.event_step(), info.name, seq, op, nbytes, issue_ns, peer, overlapped
+        )
         return key
 
     def close_collective(self, key: int, end_ns: int, uid: int = 0) -> None:

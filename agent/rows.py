@@ -48,6 +48,7 @@ class CollectiveRow(NamedTuple):
     start_ns: int
     dur_ns: int
     peer: int
+    overlapped: int
 
 
 class RankEvent(NamedTuple):

@@ -29,21 +29,12 @@ Order of the rules, each applied to what the earlier ones left:
    while no rank is a compute straggler: a straggler makes its peers'
    communication kernels *longer*, because they include the wait.
 
-``slowdown_pct`` (DESIGN §5: the job's estimated loss of throughput, percent) is
-one quantity: ``100 · waited / job wall time``, where ``waited`` is the time the
-job spent waiting for the fault (:class:`argus.analyzer.phase.Slowdown`).
-
-* A straggler: ``waited`` is its lateness at each step's last collective (max
-  over its ranks). The finding carries the window's sums (``cost_ns``) and the
-  lifecycle adds them up over every window of the diagnosis, so a diagnosis's
-  ``slowdown_pct`` is its cost over its whole span; its evidence shows
-  ``100 · waited_ms_per_step / mean_job_step_ms`` over ``slowdown_steps`` steps
-  (and ``window_slowdown_pct``, the latest window alone).
-* A slow link, or an unresponsive rank that still lets steps finish: the rise of
-  the job's median step time over its baseline in healthy windows,
-  ``100 · (1 − baseline_step_ms / job_step_ms)`` (a hung job: 100), latest window.
-* Only kernel records: the extra kernel time against the window
-  (``extra_kernel_ms_in_window`` / ``window_ms``), latest window.
+``slowdown_pct`` of a finding is its window's estimate; a diagnosis's is
+``100 · lost / wall`` over its span, from the lost-time shares of
+:mod:`argus.analyzer.loss` (each finding carries ``waited_ns``, how long the job
+waited for it per step, which those shares are cut by). Roles: ranks are
+compared only within their role (:mod:`argus.analyzer.roles`); the role goes
+into the evidence.
 
 A diagnosis's ``score`` is the latest window's.
 """
@@ -62,7 +53,7 @@ from argus.analyzer.host import HostResult
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
-from argus.analyzer.phase import COMPONENTS, PhaseResult, Slowdown
+from argus.analyzer.phase import COMPONENTS, SPIKE_REL, PhaseResult
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
@@ -97,15 +88,13 @@ class _Context:
     def __init__(self, w: Window, l2: PhaseResult, l3: KernelScores, host: HostResult) -> None:
         self.w, self.l2, self.l3, self.host = w, l2, l3, host
         self.l2_index = {int(r): i for i, r in enumerate(l2.rank)}
-        scored = np.isfinite(l2.score)
-        #: Ranks L2 compared, and those of them that look slow (>= KEEP_SCORE).
-        self.n_compared = int(np.sum(scored))
-        self.n_slow = int(np.sum(l2.score[scored] >= KEEP_SCORE))
+        self.role = l2.roles.of(l2.rank)
+        self.group_of = _groups_of(w)
         gpu_ranks = set(w.status.rank[w.status.has_gpu].tolist()) if w.status.rank.size else set()
         gpu_ranks |= set(host.rank[host.sm_clock_mhz > 0].tolist())
         self.gpu = gpu_ranks
-        healthy = set(l2.rank[l2.healthy].tolist()) if l2.rank.size else set(host.rank.tolist())
-        peer = np.array([int(r) in healthy for r in host.rank], bool) if host.rank.size else np.zeros(0, bool)
+        healthy = l2.rank[l2.healthy] if l2.rank.size else host.rank
+        peer = np.isin(host.rank, healthy)
         if not np.any(peer):
             peer = np.ones(host.rank.size, bool)
         self.peer_cpu = float(np.median(host.cpu_frac[peer])) if host.rank.size else np.nan
@@ -115,19 +104,28 @@ class _Context:
         on_gpu = peer & (host.sm_clock_mhz > 0)
         self.peer_clock = float(np.median(host.sm_clock_mhz[on_gpu])) if np.any(on_gpu) else np.nan
         self.peer_throttled = float(np.median(host.throttled_frac[on_gpu])) if np.any(on_gpu) else 0.0
-        compute = ~l3.collective
+        # Per rank, its compute kernel that scores highest: (score, kernel, W1 excess, mean, peers' mean).
         self.top_kernel: dict[int, tuple[float, int, float, float, float]] = {}
-        for j in np.flatnonzero(compute):
-            r = int(l3.rank[j])
-            s = float(l3.score[j])
-            if np.isfinite(s) and (r not in self.top_kernel or s > self.top_kernel[r][0]):
-                self.top_kernel[r] = (
-                    s,
+        rows = np.flatnonzero(~l3.collective & np.isfinite(l3.score))
+        if rows.size:
+            rows = rows[np.lexsort((-l3.score[rows], l3.rank[rows]))]
+            best = rows[np.r_[True, np.diff(l3.rank[rows]) != 0]]
+            for j in best.tolist():
+                self.top_kernel[int(l3.rank[j])] = (
+                    float(l3.score[j]),
                     int(l3.kernel[j]),
                     float(l3.w1_excess_ns[j]),
                     float(l3.mean_ns[j]),
                     float(l3.ref_mean_ns[j]),
                 )
+
+    def role_counts(self, i: int) -> tuple[int, int, int]:
+        """Of rank index ``i``'s role in L2: ranks compared, those looking slow (>= KEEP_SCORE), healthy."""
+        l2 = self.l2
+        same = self.role == self.role[i]
+        scored = same & np.isfinite(l2.score)
+        slow = int(np.sum(l2.score[scored] >= KEEP_SCORE))
+        return int(np.sum(scored)), slow, int(np.sum(l2.healthy & same))
 
     def throttle(self, rank: int) -> dict[str, Any] | None:
         i = self.host.lookup(rank)
@@ -165,15 +163,19 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         ev.update(
             {
                 "l2_score": _r(l2_score),
+                "compared_with": l2.basis[i],
+                "role": l2.roles.label(rank),
                 "excess_ms_per_step": _ms(l2.excess_ns[i]),
                 "phase_excess_ms": {c: _ms(v) for c, v in zip(COMPONENTS, comp, strict=True)},
+                "self_ms": _ms(l2.self_ns[i]),
+                "peer_self_ms": _ms(l2.ref_self_ns[i]),
                 "step_ms": _ms(l2.step_ns[i]),
-                "peer_step_ms": _ms(l2.ref_step_ns),
                 "wait_ms": _ms(l2.wait_ns[i]),
-                "peer_wait_ms": _ms(l2.ref_wait_ns),
+                "peer_wait_ms": _ms(l2.ref_wait_ns[i]),
                 "steps_compared": int(l2.steps[i]),
             }
         )
+        ev.update(_stalls(l2, i))
     kernel = None
     if top:
         kernel = ctx.l3.kernel_names[top[1]]
@@ -200,35 +202,57 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
     else:
         cause = _stall_or_compute(ctx, rank, i, pos, total, extra_self_frac, l3_score, ev)
     phase = _phase(cause, comp)
-    cost = l2.slowdown(l2.rank == rank) if i is not None else None
-    slowdown = cost.pct if cost is not None else _kernel_slowdown(ctx, rank, ev)
-    thin = l2_score >= l3_score and int(np.sum(l2.healthy)) < MIN_REFERENCE
-    # Half the ranks or more look slow against a thin reference (2 of 4): the one-sided rule is at
-    # its breakdown point, and on a shared host the scheduler slows ranks in such sets (two ranks
-    # sharing a core with another process).
-    ambiguous = thin and 2 * ctx.n_slow >= ctx.n_compared
-    if ambiguous:
-        ev["ranks_looking_slow"] = f"{ctx.n_slow} of {ctx.n_compared}"
+    waited: tuple[float, ...] = ()
+    if i is not None:
+        mask = l2.rank == rank
+        slowdown = l2.slowdown(mask).pct
+        waited = tuple(l2.waited(mask).tolist())
+    else:
+        slowdown = _kernel_slowdown(ctx, rank, ev)
+    thin = False
+    ambiguous = False
+    if i is not None and l2_score >= l3_score:
+        compared, slow, healthy = ctx.role_counts(i)
+        # Own-past evidence, or peers too few to be sure: one window is not enough.
+        thin = l2.basis[i] == "own past" or healthy < MIN_REFERENCE
+        # Half the role or more looks slow against a thin reference (2 of 4): the one-sided rule is
+        # at its breakdown point, and on a shared host the scheduler slows ranks in such sets (two
+        # ranks sharing a core with another process).
+        ambiguous = l2.basis[i] == "peers" and healthy < MIN_REFERENCE and 2 * slow >= compared
+        if ambiguous:
+            ev["ranks_looking_slow"] = f"{slow} of {compared}"
     return Finding(
         cause=cause.value,
         rank=rank,
         ranks=(rank,),
-        group=_group_of(ctx.w, rank),
+        group=ctx.group_of.get(rank),
         phase=phase,
         kernel=kernel,
         score=score,
         slowdown_pct=slowdown,
         subject=f"rank:{rank}",
         evidence=ev,
-        cost_ns=_cost_ns(cost),
+        waited_ns=waited,
         needs_confirmation=thin,
         ambiguous=ambiguous,
     )
 
 
-def _cost_ns(cost: Slowdown | None) -> tuple[float, float, int] | None:
-    """What a finding's slowdown adds to its diagnosis's sums (None without compared steps)."""
-    return cost.sums_ns if cost is not None and cost.steps > 0 else None
+def _stalls(l2: PhaseResult, i: int) -> dict[str, Any]:
+    """``spiky`` evidence: the rank's excess comes in stalls (steps well above its usual level)."""
+    e = l2.excess_matrix[i]
+    e = e[np.isfinite(e)]
+    if e.size == 0:
+        return {}
+    ref = float(l2.ref_step_ns[i]) if np.isfinite(l2.ref_step_ns[i]) else float(np.median(l2.step_ns))
+    big = np.sort(e[e >= SPIKE_REL * ref])[::-1]
+    share = float(big.sum() / e.sum()) if e.sum() > 0 else 0.0
+    spiky = bool(big.size >= 1 and share >= 0.5 and big.size <= max(1, e.size // 3))
+    out: dict[str, Any] = {"spiky": spiky}
+    if spiky:
+        out["stalls"] = int(big.size)
+        out["stall_ms"] = [_ms(v) for v in big[:10]]
+    return out
 
 
 def _spiky_share(l2: PhaseResult, i: int) -> float:
@@ -329,25 +353,31 @@ def _kernel_slowdown(ctx: _Context, rank: int, ev: dict[str, Any]) -> float:
     return float(min(100.0, 100.0 * extra / window_ns))
 
 
-def _group_of(w: Window, rank: int) -> str | None:
-    """The process group whose collectives waited longest on ``rank`` (None without collectives)."""
+def _groups_of(w: Window) -> dict[int, str]:
+    """Per rank, the process group most of its collectives of the window were in."""
     c = w.collectives
-    if c.rank.size == 0:
-        return None
-    mine = c.in_window & (c.rank == rank)
-    if not np.any(mine):
-        return None
-    counts = np.bincount(c.group[mine], minlength=len(c.group_names))
-    return c.group_names[int(np.argmax(counts))]
+    rows = c.in_window
+    if not np.any(rows):
+        return {}
+    n_groups = max(len(c.group_names), 1)
+    keys, counts = np.unique(c.rank[rows].astype(np.int64) * n_groups + c.group[rows], return_counts=True)
+    rank, group = keys // n_groups, keys % n_groups
+    order = np.lexsort((-counts, rank))
+    first = order[np.r_[True, np.diff(rank[order]) != 0]]
+    return {int(r): c.group_names[int(g)] for r, g in zip(rank[first], group[first], strict=True)}
 
 
 def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
+    """Stragglers of one cause become one many-rank finding when there are more than
+    :data:`MAX_INDIVIDUAL` of them, or when half of the compared ranks or more are behind."""
     by_cause: dict[str, list[Finding]] = {}
     for f in found:
         by_cause.setdefault(f.cause, []).append(f)
     out: list[Finding] = []
+    compared = int(np.sum(np.isfinite(l2.score)))
     for cause, fs in by_cause.items():
-        if sum(f.score >= 1.0 for f in fs) <= MAX_INDIVIDUAL:
+        slow = sum(f.score >= 1.0 for f in fs)
+        if slow <= MAX_INDIVIDUAL and not (slow >= 2 and 2 * slow >= compared):
             out.extend(fs)
             continue
         ranks = tuple(sorted(f.rank for f in fs if f.rank is not None))
@@ -355,8 +385,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
         top = sorted(fs, key=lambda f: -f.score)
         phase = Counter(f.phase for f in fs).most_common(1)[0][0]
         kernel = Counter(f.kernel for f in fs).most_common(1)[0][0]
-        cost = l2.slowdown(mask) if np.any(mask) else None
-        slowdown = cost.pct if cost is not None else max(f.slowdown_pct for f in fs)
+        slowdown = l2.slowdown(mask).pct if np.any(mask) else max(f.slowdown_pct for f in fs)
         out.append(
             Finding(
                 cause=cause,
@@ -371,7 +400,7 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
                 needs_confirmation=any(f.needs_confirmation for f in fs),
                 ambiguous=any(f.ambiguous for f in fs),
                 member_scores={int(f.rank): f.score for f in fs if f.rank is not None},
-                cost_ns=_cost_ns(cost),
+                waited_ns=tuple(l2.waited(mask).tolist()) if np.any(mask) else (),
                 evidence={
                     "ranks_slow": len(ranks),
                     "top": [{"rank": f.rank, "score": _r(f.score)} for f in top[:10]],
@@ -382,7 +411,40 @@ def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
     return out
 
 
-def _links(w: Window, links: list[LinkFinding], l1: IterationResult, stragglers: set[int]) -> list[Finding]:
+def _link_waited(w: Window, l2: PhaseResult, group: str, link: LinkFinding) -> tuple[float, ...]:
+    """Per step column, the extra transfer time of ``group`` the job waited for, ns.
+
+    What nobody waits for but the data movement is the least-blocked rank's blocked time in the
+    group's instances (its last arrival waits for no one); the part of it beyond the reference
+    transfer (``1 − reference / transfer``) is what the slow link costs each step. Overlapped
+    calls that never blocked cost nothing.
+    """
+    t = l2.times
+    c = w.collectives
+    if t is None or group not in c.group_names or link.transfer_ns <= 0 or t.step.size == 0:
+        return ()
+    g = c.group_names.index(group)
+    rows = np.flatnonzero((c.group == g) & c.in_window & (t.row_blocked_ns > 0))
+    n_s = t.step.size
+    if rows.size == 0:
+        return tuple([0.0] * n_s)
+    ri = np.searchsorted(t.rank, c.rank[rows])
+    si = np.searchsorted(t.step, c.step[rows])
+    ok = (ri < t.rank.size) & (si < n_s)
+    ok &= (t.rank[np.minimum(ri, t.rank.size - 1)] == c.rank[rows]) & (
+        t.step[np.minimum(si, n_s - 1)] == c.step[rows]
+    )
+    per = np.zeros((t.rank.size, n_s))
+    np.add.at(per, (ri[ok], si[ok]), t.row_blocked_ns[rows][ok])
+    members = np.isin(t.rank, np.unique(c.rank[c.group == g]))
+    least = np.min(per[members], axis=0) if np.any(members) else np.zeros(n_s)
+    excess = max(0.0, 1.0 - link.reference_ns / link.transfer_ns)
+    return tuple((least * excess).tolist())
+
+
+def _links(
+    w: Window, l2: PhaseResult, links: list[LinkFinding], l1: IterationResult, stragglers: set[int]
+) -> list[Finding]:
     out = []
     for link in links:
         if link.score < KEEP_SCORE:
@@ -406,6 +468,7 @@ def _links(w: Window, links: list[LinkFinding], l1: IterationResult, stragglers:
                 score=link.score,
                 slowdown_pct=l1.slowdown_pct,
                 subject=f"group:{link.group}",
+                waited_ns=_link_waited(w, l2, link.group, link),
                 evidence={
                     "transfer_ms": _ms(link.transfer_ns),
                     "reference_transfer_ms": _ms(link.reference_ns),
@@ -501,7 +564,7 @@ def attribute(
             found.append(f)
     out.extend(_merge_many(found, l2))
     stragglers = {f.rank for f in found if f.rank is not None and f.score >= 1.0}
-    comm = [_with_link_kernel(ctx, f) for f in _links(w, links, l1, stragglers)]
+    comm = [_with_link_kernel(ctx, f) for f in _links(w, l2, links, l1, stragglers)]
     out.extend(comm)
     if not stragglers and w.collectives.rank.size == 0:
         out.extend(_kernel_links(ctx, l1, {f.subject for f in comm}))

@@ -107,7 +107,7 @@ class Decomposition:
         return np.asarray(self.inst_sender >= 0)
 
 
-def decompose(
+def decompose(  # noqa: PLR0915  (one pass of array steps; its pieces share the arrays)
     coll: Collectives,
     *,
     group_sizes: dict[str, int] | None = None,
@@ -126,7 +126,8 @@ def decompose(
     """
     n = coll.rank.size
     # An instance is (group, seq) for a collective, (group, sender, receiver, seq) for a
-    # point-to-point transfer: a send and its matching receive.
+    # point-to-point transfer: a send and its matching receive. Both become one int64 key:
+    # a "channel" (the group, or a (group, sender, receiver) triple past the groups) and the seq.
     peer = coll.peers
     p2p = peer >= 0
     is_send = np.zeros(n, bool)
@@ -134,10 +135,26 @@ def decompose(
         is_send = np.array([o == "send" for o in coll.op_names], bool)[coll.op] & p2p
     sender = np.where(p2p, np.where(is_send, coll.rank, peer), -1)
     receiver = np.where(p2p, np.where(is_send, peer, coll.rank), -1)
-    key = np.stack([coll.group, sender, receiver, coll.seq], axis=1) if n else np.zeros((0, 4), np.int64)
-    inst_keys, instance = np.unique(key, axis=0, return_inverse=True)
+    channel = coll.group.astype(np.int64).copy()
+    triples = np.zeros((0, 3), np.int64)
+    if np.any(p2p):
+        # (group, sender, receiver) as one int64: ranks and groups below 2**21 each.
+        triple = (coll.group[p2p].astype(np.int64) << 42) | (sender[p2p] << 21) | receiver[p2p]
+        uniq, pair = np.unique(triple, return_inverse=True)
+        mask = (1 << 21) - 1
+        triples = np.stack([uniq >> 42, (uniq >> 21) & mask, uniq & mask], axis=1)
+        channel[p2p] = len(coll.group_names) + pair.ravel()
+    key = (channel << 40) | (coll.seq & ((np.int64(1) << 40) - 1))
+    inst_keys, instance = np.unique(key, return_inverse=True)
     instance = instance.reshape(-1).astype(np.int64)
-    n_inst = inst_keys.shape[0]
+    n_inst = inst_keys.size
+    inst_channel = inst_keys >> 40
+    n_groups = len(coll.group_names)
+    inst_is_p2p = inst_channel >= n_groups
+    t_idx = np.where(inst_is_p2p, inst_channel - n_groups, 0)
+    inst_group_of = np.where(inst_is_p2p, triples[t_idx, 0] if triples.size else 0, inst_channel)
+    inst_sender = np.where(inst_is_p2p, triples[t_idx, 1] if triples.size else -1, -1)
+    inst_receiver = np.where(inst_is_p2p, triples[t_idx, 2] if triples.size else -1, -1)
     end = (coll.start_ns + coll.dur_ns).astype(np.float64)
     issue = coll.issue_ns.astype(np.float64)
     ranks, rank_idx = np.unique(coll.rank, return_inverse=True)
@@ -165,8 +182,8 @@ def decompose(
     order = np.lexsort((issue_c, instance))
     last_row = order[np.r_[np.flatnonzero(np.diff(instance[order])), n - 1]] if n else np.zeros(0, np.int64)
 
-    inst_group = inst_keys[:, 0].astype(np.int64)
-    inst_seq = inst_keys[:, 3].astype(np.int64)
+    inst_group = inst_group_of.astype(np.int64)
+    inst_seq = (inst_keys & ((np.int64(1) << 40) - 1)).astype(np.int64)
     first_row = np.zeros(n_inst, np.int64)
     first_row[instance[::-1]] = np.arange(n)[::-1]
     expected = np.zeros(len(coll.group_names), np.int64)
@@ -187,7 +204,7 @@ def decompose(
         inst_bytes=coll.bytes[first_row] if n else np.zeros(0, np.int64),
         inst_ranks=inst_count,
         inst_complete=(
-            np.where(inst_keys[:, 1] >= 0, inst_count >= 2, inst_count >= expected[inst_group])
+            np.where(inst_is_p2p, inst_count >= 2, inst_count >= expected[inst_group])
             if n
             else np.zeros(0, bool)
         ),
@@ -195,8 +212,8 @@ def decompose(
         inst_late_ns=last_arrival - med_issue,
         inst_transfer_ns=inst_transfer,
         inst_last_rank=coll.rank[last_row] if n else np.zeros(0, np.int64),
-        inst_sender=inst_keys[:, 1].astype(np.int64),
-        inst_receiver=inst_keys[:, 2].astype(np.int64),
+        inst_sender=inst_sender.astype(np.int64),
+        inst_receiver=inst_receiver.astype(np.int64),
     )
 
 
@@ -224,9 +241,18 @@ class LinkFinding:
 
 
 def _instance_keys(d: Decomposition) -> NDArray[np.int64]:
-    """(op, size class) per instance: transfers are compared only between like instances."""
+    """Per instance, what its transfers are compared by: like instances of like groups.
+
+    (op, message-size class) and the kind of its group — how many ranks take part and how
+    often (the log2 of the group's instances in the window): a data-parallel gradient
+    all-reduce across nodes and a tensor-parallel all-reduce inside one are different links,
+    however similar their messages.
+    """
     size_class = np.floor(np.log2(np.maximum(d.inst_bytes, 1))).astype(np.int64)
-    return d.inst_op * 64 + size_class
+    per_group = np.bincount(d.inst_group, minlength=int(d.inst_group.max()) + 1 if d.inst_group.size else 0)
+    frequency = np.floor(np.log2(np.maximum(per_group[d.inst_group], 1))).astype(np.int64)
+    width = np.minimum(d.inst_ranks, 4095)
+    return ((d.inst_op * 64 + size_class) * 64 + frequency) * 4096 + width
 
 
 def slow_links(

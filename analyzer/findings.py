@@ -7,7 +7,7 @@ from typing import Any
 
 from argus.diagnosis import Cause
 
-__all__ = ["STRAGGLER_CAUSES", "Finding"]
+__all__ = ["JOB_SUBJECT", "STRAGGLER_CAUSES", "Finding", "family"]
 
 #: Causes of one slow rank (or several): the lifecycle lets a fault's cause follow the evidence.
 STRAGGLER_CAUSES = frozenset({Cause.COMPUTE, Cause.HOST_STALL, Cause.DATALOADER, Cause.THROTTLING})
@@ -19,7 +19,8 @@ class Finding:
 
     ``subject`` identifies the fault across windows together with ``family``:
     ``rank:R`` for one rank, ``many`` for many ranks of one cause, ``group:G``
-    for a process group, ``ranks:a,b,...`` for a set of ranks outside any group.
+    for a process group, ``ranks:a,b,...`` for a set of ranks outside any group,
+    ``job`` for the job's loss that no rank explains.
     """
 
     cause: str
@@ -37,15 +38,30 @@ class Finding:
     member_scores: dict[int, float] = field(default_factory=dict)
     #: True when one window is not enough to open a diagnosis (see :mod:`argus.analyzer.lifecycle`).
     needs_confirmation: bool = False
-    #: What ``slowdown_pct`` is computed from, when it is a time the job waited:
-    #: ``(waited ns, job wall time ns, steps)`` summed over the window's steps. The lifecycle
-    #: adds these up over a diagnosis's windows.
-    cost_ns: tuple[float, float, int] | None = None
+    #: The share of the window's lost time this fault accounts for, ns, and the wall time of the
+    #: window's steps, ns (:mod:`argus.analyzer.loss`); the lifecycle adds both up over a
+    #: diagnosis's windows: ``slowdown_pct = 100 · lost / wall`` over its span.
+    lost_ns: float = 0.0
+    wall_ns: float = 0.0
+    #: Per step column of the window's L2 result, how long the job waited for this fault, ns
+    #: (what :mod:`argus.analyzer.loss` shares the window's lost time by); empty when unknown.
+    waited_ns: tuple[float, ...] = ()
     #: True when as many ranks look slow as are left to compare them with, on a thin reference:
     #: which side is slow is unclear, so only a strong score held for two windows opens it.
     ambiguous: bool = False
 
     @property
     def family(self) -> str:
-        """``straggler`` for the causes of :data:`STRAGGLER_CAUSES`, else the cause itself."""
-        return "straggler" if self.cause in STRAGGLER_CAUSES else self.cause
+        """``job`` for the unexplained loss, ``straggler`` for :data:`STRAGGLER_CAUSES`, else the cause."""
+        return family(self.cause, self.subject)
+
+
+def family(cause: str, subject: str) -> str:
+    """The family a fault of ``cause`` and ``subject`` belongs to (its identity with the subject)."""
+    if subject == JOB_SUBJECT:
+        return "job"
+    return "straggler" if cause in STRAGGLER_CAUSES else cause
+
+
+#: Subject of the job-level finding (a loss no rank-level finding explains).
+JOB_SUBJECT = "job"

@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from argus.analyzer.robust import one_sided_scores
+from argus.analyzer.roles import Roles
 from argus.analyzer.wasserstein import U_WEIGHTS, frechet_median, mixture_quantiles, w1_both
 from argus.analyzer.window import KernelClusters
 
@@ -91,35 +92,51 @@ def _no_scores(names: tuple[str, ...]) -> KernelScores:
 
 
 def score_kernels(
-    kc: KernelClusters, *, rel_floor: float = REL_FLOOR, collective_rel_floor: float = COLLECTIVE_REL_FLOOR
+    kc: KernelClusters,
+    *,
+    roles: Roles | None = None,
+    rel_floor: float = REL_FLOOR,
+    collective_rel_floor: float = COLLECTIVE_REL_FLOOR,
 ) -> KernelScores:
-    """Score every rank of every (kernel, stream) group with :data:`MIN_RANKS` or more ranks.
+    """Score every rank of every (kernel, stream, role) group with :data:`MIN_RANKS` or more ranks.
 
     Args:
         kc: The window's clusters.
+        roles: Ranks are compared only within their role (:mod:`argus.analyzer.roles`);
+            default: one role.
         rel_floor: Floor of the W1 excess that scores 1, fraction of the reference mean.
         collective_rel_floor: The same for communication kernels.
 
     Returns:
-        :class:`KernelScores`, rows grouped by (kernel, stream) and sorted by rank inside.
+        :class:`KernelScores`, rows grouped by (kernel, stream, role) and sorted by rank inside.
     """
     if kc.rank.size == 0:
         return _no_scores(kc.kernel_names)
-    # Sort clusters by (kernel, stream, rank): a (group, rank) item is contiguous.
-    order = np.lexsort((kc.rank, kc.stream, kc.kernel))
+    role_of = roles.of(kc.rank) if roles is not None else np.zeros(kc.rank.size, np.int64)
+    # Sort clusters by (role, kernel, stream, rank): a (group, rank) item is contiguous.
+    order = np.lexsort((kc.rank, kc.stream, kc.kernel, role_of))
     kern, strm, rank = kc.kernel[order], kc.stream[order], kc.rank[order]
+    role = role_of[order]
     count = kc.count[order].astype(np.float64)
     total = kc.sum_ns[order]
-    new_item = np.r_[True, (kern[1:] != kern[:-1]) | (strm[1:] != strm[:-1]) | (rank[1:] != rank[:-1])]
+    new_item = np.r_[
+        True,
+        (kern[1:] != kern[:-1]) | (strm[1:] != strm[:-1]) | (rank[1:] != rank[:-1]) | (role[1:] != role[:-1]),
+    ]
     item = np.cumsum(new_item) - 1
     n_items = int(item[-1]) + 1 if item.size else 0
     first = np.flatnonzero(new_item)
     item_count = np.bincount(item, count, n_items)
     item_sum = np.bincount(item, total, n_items)
-    item_kern, item_strm, item_rank = kern[first], strm[first], rank[first]
+    item_kern, item_strm, item_rank, item_role = kern[first], strm[first], rank[first], role[first]
     item_coll = np.zeros(n_items, bool)
     np.logical_or.at(item_coll, item, kc.collective[order])
-    new_group = np.r_[True, (item_kern[1:] != item_kern[:-1]) | (item_strm[1:] != item_strm[:-1])]
+    new_group = np.r_[
+        True,
+        (item_kern[1:] != item_kern[:-1])
+        | (item_strm[1:] != item_strm[:-1])
+        | (item_role[1:] != item_role[:-1]),
+    ]
     group_start = np.flatnonzero(new_group)
     group_end = np.r_[group_start[1:], n_items]
     p50, p99 = kc.p50_ns[order], kc.p99_ns[order]

@@ -25,17 +25,25 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 * **Resolve** after :data:`RESOLVE_WINDOWS` consecutive windows in which its
   ranks reported data and no finding kept it; a window where none of its
   ranks reported (missing or late batches) neither keeps nor resolves it.
-* ``slowdown_pct``: when findings carry ``cost_ns`` (the time the job waited for the
-  fault), the waits and the job's wall time are summed over every window that
-  updated the diagnosis, and ``slowdown_pct = 100 · waited / wall time`` over that
-  span (evidence: ``waited_ms_per_step``, ``mean_job_step_ms``, ``slowdown_steps``,
-  and ``window_slowdown_pct`` for the latest window alone); else it is the latest
-  finding's.
+* **Lost time.** A fault opens only when, besides its score, the lost time it
+  accounts for over the windows of its confirmation span (the latest ones; the
+  window it began in mid-way does not dilute it; :mod:`argus.analyzer.loss`) is
+  at least ``min_loss_pct`` of the wall time of those windows: a fault the job does
+  not feel is no fault. ``unresponsive`` is exempt. Each finding's share
+  (``lost_ns``) and the window's wall time (``wall_ns``) are summed over every
+  window that updated the diagnosis: ``slowdown_pct = 100 · lost / wall`` over its
+  span, ``evidence.lost_s`` is the job time it accounts for and ``evidence.span_s``
+  the wall time of that span (with ``window_slowdown_pct`` for the latest window alone).
+* The job-level fault (family ``job``, :data:`argus.analyzer.findings.JOB_SUBJECT`)
+  is one diagnosis however its cause moves: its cause is the one most windows named.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
   open every straggler of its cause joins it.
 
 The tracker is pure state over findings; the service writes what it returns.
+Its bookkeeping (subject, cause votes, the lost-time sums) is its own state, not
+part of a diagnosis's public evidence: :meth:`Tracker.state` gives it for the
+store and :meth:`Tracker.load` takes it back after a restart.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from argus.analyzer.findings import STRAGGLER_CAUSES, Finding
+from argus.analyzer.findings import Finding, family
+from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
 from argus.config import DEFAULT_WINDOW_S
 from argus.diagnosis import Diagnosis, State
 
@@ -61,6 +70,8 @@ STRONG_SCORE = 2.0
 CONFIRM_NS = 10_000_000_000
 #: Clean windows (its ranks reported, nothing kept it) before a diagnosis is resolved.
 RESOLVE_WINDOWS = 3
+#: Windows of a streak's costs kept (enough for the longest confirmation span of short windows).
+MAX_CONFIRM_WINDOWS = 64
 
 
 def diagnosis_id(job_id: str, family: str, subject: str, first_window_ns: int) -> str:
@@ -69,17 +80,13 @@ def diagnosis_id(job_id: str, family: str, subject: str, first_window_ns: int) -
     return hashlib.sha1(key).hexdigest()[:16]
 
 
-def _family(cause: str) -> str:
-    return "straggler" if cause in STRAGGLER_CAUSES else cause
-
-
 def _open_score(f: Finding) -> float:
     """The score a finding must reach, window after window, to open a diagnosis."""
     return STRONG_SCORE if f.ambiguous else OPEN_SCORE
 
 
-def _subject(d: Diagnosis) -> str:
-    subject = d.evidence.get("subject")
+def _subject(d: Diagnosis, state: dict[str, Any]) -> str:
+    subject = state.get("subject", d.evidence.get("subject"))  # older rows kept it in the evidence
     if isinstance(subject, str):
         return subject
     if d.rank is not None:
@@ -92,12 +99,23 @@ def _subject(d: Diagnosis) -> str:
 @dataclass
 class _Open:
     diagnosis: Diagnosis
+    subject: str
     causes: Counter[str] = field(default_factory=Counter)
     clean: int = 0
-    #: Summed over the windows that updated it: time the job waited for the fault, its wall time (ns), steps.
-    waited_ns: float = 0.0
-    job_ns: float = 0.0
-    steps: int = 0
+    #: Summed over the windows that updated it: the lost time it accounts for and the wall time, ns.
+    lost_ns: float = 0.0
+    wall_ns: float = 0.0
+
+
+@dataclass
+class _Streak:
+    """A fault not open yet: consecutive windows up to the last one it was seen in (>= KEEP_SCORE)."""
+
+    seen: int = 0
+    #: Of those, the consecutive windows (up to the last) at its opening score.
+    opening: int = 0
+    #: (lost time it accounted for and wall time, ns; cause) of its latest windows, oldest first.
+    costs: tuple[tuple[float, float, str], ...] = ()
 
 
 class Tracker:
@@ -105,7 +123,9 @@ class Tracker:
 
     Args:
         job_id: The job.
+        window_ns: Analysis window, ns.
         resolve_windows: Clean windows before resolving (default :data:`RESOLVE_WINDOWS`).
+        min_loss_pct: Loss threshold, percent of wall time over the confirmation span.
     """
 
     def __init__(
@@ -114,34 +134,53 @@ class Tracker:
         *,
         window_ns: int = round(DEFAULT_WINDOW_S * 1e9),
         resolve_windows: int = RESOLVE_WINDOWS,
+        min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
     ) -> None:
         self.job_id = job_id
         self.resolve_windows = resolve_windows
+        self.min_loss_pct = min_loss_pct
         #: Consecutive windows a fault must be seen in before it opens (>= CONFIRM_NS of evidence).
         self.confirm_windows = max(1, -(-CONFIRM_NS // max(int(window_ns), 1)))
         self.window_ns = int(window_ns)
         self._open: dict[tuple[str, str], _Open] = {}
-        #: Faults not open: key → consecutive windows up to the last one in which they were seen
-        #: (>= KEEP_SCORE), and in which they scored at least their opening score.
-        self._streak: dict[tuple[str, str], tuple[int, int]] = {}
+        #: Faults not open yet, by key.
+        self._streak: dict[tuple[str, str], _Streak] = {}
 
     @property
     def open(self) -> list[Diagnosis]:
         """The open diagnoses, oldest first."""
         return sorted((o.diagnosis for o in self._open.values()), key=lambda d: d.first_window_ns)
 
-    def load(self, diagnoses: list[Diagnosis]) -> None:
-        """Adopt diagnoses read back from the store (e.g. after a restart); resolved ones are ignored."""
+    def load(self, diagnoses: list[Diagnosis], states: dict[str, dict[str, Any]] | None = None) -> None:
+        """Adopt diagnoses read back from the store (e.g. after a restart); resolved ones are ignored.
+
+        ``states`` maps a diagnosis id to what :meth:`state` gave for it when it was written.
+        """
         for d in diagnoses:
-            if d.state == State.OPEN and d.job_id == self.job_id:
-                o = _Open(d)
+            if d.state != State.OPEN or d.job_id != self.job_id:
+                continue
+            state = (states or {}).get(d.id, {})
+            o = _Open(d, _subject(d, state))
+            votes = state.get("cause_votes", d.evidence.get("cause_votes"))
+            if isinstance(votes, dict):
+                o.causes.update({str(k): int(v) for k, v in votes.items()})
+            else:
                 o.causes[d.cause] = int(d.evidence.get("windows", 1))
-                steps = d.evidence.get("slowdown_steps")
-                if isinstance(steps, int) and steps > 0:
-                    o.steps = steps
-                    o.waited_ns = float(d.evidence.get("waited_ms_per_step") or 0.0) * 1e6 * steps
-                    o.job_ns = float(d.evidence.get("mean_job_step_ms") or 0.0) * 1e6 * steps
-                self._open[(_family(d.cause), _subject(d))] = o
+            o.lost_ns = float(state.get("lost_ns", 0.0))
+            o.wall_ns = float(state.get("wall_ns", 0.0))
+            self._open[(family(d.cause, o.subject), o.subject)] = o
+
+    def state(self, diagnosis_id: str) -> dict[str, Any]:
+        """The tracker's bookkeeping of an open diagnosis (JSON-ready; empty once it is closed)."""
+        for o in self._open.values():
+            if o.diagnosis.id == diagnosis_id:
+                return {
+                    "subject": o.subject,
+                    "cause_votes": dict(o.causes),
+                    "lost_ns": o.lost_ns,
+                    "wall_ns": o.wall_ns,
+                }
+        return {}
 
     def update(  # noqa: C901  (the module doc's rules, one clause each, in its order)
         self, window_ns: int, findings: list[Finding], observed: set[int]
@@ -157,11 +196,15 @@ class Tracker:
             Diagnoses opened, updated or resolved in this window (to be written).
         """
         findings = self._fold_into_many(findings)
-        streak: dict[tuple[str, str], tuple[int, int]] = {}
+        streak: dict[tuple[str, str], _Streak] = {}
         for f in sorted(findings, key=lambda f: f.score):  # the best finding of a key counts
             if f.score >= KEEP_SCORE:
-                seen, opening = self._streak.get((f.family, f.subject), (0, 0))
-                streak[(f.family, f.subject)] = (seen + 1, opening + 1 if f.score >= _open_score(f) else 0)
+                was = self._streak.get((f.family, f.subject), _Streak())
+                costs = (*was.costs[-MAX_CONFIRM_WINDOWS:], (f.lost_ns, f.wall_ns, f.cause))
+                s = _Streak(was.seen + 1, costs=costs)
+                if f.score >= _open_score(f):
+                    s.opening = was.opening + 1
+                streak[(f.family, f.subject)] = s
         self._streak = streak
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
@@ -170,14 +213,19 @@ class Tracker:
             o = self._open.get(key)
             if o is None:
                 needed = 1 if f.family == "unresponsive" else self.confirm_windows
-                if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous:
+                # The job's own loss has no peers to stand out from: one window of it, however
+                # large (a checkpoint), is no sustained loss.
+                if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
                     needed = max(needed, 2)
-                seen, opening = streak.get(key, (0, 0))
-                if f.score < _open_score(f) or opening < needed:
+                s = streak.get(key, _Streak())
+                if f.score < _open_score(f) or s.opening < needed or not self._costly(f, s, needed):
                     continue
-                # The fault was first seen when its streak of windows began.
-                d = self._new(window_ns - (seen - 1) * self.window_ns, f)
-                o = self._open[key] = _Open(d)
+                # The fault was first seen when its streak of windows began: its cost counts from there.
+                d = self._new(window_ns - (s.seen - 1) * self.window_ns, f)
+                o = self._open[key] = _Open(d, f.subject)
+                o.lost_ns = sum(c[0] for c in s.costs[:-1])
+                o.wall_ns = sum(c[1] for c in s.costs[:-1])
+                o.causes.update(c[2] for c in s.costs[:-1])
                 changed.extend(self._absorb(key, d))
             elif key in matched or f.score < KEEP_SCORE:
                 continue
@@ -196,6 +244,15 @@ class Tracker:
                 del self._open[key]
                 changed.append(replace(o.diagnosis, state=State.RESOLVED.value))
         return changed
+
+    def _costly(self, f: Finding, s: _Streak, windows: int) -> bool:
+        """The fault cost the job at least the loss threshold over its latest ``windows`` windows."""
+        if f.family == "unresponsive":
+            return True
+        recent = s.costs[-windows:]
+        lost = sum(c[0] for c in recent)
+        wall = sum(c[1] for c in recent)
+        return wall > 0 and 100.0 * lost >= self.min_loss_pct * wall
 
     def finish(self) -> list[Diagnosis]:
         """The job ended (every rank exited): resolve every open diagnosis."""
@@ -235,9 +292,11 @@ class Tracker:
             base = existing or max(fs, key=lambda f: f.score)
             if existing:
                 out.remove(existing)
+            lost = sum(f.lost_ns for f in fs) + (existing.lost_ns if existing else 0.0)
             out.append(
                 replace(
                     base,
+                    lost_ns=min(lost, base.wall_ns) if base.wall_ns > 0 else lost,
                     rank=None,
                     ranks=tuple(sorted(members)),
                     member_scores=members,
@@ -285,27 +344,15 @@ class Tracker:
     def _refresh(self, o: _Open, window_ns: int, f: Finding) -> Diagnosis:
         top = max(o.causes.values())
         cause = f.cause if o.causes[f.cause] == top else next(c for c, n in o.causes.items() if n == top)
+        o.lost_ns += f.lost_ns
+        o.wall_ns += f.wall_ns
+        slowdown = min(100.0, 100.0 * o.lost_ns / o.wall_ns) if o.wall_ns > 0 else f.slowdown_pct
         evidence: dict[str, Any] = {
             **f.evidence,
-            "subject": f.subject,
-            "windows": sum(o.causes.values()),
-            "cause_votes": dict(o.causes),
+            "lost_s": round(o.lost_ns / 1e9, 3),
+            "span_s": round(o.wall_ns / 1e9, 3),
+            "window_slowdown_pct": round(f.slowdown_pct, 3),
         }
-        slowdown = f.slowdown_pct
-        if f.cost_ns is not None:
-            o.waited_ns += f.cost_ns[0]
-            o.job_ns += f.cost_ns[1]
-            o.steps += f.cost_ns[2]
-        if o.steps > 0 and o.job_ns > 0:
-            slowdown = min(100.0, 100.0 * o.waited_ns / o.job_ns)
-            evidence.update(
-                {
-                    "waited_ms_per_step": round(o.waited_ns / o.steps / 1e6, 3),
-                    "mean_job_step_ms": round(o.job_ns / o.steps / 1e6, 3),
-                    "slowdown_steps": o.steps,
-                    "window_slowdown_pct": round(f.slowdown_pct, 3),
-                }
-            )
         same = cause == f.cause or not o.diagnosis.evidence
         ranks = list(f.ranks)
         if f.member_scores:

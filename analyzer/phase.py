@@ -2,85 +2,100 @@
 
 Every rank of a synchronous job ends each step at about the same time, so the
 step time itself cannot tell the straggler apart: its peers spend the time it
-loses waiting for it inside their collectives.
+loses waiting for it. L2 therefore compares **self time** — each step minus the
+time the rank was blocked at any synchronisation point (collectives, barriers,
+broadcasts, point-to-point transfers; :mod:`argus.analyzer.waits`) — split into
+the four phases and untracked host time. A rank that waited for another keeps
+its self time, however late that wait made it; the rank that made everyone wait
+has the excess.
 
-**Who.** Per (rank, step), how late the rank issued the step's last collective
-of its widest process group (the last gradient bucket's all-reduce, say),
-against the healthy ranks' arrival at that same collective instance
-(clock offsets removed, :mod:`argus.analyzer.collectives`). By then a rank has
-been delayed by everything it did slower since the previous synchronisation —
-a slow forward or backward, a slow batch, a host stall — and its peers waited
-exactly that long. Only the positive part counts: a rank that is early at one
-step gives nothing back at another, because every step waits for its slowest
-rank. Jobs without collective records fall back to **self time**: the step's
-time minus the time the rank was blocked in collectives.
+Two references, each per (rank, step):
 
-**Which phase.** Per (rank, step) the step splits into
+* **Peers** — the median self time, at the same step, of the healthy ranks of
+  the rank's role (:mod:`argus.analyzer.roles`: ranks of different pipeline
+  stages are never compared). Anything that hits every rank at once (a slow
+  batch everywhere, a checkpoint, a GC storm) cancels. The healthy set comes
+  from the one-sided rule of :mod:`argus.analyzer.robust` over per-rank
+  medians, so it stays right with up to half of a role slow. Used when the role
+  has at least :data:`MIN_PEERS` ranks.
+* **Own past** — the rank's median self time in recent healthy windows
+  (``baseline``, kept by the caller), less the change common to the job (the
+  level of the ranks that did not change: a slower data epoch for everyone is
+  the job's, not a rank's). It finds the ranks behind when more than half of a
+  role slowed (three of four ranks, a whole pipeline stage) and ranks of roles
+  too small for peers, and it cancels persistent speed differences between ranks.
 
-* the four phases ``data``, ``forward``, ``backward``, ``optimizer``, each minus
-  the blocked wait of the collectives issued inside it, and
-* *untracked* host time (the step not covered by phases), minus the blocked
-  wait of collectives issued outside any phase.
-
-A phase's blocked wait is the largest wait of the collectives issued in it:
-data-parallel all-reduces are issued asynchronously bucket by bucket and the
-rank blocks once, at the end of backward, for the last of them, whose wait is
-about the whole delay. Each component is compared with the healthy ranks' at
-the same step; the components whose excess carries the rank's lateness name
-the phase (and feed the cause, :mod:`argus.analyzer.causes`).
-
-Comparison: per step, the reference is the median over the healthy ranks at
-*that step*, so anything that hits every rank at once (a slow batch everywhere,
-a checkpoint, a GC storm) cancels. A rank's score is its mean positive excess
-over the window's steps after dropping its few worst steps (one per ten, at
-most :data:`MAX_TRIM`): isolated hiccups are not a fail-slow fault, while a
-stall every few steps survives the trim. It is scored with the one-sided rule
-of :mod:`argus.analyzer.robust` against a floor of :data:`REL_FLOOR` of the
-reference step time, and shrunk toward 0 when the rank has fewer than
-:data:`CONFIDENT_STEPS` steps left (a job's first, partial window). The healthy
-set is first estimated from per-rank medians, so the per-step references stay
-correct with up to half the ranks slow. Ranks are compared with every other
-rank of the job: data- and tensor-parallel peers do the same work in each step.
-
-Change against its own past: ranks differ a little for good (one GPU or host
-is 1-2 % faster than another), and with few ranks that spread dominates the
-robust scale. So each rank's trimmed excess is also compared with its own
-level in recent healthy windows (``baseline``, kept by the caller); a rank
-whose excess *grew* past the threshold is flagged with only half the evidence
-against its peers (a cross-rank score of 0.5). Fail-slow is a change.
+A rank's statistic is its mean excess per step; the time the job waited for it
+is the positive part of each step's excess (being early at one step gives
+nothing back at another: every step waits for its slowest rank). One isolated
+hiccup — a single step far above the rest, with no other such step on that
+rank in this window or the recent ones (``recent_spikes``) — is left out; a
+repeating pattern never is: rare large stalls cost the job throughput.
+Scores use the one-sided rule against a floor of :data:`REL_FLOOR` of the
+reference step time and the per-step noise; they shrink toward 0 below
+:data:`CONFIDENT_STEPS` steps (a job's first, partial window).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
 
 from argus.analyzer.collectives import Decomposition
-from argus.analyzer.robust import MAD_TO_SIGMA, grouped_median, one_sided_scores
+from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
+from argus.analyzer.roles import Roles, one_role
+from argus.analyzer.waits import COMPONENTS, StepTimes, step_times
 from argus.analyzer.window import Window
-from argus.schema import PHASES
 
-__all__ = ["COMPONENTS", "REL_FLOOR", "WARMUP_STEPS", "PhaseResult", "Slowdown", "compare_phases"]
+__all__ = [
+    "COMPONENTS",
+    "MIN_PEERS",
+    "REL_FLOOR",
+    "WARMUP_STEPS",
+    "PhaseResult",
+    "RankBaseline",
+    "Slowdown",
+    "compare_phases",
+]
 
-#: Components of a step's self time: the phases, then untracked host time.
-COMPONENTS = (*PHASES, "untracked")
-_UNTRACKED = len(PHASES)
+F64 = NDArray[np.float64]
+
 #: Steps numbered below this are warm-up (allocation, compilation, first batches) and not compared.
 WARMUP_STEPS = 5
 #: Smallest excess per step worth a diagnosis, as a fraction of the reference step time.
 REL_FLOOR = 0.04
 #: Fewest compared steps a rank needs in a window.
 MIN_STEPS = 2
-#: Below this many kept steps a rank's score is scaled by ``kept / CONFIDENT_STEPS``.
+#: Below this many steps a rank's score is scaled by ``steps / CONFIDENT_STEPS``.
 CONFIDENT_STEPS = 8
-#: The worst ``min(max(1, ceil(steps / TRIM_DIVISOR)), MAX_TRIM)`` steps of a rank are left out
-#: of its score: a few isolated hiccups are dropped, a stall every few steps is not.
-TRIM_DIVISOR = 10
-MAX_TRIM = 3
+#: Fewest ranks in a role for a comparison with peers (with two, which one is slow is unclear).
+MIN_PEERS = 3
+#: A step whose excess is this many robust sigmas (and :data:`SPIKE_REL` of a step) above the
+#: rank's usual level is a spike; one spike alone, not repeated, is a hiccup and left out.
+SPIKE_K = 5.0
+SPIKE_REL = 0.25
+
+
+@dataclass(frozen=True)
+class RankBaseline:
+    """A rank's self time in recent healthy windows (the own-past reference).
+
+    Attributes:
+        self_ns: Median self time per step, ns.
+        sigma_ns: Robust per-step standard deviation of its self time, ns.
+        comp_ns: Median self time per step of each of :data:`COMPONENTS`, ns, shape ``(5,)``.
+        step_ns: Median step time, ns.
+    """
+
+    self_ns: float
+    sigma_ns: float
+    comp_ns: NDArray[np.float64]
+    step_ns: float
 
 
 @dataclass(frozen=True)
@@ -90,60 +105,103 @@ class PhaseResult:
     Attributes:
         rank: Global ranks compared, sorted, shape ``(n,)``.
         steps: Steps compared per rank.
-        score: One-sided robust score of the trimmed mean positive excess; >= 1 = straggler.
-        excess_ns: Mean excess per step over the healthy reference, ns: lateness at the step's
-            last collective, or self time when the job records no collectives.
+        score: ``fmax(peer_score, past_score)``; >= 1 = straggler, NaN = not compared.
+        peer_score: Score against the healthy ranks of its role (NaN: role too small).
+        past_score: Score of its change against its own past beyond the job's common change
+            (NaN: no history).
+        excess_ns: Mean excess self time per step over the reference of its score (ns).
         component_excess_ns: Mean excess per step of each of :data:`COMPONENTS`, shape ``(n, 5)``.
-        wait_ns: Mean blocked wait per step.
+        wait_ns: Mean blocked time per step.
         self_ns: Mean self time per step.
         step_ns: Mean step time per step.
-        ref_step_ns: Mean over steps of the healthy reference step time.
-        ref_wait_ns: Mean over steps of the healthy reference blocked wait.
-        healthy: Ranks in the healthy reference set.
-        lost_ns: Per rank, summed positive excess over its steps (the time peers waited for it).
-        job_time_ns: Wall time from the end of the window's first compared step to the end of its
-            last (each step ends when its slowest rank ends it), ns: ``job_steps`` steps' time.
-        excess_matrix: Excess per (rank, step column), NaN where missing; shape ``(n, s)``.
-        has_collectives: True when blocked waits were known for most steps.
-        trimmed_frac: The trimmed mean excess per step as a fraction of the reference step time
-            (what :func:`compare_phases` compares with ``baseline`` next time).
-        change_score: One-sided score of ``trimmed_frac`` against the rank's ``baseline``; NaN without one.
+        ref_step_ns, ref_wait_ns, ref_self_ns: The same means of its reference (peers or past).
+        healthy: Ranks in their role's healthy reference set.
+        lost_ns: Per rank, summed positive excess over its steps.
+        excess_matrix: Positive excess per (rank, step column) on the rank's basis, NaN where
+            missing; shape ``(n, s)`` — what the job waited for the rank at each step.
+        step_cols: Step numbers of the columns.
+        has_collectives: True when most rank-steps recorded a synchronisation.
+        basis: ``"peers"`` or ``"own past"`` per rank (which reference ``excess_ns`` is against).
+        roles: The roles compared within.
+        spikes: Per rank, steps of this window that are spikes (see :data:`SPIKE_K`).
+        times: The window's self/blocked times (for the baselines and the job's accounting).
+        common_change_ns: The job's common change of self time per step against its past, ns.
+        change_ns: Per rank, mean change of self time per step against its own past, ns (NaN
+            without history), the common change included.
+        job_end_ns: Per step column, when the job ended the step (its slowest rank), ns.
     """
 
     rank: NDArray[np.int64]
     steps: NDArray[np.int64]
     score: NDArray[np.float64]
+    peer_score: NDArray[np.float64]
+    past_score: NDArray[np.float64]
     excess_ns: NDArray[np.float64]
     component_excess_ns: NDArray[np.float64]
     wait_ns: NDArray[np.float64]
     self_ns: NDArray[np.float64]
     step_ns: NDArray[np.float64]
-    ref_step_ns: float
-    ref_wait_ns: float
+    ref_step_ns: NDArray[np.float64]
+    ref_wait_ns: NDArray[np.float64]
+    ref_self_ns: NDArray[np.float64]
     healthy: NDArray[np.bool_]
     lost_ns: NDArray[np.float64]
-    job_time_ns: float
     excess_matrix: NDArray[np.float64]
+    step_cols: NDArray[np.int64]
     has_collectives: bool
-    trimmed_frac: NDArray[np.float64]
-    change_score: NDArray[np.float64]
+    basis: tuple[str, ...]
+    roles: Roles
+    spikes: NDArray[np.int64]
+    times: StepTimes | None = None
+    common_change_ns: float = 0.0
+    change_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
-    #: Steps ``job_time_ns`` covers (last compared step number − first).
-    job_steps: int = 0
+    def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
+        """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
+
+        The job waits each step for its slowest rank: the ranks of ``ranks`` cost it their
+        largest excess beyond the largest excess of all the others (had they been on time, the
+        step would have waited for the next slowest instead). In a large job whose noise already
+        makes some rank late every step, a small straggler costs little.
+        """
+        if not np.any(ranks) or self.excess_matrix.shape[1] == 0:
+            return np.zeros(self.excess_matrix.shape[1])
+        x, top, second, top_rank = self._top2
+        selected = np.flatnonzero(ranks)
+        if selected.size == 1:  # one rank: the rest's largest is the top, or the second when it is the top
+            i = int(selected[0])
+            rest = np.where(top_rank == i, second, top)
+            return np.asarray(np.maximum(x[i] - rest, 0.0))
+        mine = np.max(x[ranks], axis=0, initial=0.0)
+        rest = np.max(x[~ranks], axis=0, initial=0.0)
+        return np.asarray(np.maximum(mine - rest, 0.0))
+
+    @cached_property
+    def _top2(self) -> tuple[F64, F64, F64, NDArray[np.int64]]:
+        """Excess with NaN as 0, and per step column the largest, the second largest, and whose."""
+        x = np.nan_to_num(self.excess_matrix, nan=0.0)
+        if x.shape[0] == 0:
+            z = np.zeros(x.shape[1])
+            return x, z, z, np.zeros(x.shape[1], np.int64)
+        top_rank = np.argmax(x, axis=0)
+        cols = np.arange(x.shape[1])
+        top = x[top_rank, cols]
+        if x.shape[0] == 1:
+            return x, top, np.zeros(x.shape[1]), top_rank
+        masked = x.copy()
+        masked[top_rank, cols] = -np.inf
+        return x, top, np.max(masked, axis=0), top_rank
 
     def slowdown(self, ranks: NDArray[np.bool_]) -> Slowdown:
-        """The job's estimated loss of throughput caused by the ranks selected by mask ``ranks``.
-
-        Per step the job waits for the slowest of them, ``max_r excess⁺(r, s)``; its mean over
-        the compared steps after the first is set against the job's wall time per step
-        (``job_time_ns / job_steps``). See :class:`Slowdown`.
-        """
-        job_step = self.job_time_ns / self.job_steps if self.job_steps > 0 else 0.0
-        if not np.any(ranks) or job_step <= 0 or self.excess_matrix.shape[1] < 2:
-            return Slowdown(0.0, 0.0, job_step, self.job_steps)
-        lost = np.nanmax(np.maximum(self.excess_matrix[ranks], 0.0), axis=0, initial=0.0)[1:]
-        waited = min(float(np.nanmean(lost)), job_step)
-        return Slowdown(100.0 * waited / job_step, waited, job_step, self.job_steps)
+        """The job's loss of throughput caused by the ranks selected by mask ``ranks`` (:class:`Slowdown`)."""
+        ends = self.job_end_ns
+        steps = int(self.step_cols[-1] - self.step_cols[0]) if self.step_cols.size >= 2 else 0
+        job_step = float(ends[-1] - ends[0]) / steps if steps > 0 else 0.0
+        if steps == 0 or job_step <= 0:
+            return Slowdown(0.0, 0.0, job_step, steps)
+        waited = min(float(np.mean(self.waited(ranks)[1:])), job_step)
+        return Slowdown(100.0 * waited / job_step, waited, job_step, steps)
 
     def slowdown_pct(self, ranks: NDArray[np.bool_]) -> float:
         """``self.slowdown(ranks).pct``."""
@@ -154,21 +212,15 @@ class PhaseResult:
 class Slowdown:
     """A fault's cost to the job over one window's steps: ``pct = 100 · waited_ns / job_step_ns``.
 
-    ``slowdown_pct`` of a diagnosis (DESIGN §5: the job's estimated loss of
-    throughput, percent). Every rank of a synchronous job ends each step together,
-    so the time the job spends per step waiting for the straggler is lost to all of
-    it: without the fault a step would take ``job_step_ns - waited_ns``, and the
-    job's throughput (steps per second) would be ``job_step_ns / (job_step_ns -
-    waited_ns)`` times what it is. A 2× slower rank that doubles the step time
-    costs 50 %. ``job_step_ns`` is wall time between step ends (steps per second
-    of the whole job), not the slowest rank's step duration: a rank that pauses
-    between steps makes its own step long and its peers' next step long, yet the
-    job lost the pause once.
+    Every rank of a synchronous job ends each step together, so the time the job
+    spends per step waiting for the straggler is lost to all of it. ``job_step_ns``
+    is wall time between step ends (steps per second of the whole job), not the
+    slowest rank's step duration.
 
     Attributes:
         pct: Loss of throughput, percent, in [0, 100].
         waited_ns: Mean time per step the job waited for the fault's ranks, ns.
-        job_step_ns: Mean job step time (slowest rank) over the same steps, ns.
+        job_step_ns: Mean job step time over the same steps, ns.
         steps: Steps it is computed over.
     """
 
@@ -177,133 +229,14 @@ class Slowdown:
     job_step_ns: float
     steps: int
 
-    @property
-    def sums_ns(self) -> tuple[float, float, int]:
-        """``(waited ns, job wall time ns, steps)`` summed over the steps (what windows add up)."""
-        return self.waited_ns * self.steps, self.job_step_ns * self.steps, self.steps
 
-
-def _empty() -> PhaseResult:
+def _empty(roles: Roles) -> PhaseResult:
     z = np.zeros(0)
+    zi = np.zeros(0, np.int64)
     return PhaseResult(
-        np.zeros(0, np.int64),
-        np.zeros(0, np.int64),
-        z,
-        z,
-        np.zeros((0, len(COMPONENTS))),
-        z,
-        z,
-        z,
-        np.nan,
-        np.nan,
-        np.zeros(0, bool),
-        z,
-        0.0,
-        np.zeros((0, 0)),
-        False,
-        z,
-        z,
-    )
-
-
-def _cells(
-    ranks: NDArray[np.int64], step_cols: NDArray[np.int64], rank: NDArray[np.int64], step: NDArray[np.int64]
-) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
-    """(rank index, step column, found) of rows in the (rank, step) matrices."""
-    ri = np.minimum(np.searchsorted(ranks, rank), max(ranks.size - 1, 0))
-    si = np.minimum(np.searchsorted(step_cols, step), max(step_cols.size - 1, 0))
-    ok = (ranks.size > 0) & (step_cols.size > 0)
-    found = ok & (ranks[ri] == rank) & (step_cols[si] == step) if ok else np.zeros(rank.size, bool)
-    return ri, si, found
-
-
-def _blocked(
-    w: Window,
-    d: Decomposition | None,
-    ranks: NDArray[np.int64],
-    step_cols: NDArray[np.int64],
-) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """Blocked wait per (component, rank, step) and where any collective was seen; see module doc."""
-    n_r, n_s = ranks.size, step_cols.size
-    blocked = np.zeros((len(COMPONENTS), n_r, n_s))
-    seen = np.zeros((n_r, n_s), bool)
-    c = w.collectives
-    if d is None or c.rank.size == 0:
-        return blocked, seen
-    rows = np.flatnonzero(c.in_window)
-    cri, csi, found = _cells(ranks, step_cols, c.rank[rows], c.step[rows])
-    rows, cri, csi = rows[found], cri[found], csi[found]
-    # The phase that contains the issue time; phases and issue times share the rank's clock.
-    issue = c.issue_ns[rows]
-    comp = np.full(rows.size, _UNTRACKED, np.int64)
-    p = w.phases
-    if p.rank.size:
-        pri, psi, pok = _cells(ranks, step_cols, p.rank, p.step)
-        start = np.full((len(PHASES), n_r, n_s), np.iinfo(np.int64).max)
-        end = np.full((len(PHASES), n_r, n_s), np.iinfo(np.int64).min)
-        start[p.phase[pok], pri[pok], psi[pok]] = p.start_ns[pok]
-        end[p.phase[pok], pri[pok], psi[pok]] = p.start_ns[pok] + p.dur_ns[pok]
-        for ph in range(len(PHASES)):
-            inside = (issue >= start[ph, cri, csi]) & (issue < end[ph, cri, csi])
-            comp = np.where(inside & (comp == _UNTRACKED), ph, comp)
-    np.maximum.at(blocked, (comp, cri, csi), d.wait_ns[rows])
-    seen[cri, csi] = True
-    return blocked, seen
-
-
-def _lateness(
-    w: Window, d: Decomposition, ranks: NDArray[np.int64], step_cols: NDArray[np.int64]
-) -> NDArray[np.float64]:
-    """Per (rank, step): how late the rank issued the step's last collective, ns, vs healthy peers.
-
-    The collective of a (rank, step) is the one of its widest process group that it
-    issued last in the step (the data-parallel all-reduce of the last gradient
-    bucket, say): by then the rank has been delayed by everything it did slower
-    since the previous synchronisation. The reference arrival of an instance is
-    the median corrected issue time of the healthy ranks; healthy is decided
-    from a first pass against the instance's 25th-percentile arrival, which at
-    most half of the ranks being late cannot move.
-    """
-    n_r, n_s = ranks.size, step_cols.size
-    out = np.full((n_r, n_s), np.nan)
-    c = w.collectives
-    rows = np.flatnonzero(c.in_window)
-    cri, csi, found = _cells(ranks, step_cols, c.rank[rows], c.step[rows])
-    rows, cri, csi = rows[found], cri[found], csi[found]
-    if rows.size == 0:
-        return out
-    cell = cri * n_s + csi
-    width = d.inst_ranks[d.instance[rows]]
-    order = np.lexsort((d.issue_ns[rows], width, cell))
-    last = order[np.r_[np.flatnonzero(np.diff(cell[order])), order.size - 1]]
-    chosen, c_ri, c_si = rows[last], cri[last], csi[last]
-    inst = d.instance[chosen]
-
-    # First pass: lateness against each instance's 25th-percentile arrival.
-    all_inst, all_issue = d.instance, d.issue_ns
-    srt = np.lexsort((all_issue, all_inst))
-    counts = np.bincount(all_inst, minlength=d.n_instances)
-    starts = np.r_[0, np.cumsum(counts)[:-1]]
-    q25 = np.full(d.n_instances, np.nan)
-    has = counts > 0
-    q25[has] = all_issue[srt][starts[has] + (counts[has] - 1) // 4]
-    first = d.issue_ns[chosen] - q25[inst]
-    per_rank = grouped_median(c_ri, first, n_r)
-    healthy_rank = one_sided_scores(per_rank, floor=REL_FLOOR * _typical_step(w)).healthy
-    # Second pass: the healthy ranks' median arrival per instance.
-    rank_idx = np.searchsorted(ranks, c.rank)
-    in_range = rank_idx < n_r
-    ok = np.zeros(c.rank.size, bool)
-    ok[in_range] = (ranks[rank_idx[in_range]] == c.rank[in_range]) & healthy_rank[rank_idx[in_range]]
-    ref = grouped_median(all_inst[ok], all_issue[ok], d.n_instances)
-    ref = np.where(np.isnan(ref), q25, ref)
-    out[c_ri, c_si] = d.issue_ns[chosen] - ref[inst]
-    return out
-
-
-def _typical_step(w: Window) -> float:
-    d = w.steps.dur_ns[w.steps.step >= WARMUP_STEPS]
-    return float(np.median(d)) if d.size else 0.0
+        zi, zi, z, z, z, z, np.zeros((0, len(COMPONENTS))), z, z, z, z, z, z,
+        np.zeros(0, bool), z, np.zeros((0, 0)), zi, False, (), roles, zi,
+    )  # fmt: skip
 
 
 def _step_columns(w: Window) -> NDArray[np.int64]:
@@ -312,137 +245,249 @@ def _step_columns(w: Window) -> NDArray[np.int64]:
 
 
 def compare_phases(
-    w: Window, d: Decomposition | None, baseline: Mapping[int, float] | None = None
+    w: Window,
+    d: Decomposition | None = None,
+    roles: Roles | None = None,
+    baseline: Mapping[int, RankBaseline] | None = None,
+    recent_spikes: Mapping[int, int] | None = None,
 ) -> PhaseResult:
-    """Compare every rank's self time, per step and component, with the healthy ranks'.
+    """Compare every rank's self time, per step and component, with its references (module doc).
 
     Args:
         w: The window (its steps, phases and collectives are used).
-        d: Decomposition of ``w.collectives`` (None when the job records no collectives).
-        baseline: Per rank, its ``trimmed_frac`` in recent healthy windows (the analyzer keeps it).
+        d: The decomposition of ``w.collectives`` (which instances blocked; see
+            :func:`argus.analyzer.waits.blocking_rows`); None without collectives.
+        roles: Roles of the ranks (default: one role).
+        baseline: Per rank, its self time in recent healthy windows (the analyzer keeps it).
+        recent_spikes: Per rank, spikes seen in the recent windows (a second spike is a pattern).
 
     Returns:
         :class:`PhaseResult`; empty when no rank has :data:`MIN_STEPS` steps past warm-up.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
-        return _compare_phases(w, d, baseline)
+        return _compare(w, roles, baseline or {}, recent_spikes or {}, d)
 
 
-def _compare_phases(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
-    w: Window, d: Decomposition | None, baseline: Mapping[int, float] | None
+def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
+    w: Window,
+    roles: Roles | None,
+    baseline: Mapping[int, RankBaseline],
+    recent_spikes: Mapping[int, int],
+    d: Decomposition | None,
 ) -> PhaseResult:
-    st = w.steps
-    keep = st.step >= WARMUP_STEPS
-    if not np.any(keep):
-        return _empty()
-    ranks = np.unique(st.rank)
     step_cols = _step_columns(w)
+    if step_cols.size == 0:
+        return _empty(roles or one_role(np.unique(w.steps.rank)))
+    t = step_times(w, step_cols, d.instance if d is not None else None)
+    ranks = t.rank
+    roles = roles if roles is not None and np.all(roles.of(ranks) >= 0) else one_role(ranks)
+    role = roles.of(ranks)
     n_r, n_s = ranks.size, step_cols.size
-    ri = np.searchsorted(ranks, st.rank[keep])
-    si = np.searchsorted(step_cols, st.step[keep])
-    step_dur = np.full((n_r, n_s), np.nan)
-    step_dur[ri, si] = st.dur_ns[keep]
-
-    phase_dur = np.full((len(PHASES), n_r, n_s), np.nan)
-    p = w.phases
-    if p.rank.size:
-        pri, psi, pok = _cells(ranks, step_cols, p.rank, p.step)
-        phase_dur[p.phase[pok], pri[pok], psi[pok]] = p.dur_ns[pok]
-    blocked, seen = _blocked(w, d, ranks, step_cols)
-    has_phase = ~np.all(np.isnan(phase_dur), axis=0)
-    comps = np.full((len(COMPONENTS), n_r, n_s), np.nan)
-    comps[: len(PHASES)] = np.where(has_phase, np.nan_to_num(phase_dur, nan=0.0), np.nan)
-    comps[_UNTRACKED] = step_dur - np.where(has_phase, np.nansum(phase_dur, axis=0), 0.0)
-    comps = np.maximum(comps - blocked, 0.0)
-    self_t = step_dur - blocked.sum(axis=0)
-    wait = blocked.sum(axis=0)
-
-    valid = ~np.isnan(step_dur)
-    late = _lateness(w, d, ranks, step_cols) if d is not None else None
-    use_late = late is not None and np.isfinite(late[valid]).mean() >= 0.5
-    if late is not None and use_late:
-        valid &= np.isfinite(late)
+    valid = ~np.isnan(t.step_ns)
     n_steps = valid.sum(axis=1)
     enough = n_steps >= MIN_STEPS
-    basis = late if late is not None and use_late else self_t
-    per_rank = np.where(enough, np.nanmedian(np.where(valid, basis, np.nan), axis=1), np.nan)
-    ref_step = float(np.nanmedian(step_dur))
-    provisional = one_sided_scores(per_rank, floor=REL_FLOOR * ref_step)
-    healthy = provisional.healthy
-    if not np.any(healthy):
-        return _empty()
-    ref_comp = np.nanmedian(comps[:, healthy], axis=1)
-    comp_excess = comps - ref_comp[:, None, :]
-    if late is not None and use_late:
-        excess = late  # already relative to the healthy ranks' arrival
-    else:
-        excess = self_t - np.nanmedian(self_t[healthy], axis=0)[None, :]
+    if not np.any(enough):
+        return _empty(roles)
+    self_t = np.where(valid, t.self_ns, np.nan)
+    comps = np.where(valid[None], t.comp_self_ns, np.nan)
+    med_self = np.where(enough, np.nanmedian(self_t, axis=1), np.nan)
+    ref_step = float(np.nanmedian(t.step_ns))
 
-    # Mean excess without each rank's few worst steps (see MAX_TRIM).
-    ex0 = np.where(valid, excess, np.nan)
-    ex0 = np.where(valid & np.isnan(ex0), 0.0, ex0)  # a step no healthy rank reported: no evidence
-    total = np.nansum(ex0, axis=1)
-    drop = np.minimum(np.maximum(1, np.ceil(n_steps / TRIM_DIVISOR)), MAX_TRIM).astype(np.int64)
-    kept = np.maximum(n_steps - drop, 1)
-    # Only the time a rank made the others wait counts: being early at one step gives nothing
-    # back at another (each step waits for its slowest rank).
-    ascending = np.cumsum(np.sort(np.where(valid, np.maximum(ex0, 0.0), np.inf), axis=1), axis=1)
-    ascending = np.where(np.isfinite(ascending), ascending, 0.0)
-    kept_sum = ascending[np.arange(n_r), np.minimum(kept, max(n_s, 1)) - 1] if n_s else np.zeros(n_r)
-    trimmed = np.where(enough, kept_sum / kept, np.nan)
-    mean_excess = np.where(n_steps > 0, total / np.maximum(n_steps, 1), np.nan)
-    # Per-step noise of healthy ranks bounds the scale of a per-rank mean from below.
-    resid = excess[healthy][valid[healthy]]
-    sigma_step = MAD_TO_SIGMA * float(np.median(np.abs(resid - np.median(resid)))) if resid.size else 0.0
-    ref_step_time = float(np.nanmean(np.nanmedian(step_dur[healthy], axis=0)))
-    scores = one_sided_scores(
-        trimmed, floor=REL_FLOOR * ref_step_time, min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1))
+    # --- peers: per role, per step, the healthy ranks' median ---
+    healthy = np.zeros(n_r, bool)
+    has_peers = np.zeros(n_r, bool)
+    peer_ref = np.full((n_r, n_s), np.nan)
+    peer_comp = np.full((len(COMPONENTS), n_r, n_s), np.nan)
+    peer_step = np.full(n_r, np.nan)
+    peer_wait = np.full(n_r, np.nan)
+    for g in np.unique(role):
+        members = role == g
+        scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
+        ok = scores.healthy & members & enough
+        healthy |= ok
+        if int(np.sum(members & enough)) < MIN_PEERS or not np.any(ok):
+            continue
+        has_peers |= members
+        peer_ref[members] = np.nanmedian(self_t[ok], axis=0)
+        peer_comp[:, members] = np.nanmedian(comps[:, ok], axis=1)[:, None, :]
+        peer_step[members] = np.nanmean(np.nanmedian(t.step_ns[ok], axis=0))
+        peer_wait[members] = np.nanmean(np.nanmedian(np.where(valid, t.blocked_ns, np.nan)[ok], axis=0))
+    x_peer = self_t - peer_ref
+
+    # --- own past, less the job's common change ---
+    base_self = np.array([baseline[r].self_ns if r in baseline else np.nan for r in ranks.tolist()])
+    base_sigma = np.array([baseline[r].sigma_ns if r in baseline else np.nan for r in ranks.tolist()])
+    base_comp = np.array(
+        [baseline[r].comp_ns if r in baseline else np.full(len(COMPONENTS), np.nan) for r in ranks.tolist()]
+    ).reshape(n_r, len(COMPONENTS))
+    base_step = np.array([baseline[r].step_ns if r in baseline else np.nan for r in ranks.tolist()])
+    change = self_t - base_self[:, None]
+    common, unchanged = _common_change(np.nanmean(change, axis=1), base_sigma, n_steps, base_step)
+    x_past = change - _common_steps(change, unchanged, common)
+    comp_change = comps - base_comp.T[:, :, None]  # (5, n, s)
+    x_past_comp = np.stack(
+        [comp_change[k] - _common_steps(comp_change[k], unchanged, 0.0) for k in range(len(COMPONENTS))]
     )
-    cross = scores.score
-    trimmed_frac = trimmed / ref_step_time if ref_step_time > 0 else np.full(n_r, np.nan)
-    change = np.full(n_r, np.nan)
-    if baseline:
-        base = np.array([baseline.get(int(r), np.nan) for r in ranks])
-        delta = trimmed_frac - base
-        if np.sum(~np.isnan(delta)) >= 2:
-            change = one_sided_scores(
-                delta, floor=REL_FLOOR, min_scale=sigma_step / ref_step_time / np.sqrt(np.maximum(kept, 1))
+    common_comp = np.nan_to_num(np.nanmean(comp_change - x_past_comp, axis=(1, 2)), nan=0.0)
+
+    # --- scores: the whole self time and each component, each against its own noise ---
+    # Extra time in one component (a host stall in untracked time) stands out against that
+    # component's noise even when the others' swamp the sum; extra time spread over several
+    # (a slower forward and backward) stands out in the sum.
+    shrink = np.minimum(1.0, n_steps / CONFIDENT_STEPS)
+    past_floor = REL_FLOOR * np.where(np.isfinite(base_step), base_step, ref_step)
+    peer_score = np.full(n_r, np.nan)
+    past_score = np.full(n_r, np.nan)
+    peer_spikes = past_spikes = np.zeros(n_r, np.int64)
+    past_stat = np.full(n_r, np.nan)
+    for j, (xp, xq) in enumerate(
+        [(x_peer, x_past), *((comps[k] - peer_comp[k], x_past_comp[k]) for k in range(len(COMPONENTS)))]
+    ):
+        sigma_step = _noise(xp, healthy, valid)
+        p_stat, p_spikes = _mean_excess(xp, valid, sigma_step, ref_step, recent_spikes, ranks)
+        q_noise = _rank_noise(xq, valid)
+        q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
+        for g in np.unique(role[has_peers]):
+            members = (role == g) & enough
+            floor = REL_FLOOR * float(np.nanmedian(peer_step[members]))
+            sc = one_sided_scores(
+                np.where(members, p_stat, np.nan),
+                floor=floor,
+                min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)),
             ).score
-    # A rank whose excess over its own past is past the threshold needs only half the evidence
-    # against its peers: persistent speed differences between ranks cancel in the change.
-    confirmed = np.nan_to_num(change) >= 1.0
-    score = np.where(confirmed & (np.nan_to_num(cross) >= 0.5), np.fmax(cross, change), cross)
-    # Few steps are thin evidence: shrink the score toward 0 below CONFIDENT_STEPS kept steps.
-    shrink = np.minimum(1.0, kept / CONFIDENT_STEPS)
-    score = np.where(enough, score * shrink, np.nan)
-    with np.errstate(all="ignore"):
-        comp_mean = np.nanmean(comp_excess, axis=2).T
-        wait_mean = np.nanmean(np.where(valid, wait, np.nan), axis=1)
-        self_mean = np.nanmean(np.where(valid, self_t, np.nan), axis=1)
-        step_mean = np.nanmean(step_dur, axis=1)
-        step_end = np.full((n_r, n_s), np.nan)
-        step_end[ri, si] = (st.start_ns[keep] + st.dur_ns[keep]).astype(np.float64)
-        job_end = np.nanmax(step_end, axis=0)  # a step ends for the job when its slowest rank ends it
-        job_time = float(job_end[-1] - job_end[0]) if n_s >= 2 else 0.0
-    lost = np.nansum(np.maximum(ex0, 0.0), axis=1)
+            peer_score[members] = np.fmax(peer_score[members], sc[members])
+        q_thr = np.fmax(K_SIGMA * q_noise / np.sqrt(np.maximum(n_steps - 1, 1)), past_floor)
+        past_score = np.fmax(past_score, np.where(np.isfinite(q_stat) & enough, q_stat / q_thr, np.nan))
+        if j == 0:
+            peer_spikes, past_spikes, past_stat = p_spikes, q_spikes, q_stat
+    peer_score = np.where(enough & has_peers, peer_score * shrink, np.nan)
+    past_score = past_score * shrink
+    score = np.fmax(peer_score, past_score)
+
+    # The basis of each rank's excess: its peers when it has them and they show more, else its past.
+    use_past = ~has_peers | (np.nan_to_num(past_score, nan=-np.inf) > np.nan_to_num(peer_score, nan=-np.inf))
+    use_past &= np.isfinite(past_stat)
+    x = np.where(use_past[:, None], x_past, x_peer)
+    comp_ref = np.where(use_past[None, :, None], (base_comp + common_comp).T[:, :, None], peer_comp)
+    comp_excess = np.nanmean(comps - comp_ref, axis=2).T
+    excess_matrix = np.where(valid, np.maximum(np.nan_to_num(x, nan=0.0), 0.0), np.nan)
+    spikes = np.where(use_past, past_spikes, peer_spikes)
+    ref_self = np.where(use_past, base_self + common, np.nanmean(peer_ref, axis=1))
+    ref_step_r = np.where(use_past, base_step, peer_step)
+    basis = tuple("own past" if p else "peers" for p in use_past.tolist())
+    job_end = np.nanmax(t.end_ns, axis=0)
     return PhaseResult(
         rank=ranks.astype(np.int64),
         steps=n_steps.astype(np.int64),
         score=score,
-        excess_ns=mean_excess,
-        component_excess_ns=np.nan_to_num(comp_mean, nan=0.0),
-        wait_ns=wait_mean,
-        self_ns=self_mean,
-        step_ns=step_mean,
-        ref_step_ns=ref_step_time,
-        ref_wait_ns=float(np.nanmean(np.nanmedian(np.where(valid, wait, np.nan)[healthy], axis=0))),
-        healthy=scores.healthy & enough,
-        trimmed_frac=trimmed_frac,
-        change_score=change,
-        lost_ns=lost,
-        job_time_ns=job_time,
-        excess_matrix=ex0,
-        has_collectives=bool(seen[valid].mean() >= 0.5) if np.any(valid) else False,
-        job_steps=int(step_cols[-1] - step_cols[0]) if n_s >= 2 else 0,
+        peer_score=peer_score,
+        past_score=past_score,
+        excess_ns=np.where(n_steps > 0, np.nanmean(np.where(valid, x, np.nan), axis=1), np.nan),
+        component_excess_ns=np.nan_to_num(comp_excess, nan=0.0),
+        wait_ns=np.nanmean(np.where(valid, t.blocked_ns, np.nan), axis=1),
+        self_ns=np.nanmean(self_t, axis=1),
+        step_ns=np.nanmean(t.step_ns, axis=1),
+        ref_step_ns=ref_step_r,
+        ref_wait_ns=peer_wait,
+        ref_self_ns=ref_self,
+        healthy=healthy & enough,
+        lost_ns=np.nansum(excess_matrix, axis=1),
+        excess_matrix=excess_matrix,
+        step_cols=step_cols,
+        has_collectives=bool(t.synced[valid].mean() >= 0.5) if np.any(valid) else False,
+        basis=basis,
+        roles=roles,
+        spikes=spikes,
+        times=t,
+        common_change_ns=float(common),
+        change_ns=np.nanmean(change, axis=1),
+        job_end_ns=job_end,
     )
+
+
+def _common_change(
+    change: NDArray[np.float64],
+    sigma: NDArray[np.float64],
+    n_steps: NDArray[np.int64],
+    step: NDArray[np.float64],
+) -> tuple[float, NDArray[np.bool_]]:
+    """The job's change of self time per step that every rank shares, and the ranks not behind.
+
+    Start from the fastest tenth of the ranks' mean change (ranks that did not change are there
+    whenever some did not), flag the ranks past their threshold above it, and take the median
+    change of the others: the level of the ranks not behind. 0 (and no rank) without history.
+    """
+    ok = np.isfinite(change)
+    rest = np.zeros(change.size, bool)
+    if not np.any(ok):
+        return 0.0, rest
+    thr = np.fmax(
+        K_SIGMA * np.nan_to_num(sigma, nan=0.0) / np.sqrt(np.maximum(n_steps - 1, 1)), REL_FLOOR * step
+    )
+    thr = np.where(np.isfinite(thr), thr, 0.0)
+    level = float(np.percentile(change[ok], 10))
+    for _ in range(2):
+        behind = ok & (change - level >= thr)
+        if not np.any(ok & ~behind):
+            break
+        rest = ok & ~behind
+        level = float(np.median(change[rest]))
+    return level, rest
+
+
+def _noise(x: NDArray[np.float64], healthy: NDArray[np.bool_], valid: NDArray[np.bool_]) -> float:
+    """Robust per-step standard deviation of the healthy ranks' excess, ns."""
+    resid = x[healthy][valid[healthy]]
+    resid = resid[np.isfinite(resid)]
+    return MAD_TO_SIGMA * float(np.median(np.abs(resid - np.median(resid)))) if resid.size else 0.0
+
+
+def _common_steps(change: F64, unchanged: NDArray[np.bool_], fallback: float) -> F64:
+    """Per step column, the change of the ranks not behind (every rank slower together at one step
+    cancels), as a row to subtract; ``fallback`` where no such rank reported."""
+    if not np.any(unchanged):
+        return np.full((1, change.shape[1]), fallback)
+    per_step = np.nanmedian(change[unchanged], axis=0)
+    return np.where(np.isfinite(per_step), per_step, fallback)[None, :]
+
+
+def _rank_noise(x: NDArray[np.float64], valid: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Per rank, the robust per-step standard deviation of its excess, ns (NaN without data)."""
+    v = np.where(valid, x, np.nan)
+    out = np.full(x.shape[0], np.nan)
+    has = np.any(np.isfinite(v), axis=1)
+    if np.any(has):
+        med = np.nanmedian(v[has], axis=1)
+        out[has] = MAD_TO_SIGMA * np.nanmedian(np.abs(v[has] - med[:, None]), axis=1)
+    return out
+
+
+def _mean_excess(
+    x: NDArray[np.float64],
+    valid: NDArray[np.bool_],
+    sigma: float | NDArray[np.float64],
+    ref_step: float,
+    recent_spikes: Mapping[int, int],
+    ranks: NDArray[np.int64],
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Per rank, the mean excess per step (a lone hiccup left out) and its spike count.
+
+    The mean is signed (noise averages out; a steady shift or repeated stalls do not); the
+    time the job waited for the rank is the positive part, kept apart by the caller.
+    """
+    n_r = x.shape[0]
+    pos = np.where(valid, np.nan_to_num(x, nan=0.0), np.nan)
+    level = np.nanmedian(pos, axis=1)
+    sig = np.broadcast_to(np.asarray(sigma, np.float64), (n_r,))
+    spike_at = level + np.fmax(SPIKE_K * np.nan_to_num(sig, nan=0.0), SPIKE_REL * ref_step)
+    is_spike = valid & (pos > spike_at[:, None])
+    spikes = is_spike.sum(axis=1).astype(np.int64)
+    recent = np.array([recent_spikes.get(int(r), 0) for r in ranks], np.int64)
+    lone = (spikes == 1) & (recent == 0)
+    worst = np.nanmax(np.where(is_spike, pos, -np.inf), axis=1)
+    total = np.nansum(pos, axis=1) - np.where(lone, worst, 0.0)
+    count = valid.sum(axis=1) - lone.astype(np.int64)
+    mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    has_x = np.any(valid & np.isfinite(x), axis=1)
+    return np.where(has_x, mean, np.nan), spikes

@@ -1,10 +1,12 @@
-"""One job's analysis, window after window: the levels, causes and lifecycle without any I/O.
+"""One job's analysis, window after window: the levels, causes, lost time and lifecycle without any I/O.
 
-:class:`JobAnalysis` holds what must outlive a window (the job's recent step
-times for L1, its groups' healthy transfer times for slow-link history, the
-open diagnoses) and turns each :class:`~argus.analyzer.window.Window` into the
-diagnoses to write. The service feeds it windows read from the store; the
-detection benchmark feeds it synthetic windows directly.
+:class:`JobAnalysis` holds what must outlive a window — the job's healthy pace
+(L1 and lost time), each rank's self time in healthy windows (L2's own-past
+reference), the job's healthy profile (what grew), its groups' healthy transfer
+times (slow-link history), the ranks' roles, recent stalls, the open diagnoses
+— and turns each :class:`~argus.analyzer.window.Window` into the diagnoses to
+write and the window's lost-time accounting. The service feeds it windows read
+from the store; the detection benchmark feeds it synthetic windows directly.
 """
 
 from __future__ import annotations
@@ -22,18 +24,28 @@ from argus.analyzer.iteration import compare_iterations, job_last_end, job_step_
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
-from argus.analyzer.phase import WARMUP_STEPS, compare_phases
+from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting, JobProfile, account, job_profile
+from argus.analyzer.phase import CONFIDENT_STEPS, WARMUP_STEPS, PhaseResult, RankBaseline, compare_phases
+from argus.analyzer.robust import MAD_TO_SIGMA
+from argus.analyzer.roles import Roles, infer_roles
 from argus.analyzer.window import Window
 from argus.diagnosis import Diagnosis
 
 __all__ = ["JobAnalysis", "WindowResult"]
 
-#: Job step times of healthy windows (no finding at the opening score, nothing open) kept as the L1 baseline.
+#: Job step times of healthy windows (no finding at the opening score, nothing open) kept as the pace.
 HISTORY_STEPS = 512
-#: Healthy windows of each rank's trimmed self-time excess kept as its L2 baseline.
-EXCESS_HISTORY_WINDOWS = 8
+#: Healthy windows of each rank's self time kept as its own-past reference.
+RANK_HISTORY_WINDOWS = 8
+#: Healthy windows of the job's profile kept.
+PROFILE_WINDOWS = 8
 #: Windows of healthy transfer medians kept per (group, op, size class).
 LINK_HISTORY_WINDOWS = 8
+#: Windows over which a rank's stalls count as repeated (a second one is a pattern).
+SPIKE_MEMORY_WINDOWS = 6
+#: The healthy pace needs at least this many healthy windows and this much of their steps, ns.
+PACE_MIN_WINDOWS = 3
+PACE_MIN_NS = 20_000_000_000
 
 
 @dataclass(frozen=True)
@@ -41,14 +53,26 @@ class WindowResult:
     """What one window produced.
 
     Attributes:
-        findings: Every finding of the window (before the lifecycle).
+        findings: Every finding of the window (before the lifecycle), with their lost-time shares.
         changed: Diagnoses opened, updated or resolved (to write).
         suspects: ``(rank, score)`` of the highest-scoring ranks, best first.
+        accounting: The window's lost time and how much of it the findings explain.
+        roles: The ranks' roles when they changed in this window (to store), else None.
     """
 
     findings: list[Finding]
     changed: list[Diagnosis]
     suspects: list[tuple[int, float]]
+    accounting: Accounting
+    roles: Roles | None = None
+
+
+@dataclass
+class _RankWindow:
+    self_ns: float
+    sigma_ns: float
+    comp_ns: np.ndarray
+    step_ns: float
 
 
 class JobAnalysis:
@@ -57,16 +81,22 @@ class JobAnalysis:
     Args:
         job_id: The job.
         window_ns: Analysis window, ns.
+        min_loss_pct: Loss threshold, percent of wall time over the confirmation span.
     """
 
-    def __init__(self, job_id: str, window_ns: int) -> None:
+    def __init__(self, job_id: str, window_ns: int, *, min_loss_pct: float = DEFAULT_MIN_LOSS_PCT) -> None:
         self.job_id = job_id
         self.window_ns = window_ns
-        self.tracker = Tracker(job_id, window_ns=window_ns)
+        self.min_loss_pct = min_loss_pct
+        self.tracker = Tracker(job_id, window_ns=window_ns, min_loss_pct=min_loss_pct)
         self._steps: deque[float] = deque(maxlen=HISTORY_STEPS)
         self._links: dict[tuple[str, int], deque[float]] = {}
-        self._excess: dict[int, deque[float]] = {}
+        self._ranks: dict[int, deque[_RankWindow]] = {}
+        self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
+        self._spikes: dict[int, deque[int]] = {}
         self._suspects: list[tuple[int, float]] = []
+        self._healthy_windows = 0
+        self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
         self._last_end: tuple[int, int] | None = None
 
@@ -75,16 +105,66 @@ class JobAnalysis:
         """Median of the job's recent step times in healthy windows, ns, or None before any."""
         return float(np.median(self._steps)) if self._steps else None
 
+    @property
+    def pace_ns(self) -> float | None:
+        """The job's healthy pace: mean step time of its recent healthy windows, ns.
+
+        None until the healthy history spans :data:`PACE_MIN_WINDOWS` windows and
+        :data:`PACE_MIN_NS` of steps: a short history misjudges a job's periodic pauses
+        (checkpoints, evaluation), which its pace must include.
+        """
+        history = float(np.sum(self._steps)) if self._steps else 0.0
+        enough = self._healthy_windows >= PACE_MIN_WINDOWS and history >= PACE_MIN_NS
+        return float(np.mean(self._steps)) if enough and len(self._steps) >= CONFIDENT_STEPS else None
+
+    def _baselines(self) -> dict[int, RankBaseline]:
+        out = {}
+        for r, windows in self._ranks.items():
+            if not windows:
+                continue
+            out[r] = RankBaseline(
+                float(np.median([x.self_ns for x in windows])),
+                float(np.median([x.sigma_ns for x in windows])),
+                np.median(np.stack([x.comp_ns for x in windows]), axis=0),
+                float(np.median([x.step_ns for x in windows])),
+            )
+        return out
+
+    def _healthy_profile(self) -> JobProfile | None:
+        if not self._profiles:
+            return None
+        return JobProfile(
+            np.median(np.stack([p.comp_ns for p in self._profiles]), axis=0),
+            float(np.median([p.transfer_ns for p in self._profiles])),
+        )
+
+    def _roles(self, w: Window, d: Decomposition | None, group_sizes: dict[str, int]) -> Roles | None:
+        """The roles when they changed (a pipeline keeps its stages through a window without p2p)."""
+        ranks = np.unique(np.concatenate([w.steps.rank, w.status.rank]))
+        found = infer_roles(ranks, w.collectives, d, group_sizes)
+        has_p2p = d is not None and bool(np.any(d.inst_p2p))
+        old = self.roles
+        if old is not None and not has_p2p and np.all(old.of(ranks) >= 0) and np.unique(old.stage).size > 1:
+            return None  # a window without transfers says nothing about the stages
+        same = old is not None and np.array_equal(old.rank, found.rank) and old.labels == found.labels
+        if same and old is not None and np.array_equal(old.role, found.role):
+            return None
+        self.roles = found
+        return found
+
     def analyze(self, w: Window) -> WindowResult:
-        """Run L1, L2, L3, liveness, causes and the lifecycle on one window."""
+        """Run L1, L2, L3, liveness, causes, lost-time accounting and the lifecycle on one window."""
         c = w.collectives
         group_sizes = {name: int(m.size) for name, m in w.status.groups.items()}
         d: Decomposition | None = decompose(c, group_sizes=group_sizes) if c.rank.size else None
+        changed_roles = self._roles(w, d, group_sizes)
+        roles = self.roles
         step, step_ns = job_step_times(w.steps, min_step=WARMUP_STEPS, before=self._last_end)
         self._last_end = job_last_end(w.steps) or self._last_end
         l1 = compare_iterations(step, step_ns, list(self._steps))
-        l2 = compare_phases(w, d, {r: float(np.median(v)) for r, v in self._excess.items() if len(v) >= 2})
-        l3 = score_kernels(w.kernels)
+        recent = {r: int(sum(v)) for r, v in self._spikes.items()}
+        l2 = compare_phases(w, d, roles, self._baselines(), recent)
+        l3 = score_kernels(w.kernels, roles=roles)
         host = host_signals(w.host)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
         links = slow_links(d, c.group_names, history) if d is not None else []
@@ -95,29 +175,68 @@ class JobAnalysis:
             typical_step_ns=self.typical_step_ns,
         )
         findings = attribute(w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive)
+        profile = job_profile(l2.times)
+        findings, acc = account(
+            findings,
+            l1,
+            l2,
+            pace_ns=self.pace_ns,
+            profile=profile,
+            healthy_profile=self._healthy_profile(),
+            min_loss_pct=self.min_loss_pct,
+        )
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
-
-        # The L1 baseline is the job's step time while healthy: a fault's windows would make its own
-        # slowdown the baseline (and hide it from the evidence).
-        if not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings):
-            self._steps.extend(step_ns.tolist())
-        flagged = {r for f in findings for r in f.ranks}
-        for r, frac, score in zip(l2.rank.tolist(), l2.trimmed_frac.tolist(), l2.score.tolist(), strict=True):
-            if np.isfinite(frac) and np.isfinite(score) and score < 0.5 and r not in flagged:
-                self._excess.setdefault(r, deque(maxlen=EXCESS_HISTORY_WINDOWS)).append(frac)
-        if d is not None:
-            slow = {f.group for f in findings if f.cause == "communication"}
-            for key, value in transfer_medians(d, c.group_names).items():
-                if key[0] not in slow:
-                    self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
+        self._remember(w, d, l2, step_ns, findings, profile)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
-        return WindowResult(findings, changed, self._suspects)
+        return WindowResult(findings, changed, self._suspects, acc, changed_roles)
+
+    def _remember(
+        self,
+        w: Window,
+        d: Decomposition | None,
+        l2: PhaseResult,
+        step_ns: np.ndarray,
+        findings: list[Finding],
+        profile: JobProfile | None,
+    ) -> None:
+        """Keep what later windows compare with: only a healthy window's numbers become references."""
+        for i, r in enumerate(l2.rank.tolist()):
+            self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))
+        # A fault's windows would make its own slowdown the reference (and hide it from the evidence).
+        healthy = not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings)
+        if not healthy:
+            return
+        self._healthy_windows += 1
+        self._steps.extend(step_ns.tolist())
+        if profile is not None:
+            self._profiles.append(profile)
+        t = l2.times
+        if t is not None:
+            # Every rank's reference comes from the same windows: the job's common change between
+            # then and now is only measurable against references of one period.
+            for i, r in enumerate(t.rank.tolist()):
+                own = t.self_ns[i][np.isfinite(t.self_ns[i])]
+                if own.size < CONFIDENT_STEPS:
+                    continue
+                med = float(np.median(own))
+                entry = _RankWindow(
+                    med,
+                    MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
+                    np.nan_to_num(np.nanmedian(t.comp_self_ns[:, i], axis=1), nan=0.0),
+                    float(np.nanmedian(t.step_ns[i])),
+                )
+                self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
+        if d is not None:
+            slow = {f.group for f in findings if f.cause == "communication"}
+            for key, value in transfer_medians(d, w.collectives.group_names).items():
+                if key[0] not in slow:
+                    self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
 
 
 def _suspects(

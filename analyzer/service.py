@@ -15,8 +15,9 @@ trace of a past run, ``jobs.source = 'import'``) is analysed over its whole
 span whatever its age; one first met mid-import, before its ``jobs`` row was
 written, starts over from its first row once the import is complete.
 
-Restarts: every diagnosis version written records in ``evidence["analysed_to_ns"]``
-the end of the window whose analysis wrote it. A job met for the first time
+Restarts: every diagnosis version written records (column ``analysed_to_ns``)
+the end of the window whose analysis wrote it, and the tracker's bookkeeping
+(column ``tracker``). A job met for the first time
 (after a restart, or by `argus analyze` over a store a server already analysed)
 resumes after the newest such point of its stored diagnoses: the windows
 before it are *replayed* (analysed to rebuild the job's baselines, nothing
@@ -29,26 +30,52 @@ cover its whole analysis is not replayed at all.
 Per window the service reads the job's rows (:mod:`argus.analyzer.store_io`),
 runs :class:`argus.analyzer.pipeline.JobAnalysis`, writes every diagnosis that
 was opened, updated or resolved as a new version of its row in ``diagnoses``
-(a ReplacingMergeTree on ``updated_ns``: read it with ``FINAL``), and updates
-``argus_straggler_score`` (the :data:`~argus.metrics.TOP_SUSPECTS`
-highest-scoring ranks per job), ``argus_diagnosis_active`` and
-``argus_analysis_lag_seconds``.
+(a ReplacingMergeTree on ``updated_ns``: read it with ``FINAL``), the window's
+lost-time accounting in ``analysis_windows`` and the ranks' roles in ``roles``
+when they change, and updates ``argus_straggler_score`` (the
+:data:`~argus.metrics.TOP_SUSPECTS` highest-scoring ranks per job),
+``argus_diagnosis_active``, ``argus_lost_time_seconds_total``,
+``argus_unexplained_loss_ratio`` and ``argus_analysis_lag_seconds``.
+
+A window whose analysis fails on its data (anything but a store error) is
+logged, counted (``argus_analysis_failures_total``), recorded as ``failed`` and
+skipped; its whole wall time counts as unexplained loss (nothing was said about
+it). A store error stops the pass: the window is analysed again on the next.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Any
 
 from argus import render
 from argus.analyzer.lifecycle import Tracker
+from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.store_io import JobSpan, Liveness, list_jobs, read_liveness, read_window
-from argus.diagnosis import Cause, Diagnosis, State, read_diagnoses, write_diagnoses
+from argus.analyzer.store_io import (
+    JobSpan,
+    Liveness,
+    list_jobs,
+    read_liveness,
+    read_window,
+    write_roles,
+    write_window,
+)
+from argus.diagnosis import (
+    Cause,
+    Diagnosis,
+    State,
+    StoredState,
+    read_diagnoses,
+    read_states,
+    write_diagnoses,
+)
 from argus.errors import ArgusError, ConfigError
 from argus.metrics import TOP_SUSPECTS, Metrics
 from argus.store import Store, open_store
@@ -81,6 +108,11 @@ class _Job:
     replay_to_ns: int = 0
     #: The open diagnoses stored when the job was met (the tracker's state once any replay ends).
     stored_open: list[Diagnosis] = field(default_factory=list)
+    #: Their tracker bookkeeping, by id.
+    stored_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Lost and unexplained time analysed so far, ns (for argus_unexplained_loss_ratio).
+    lost_ns: float = 0.0
+    unexplained_ns: float = 0.0
 
 
 class Analyzer:
@@ -93,6 +125,8 @@ class Analyzer:
         job: Only this job (default: every job).
         grace_s: How late rows may arrive; default ``max(2, window_s / 4)``.
         backlog_s: Start at most this far before now on a new job; None = from its first row.
+        min_loss_pct: Loss threshold: sustained loss (percent of wall time over the
+            confirmation span) below which nothing opens.
 
     Raises:
         ConfigError: ``window_s`` is not positive.
@@ -107,9 +141,13 @@ class Analyzer:
         job: str | None = None,
         grace_s: float | None = None,
         backlog_s: float | None = DEFAULT_BACKLOG_S,
+        min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
     ) -> None:
         if not window_s > 0:
             raise ConfigError(f"--window-s must be > 0, got {window_s}")
+        if not 0 < min_loss_pct < 100:
+            raise ConfigError(f"--min-loss-pct must be in (0, 100), got {min_loss_pct}")
+        self.min_loss_pct = min_loss_pct
         self.store = store
         self.window_s = window_s
         self.metrics = metrics
@@ -161,34 +199,45 @@ class Analyzer:
             start = max(start, now - self.backlog_ns)
         cursor = start - start % self.window_ns
         old = job
-        job = _Job(JobAnalysis(span.job_id, self.window_ns), cursor)
+        job = _Job(JobAnalysis(span.job_id, self.window_ns, min_loss_pct=self.min_loss_pct), cursor)
         job.capped = cursor > span.first_ns - span.first_ns % self.window_ns
         if old is not None:
             job.gauge_ranks = old.gauge_ranks  # the labels it set, to be removed when stale
         stored = read_diagnoses(self.store, span.job_id)
+        states = read_states(self.store, span.job_id)
+        job.stored_states = {i: st.tracker for i, st in states.items()}
         # An import met again (see the module doc) is analysed from its start, replacing this
         # analyzer's own partial pass: nothing to resume.
-        resume = max((self._analysed_to(d) for d in stored), default=0) if old is None else 0
+        resume = max((self._analysed_to(d, states) for d in stored), default=0) if old is None else 0
         job.replay_to_ns = -(-resume // self.window_ns) * self.window_ns  # the first whole window after it
         if job.replay_to_ns >= span.last_ns + TRAILING_WINDOWS * self.window_ns:
             job.cursor_ns = max(job.cursor_ns, job.replay_to_ns)  # finished and fully analysed
         job.stored_open = [d for d in stored if d.state == State.OPEN.value]
         if job.replay_to_ns <= job.cursor_ns:
-            job.analysis.tracker.load(job.stored_open)
+            job.analysis.tracker.load(job.stored_open, job.stored_states)
         self._jobs[span.job_id] = job
         return job
 
-    def _analysed_to(self, d: Diagnosis) -> int:
-        """End of the window whose analysis wrote ``d``, ns (older rows: the window after its last)."""
+    def _analysed_to(self, d: Diagnosis, states: dict[str, StoredState]) -> int:
+        """End of the window whose analysis wrote ``d``, ns (older rows: their evidence, or the window
+        after its last)."""
+        stored = states.get(d.id)
+        if stored is not None and stored.analysed_to_ns > 0:
+            return stored.analysed_to_ns
         end = d.evidence.get("analysed_to_ns")
         return int(end) if isinstance(end, int) else d.last_window_ns + self.window_ns
 
     def _resume(self, job: _Job) -> None:
         """End of the replay: the stored open diagnoses replace what the replay found."""
-        job.analysis.tracker = Tracker(job.analysis.job_id, window_ns=self.window_ns)
-        job.analysis.tracker.load(job.stored_open)  # nothing of the job is written during a replay
+        job.analysis.tracker = Tracker(
+            job.analysis.job_id, window_ns=self.window_ns, min_loss_pct=self.min_loss_pct
+        )
+        # Nothing of the job is written during a replay.
+        job.analysis.tracker.load(job.stored_open, job.stored_states)
 
-    def _analyze_window(self, job: _Job, w0: int) -> list[Diagnosis]:
+    def _analyze_window(  # noqa: C901  (one window, step after step: read, replay, analyse, write)
+        self, job: _Job, w0: int
+    ) -> list[Diagnosis]:
         w1 = w0 + self.window_ns
         live = read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1)
         for r, t in live.last_seen.items():
@@ -202,24 +251,63 @@ class Analyzer:
         merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
         window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
         if w0 < job.replay_to_ns:
-            job.suspects = job.analysis.analyze(window).suspects
+            with contextlib.suppress(Exception):  # a window that failed before fails again: skip it
+                job.suspects = job.analysis.analyze(window).suspects
             if w1 >= job.replay_to_ns:
                 self._resume(job)
             return []
         tracker = copy.deepcopy(job.analysis.tracker)  # small: the open diagnoses and streaks
-        result = job.analysis.analyze(window)
-        changed = [replace(d, evidence={**d.evidence, "analysed_to_ns": w1}) for d in result.changed]
-        if changed:
-            self._last_version = max(time.time_ns(), self._last_version + 1)
-            try:
-                write_diagnoses(self.store, changed, self._last_version)
-            except ArgusError:
-                job.analysis.tracker = tracker  # the window is analysed again on the next pass
-                raise
+        try:
+            result = job.analysis.analyze(window)
+        except Exception:
+            self._failed(job, w0, w1)
+            return []
+        changed = result.changed
+        self._last_version = max(time.time_ns(), self._last_version + 1)
+        states = {d.id: job.analysis.tracker.state(d.id) for d in changed}
+        try:
+            write_diagnoses(self.store, changed, self._last_version, analysed_to_ns=w1, states=states)
+            self._account(job, w0, result.accounting)
+            if result.roles is not None:
+                write_roles(self.store, job.analysis.job_id, result.roles, self._last_version)
+        except ArgusError:
+            job.analysis.tracker = tracker  # the window is analysed again on the next pass
+            raise
         job.suspects = result.suspects
         for d in changed:
             log.info("diagnosis %s", render.line(d))
         return changed
+
+    def _account(self, job: _Job, w0: int, acc: Accounting, status: str = "analysed") -> None:
+        """Record a window's lost time (store and metrics)."""
+        job_id = job.analysis.job_id
+        write_window(
+            self.store,
+            job_id,
+            w0,
+            self.window_ns,
+            status=status,
+            wall_ns=acc.wall_ns,
+            steps=acc.steps,
+            lost_ns=acc.lost_ns,
+            explained_ns=acc.explained_ns,
+            updated_ns=self._last_version,
+        )
+        job.lost_ns += acc.lost_ns
+        job.unexplained_ns += acc.unexplained_ns
+        if self.metrics is not None:
+            self.metrics.lost_time.labels(job_id=job_id).inc(acc.lost_ns / 1e9)
+            ratio = job.unexplained_ns / job.lost_ns if job.lost_ns > 0 else 0.0
+            self.metrics.unexplained_loss.labels(job_id=job_id).set(min(max(ratio, 0.0), 1.0))
+
+    def _failed(self, job: _Job, w0: int, w1: int) -> None:
+        """A window whose analysis raised: logged, counted, recorded; its time counts as unexplained."""
+        log.exception("analysis of job %s window %d failed; skipped", job.analysis.job_id, w0)
+        if self.metrics is not None:
+            self.metrics.analysis_failures.inc()
+        self._last_version = max(time.time_ns(), self._last_version + 1)
+        lost = float(w1 - w0)
+        self._account(job, w0, Accounting(lost, 0, lost, 0.0, float("nan")), status="failed")
 
     def _update_gauges(self, job_id: str, job: _Job) -> None:
         m = self.metrics
@@ -271,6 +359,7 @@ def main(args: argparse.Namespace) -> int:
         window_s=args.window_s,
         job=args.job,
         backlog_s=None if args.once else DEFAULT_BACKLOG_S,
+        min_loss_pct=args.min_loss_pct,
     )
     if not args.once:
         try:

@@ -1,4 +1,5 @@
-"""Reading analysis windows from the store (the analyzer's I/O, with :mod:`argus.diagnosis` for diagnoses).
+"""Reading analysis windows from the store, writing the analyzer's accounting back (its I/O;
+diagnoses are read and written by :mod:`argus.diagnosis`).
 
 Every query names tables bare and binds ``{name:Type}`` parameters, so it runs
 unchanged on chDB and on a ClickHouse server (:mod:`argus.store`).
@@ -27,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from argus.analyzer.roles import Roles
 from argus.analyzer.window import (
     Collectives,
     HostSamples,
@@ -36,7 +38,7 @@ from argus.analyzer.window import (
     Steps,
     Window,
 )
-from argus.schema import PHASES
+from argus.schema import PHASES, wire_table
 from argus.store import Store
 
 __all__ = [
@@ -45,6 +47,8 @@ __all__ = [
     "list_jobs",
     "read_liveness",
     "read_window",
+    "write_roles",
+    "write_window",
 ]
 
 #: Steps starting this long before a window are still looked at (a step longer than this is missed).
@@ -260,7 +264,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     )
     co = store.query(
         f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
-                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer
+                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer,
+                   overlapped
             FROM collectives
             WHERE job_id = {{job:String}} AND (process_group, seq) IN (
                 SELECT process_group, seq FROM collectives
@@ -286,6 +291,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         group_names,
         op_names,
         _col(co, "peer"),
+        _col(co, "overlapped", bool),
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,
@@ -327,3 +333,51 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
     status = _status(_rank_table(store, job_id, w1), live, host_gpu)
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status)
+
+
+def write_window(
+    store: Store,
+    job_id: str,
+    window_start_ns: int,
+    window_ns: int,
+    *,
+    status: str,
+    wall_ns: float,
+    steps: int,
+    lost_ns: float,
+    explained_ns: float,
+    updated_ns: int,
+) -> None:
+    """Record one analysed (or failed) window's lost-time accounting in ``analysis_windows``.
+
+    Raises:
+        StoreError: the insert failed.
+    """
+    row = {
+        "window_start_ns": [int(window_start_ns)],
+        "window_ns": [int(window_ns)],
+        "status": [status],
+        "wall_ns": [round(wall_ns)],
+        "steps": [int(steps)],
+        "lost_ns": [round(lost_ns)],
+        "explained_ns": [round(min(explained_ns, lost_ns))],
+        "updated_ns": [int(updated_ns)],
+    }
+    store.insert("analysis_windows", wire_table("analysis_windows", row, job_id))
+
+
+def write_roles(store: Store, job_id: str, roles: Roles, updated_ns: int) -> None:
+    """Record every rank's inferred role in ``roles`` (a new version per rank).
+
+    Raises:
+        StoreError: the insert failed.
+    """
+    sizes = np.bincount(roles.role, minlength=roles.n_roles)
+    row = {
+        "rank": roles.rank.tolist(),
+        "role": [roles.labels[g] for g in roles.role.tolist()],
+        "pipeline_stage": roles.stage.tolist(),
+        "role_size": sizes[roles.role].tolist(),
+        "updated_ns": [int(updated_ns)] * roles.rank.size,
+    }
+    store.insert("roles", wire_table("roles", row, job_id))

@@ -63,6 +63,7 @@ class Collectives:
     are peers' rows of the same instances, needed to decompose them). ``peer`` is
     the point-to-point partner's global rank of a ``send``/``recv`` row (-1 for a
     collective); a send and its receive share (group, sender, receiver, seq).
+    ``overlapped`` marks calls the probe knows did not block at issue (DDP buckets).
     """
 
     rank: I64 = field(default_factory=_i64)
@@ -78,11 +79,17 @@ class Collectives:
     group_names: tuple[str, ...] = ()
     op_names: tuple[str, ...] = ()
     peer: I64 | None = None
+    overlapped: NDArray[np.bool_] | None = None
 
     @property
     def peers(self) -> I64:
         """``peer`` per row, -1 where the rows carry none."""
         return self.peer if self.peer is not None else np.full(self.rank.size, -1, np.int64)
+
+    @property
+    def overlaps(self) -> NDArray[np.bool_]:
+        """``overlapped`` per row (False where the rows carry none)."""
+        return self.overlapped if self.overlapped is not None else np.zeros(self.rank.size, bool)
 
 
 @dataclass(frozen=True)

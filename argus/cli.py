@@ -93,6 +93,18 @@ def _auth(p: argparse.ArgumentParser, *, server: bool) -> None:
         p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate of the server to trust: use TLS")
 
 
+def _min_loss(p: argparse.ArgumentParser) -> None:
+    """``--min-loss-pct PCT``: the analyzer's loss threshold."""
+    p.add_argument(
+        "--min-loss-pct",
+        type=float,
+        default=config.DEFAULT_MIN_LOSS_PCT,
+        metavar="PCT",
+        help="loss threshold: a fault opens only when it costs the job at least this share of its time "
+        "over the confirmation span (default %(default)s)",
+    )
+
+
 def _window(p: argparse.ArgumentParser, what: str) -> None:
     """``--window-s S``: the analysis window (and the node agent's compression window)."""
     p.add_argument(
@@ -122,6 +134,7 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _auth(p, server=True)
     _window(p, "analysis window")
+    _min_loss(p)
     p.add_argument(
         "--retention-days",
         type=int,
@@ -207,6 +220,7 @@ def _analyze_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = sub.add_parser("analyze", help="the analyzer on its own")
     _store(p)
     _window(p, "analysis window")
+    _min_loss(p)
     p.add_argument("--once", action="store_true", help="analyze what is stored, then exit")
     p.add_argument("--job", default=None, help="only this job")
 

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_COLLECTOR",
     "DEFAULT_GRPC_LISTEN",
     "DEFAULT_HTTP_LISTEN",
+    "DEFAULT_MIN_LOSS_PCT",
     "DEFAULT_RETENTION_DAYS",
     "DEFAULT_SERVER_URL",
     "DEFAULT_SOCKET",
@@ -69,6 +70,10 @@ DEFAULT_STORE_URL = "chdb://./argus-data"
 DEFAULT_SOCKET = "/tmp/argus/agent.sock"
 #: Analysis window and node-side compression window, seconds.
 DEFAULT_WINDOW_S = 10.0
+#: Sustained loss (percent of wall time over the confirmation span) below which no diagnosis opens
+#: (:mod:`argus.analyzer.loss`). Chosen from the clean runs of ``bench/detection_live.py`` on a
+#: 2-core machine (README).
+DEFAULT_MIN_LOSS_PCT = 5.0
 #: Rows are dropped this many days after they were stored.
 DEFAULT_RETENTION_DAYS = 30
 #: Bound on the node agent's on-disk spool of unacknowledged batches.
@@ -181,6 +186,7 @@ class ServerConfig:
         grpc_listen: gRPC ingest address, ``HOST:PORT`` (port 0: a free one).
         http_listen: REST API and /metrics address, ``HOST:PORT``.
         window_s: Analysis window, seconds (> 0).
+        min_loss_pct: A fault opens only when it costs the job at least this share of its time (>= 0).
         retention_days: Rows are dropped this many days after storing them (>= 1).
         cluster: ClickHouse cluster name (replicated and distributed tables), or None.
         token: Bearer token clients must send, or None.
@@ -192,6 +198,7 @@ class ServerConfig:
     grpc_listen: str = DEFAULT_GRPC_LISTEN
     http_listen: str = DEFAULT_HTTP_LISTEN
     window_s: float = DEFAULT_WINDOW_S
+    min_loss_pct: float = DEFAULT_MIN_LOSS_PCT
     retention_days: int = DEFAULT_RETENTION_DAYS
     cluster: str | None = None
     token: str | None = None
@@ -202,6 +209,8 @@ class ServerConfig:
         parse_listen(self.grpc_listen, "--grpc-listen")
         parse_listen(self.http_listen, "--http-listen")
         _positive("--window-s", self.window_s)
+        if self.min_loss_pct < 0:
+            raise ConfigError(f"--min-loss-pct must be >= 0, got {self.min_loss_pct}")
         if self.retention_days < 1:
             raise ConfigError(f"--retention-days must be >= 1, got {self.retention_days}")
 
@@ -217,6 +226,7 @@ class ServerConfig:
             grpc_listen=args.grpc_listen,
             http_listen=args.http_listen,
             window_s=args.window_s,
+            min_loss_pct=args.min_loss_pct,
             retention_days=args.retention_days,
             cluster=args.cluster,
             token=args.token,

@@ -7,11 +7,13 @@ One owner for everything a diagnosis is, wherever it travels:
   (:func:`argus.collector.api.models.model_of`), not written again;
 - its JSON: :meth:`Diagnosis.to_dict` is the object of the REST API, `argus diagnose --json`
   and `argus demo --json`; :func:`finite` keeps it JSON (no NaN or infinity);
-- its rows: :func:`write_diagnoses` and :func:`read_diagnoses` are the one writer and the one
-  reader of the ``diagnoses`` table (:data:`argus.schema.TABLES`), for the analyzer and the
-  API alike. The table's ``process_group`` column is the record's ``group``; ``evidence`` is
-  stored as a JSON string; ``updated_ns`` versions the rows (the newest row per id wins,
-  read with ``FINAL``).
+- its rows: :func:`write_diagnoses` writes the ``diagnoses`` table (:data:`argus.schema.TABLES`),
+  :func:`read_diagnoses` reads the records back for the analyzer and the API alike, and
+  :func:`read_states` the analyzer's bookkeeping kept beside them. The table's
+  ``process_group`` column is the record's ``group``; ``evidence`` is stored as a JSON string;
+  ``updated_ns`` versions the rows (the newest row per id wins, read with ``FINAL``);
+  ``analysed_to_ns`` and ``tracker`` are the analyzer's, not the record's (a restart resumes
+  from them; they are never part of the JSON).
 
 How a diagnosis reads to a person is :mod:`argus.render`.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +36,16 @@ from argus.schema import TABLES
 if TYPE_CHECKING:
     from argus.store import Store
 
-__all__ = ["Cause", "Diagnosis", "State", "finite", "read_diagnoses", "write_diagnoses"]
+__all__ = [
+    "Cause",
+    "Diagnosis",
+    "State",
+    "StoredState",
+    "finite",
+    "read_diagnoses",
+    "read_states",
+    "write_diagnoses",
+]
 
 
 class Cause(StrEnum):
@@ -52,6 +63,8 @@ class Cause(StrEnum):
     THROTTLING = "throttling"
     #: The rank stopped reporting, or hangs: alive but never issuing the collective peers wait in.
     UNRESPONSIVE = "unresponsive"
+    #: The job loses time against its own healthy pace and the evidence names no cause.
+    UNKNOWN = "unknown"
 
 
 class State(StrEnum):
@@ -148,23 +161,35 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=_json_default)
+
+
 #: Record field → ``diagnoses`` column, where the names differ.
 _COLUMN = {"group": "process_group"}
-#: The columns that hold the record (all but the version).
-_RECORD_COLUMNS = tuple(c for c in TABLES["diagnoses"].column_names if c != "updated_ns")
+#: The columns that hold the record (``job_id`` aside).
+_RECORD_COLUMNS = tuple(_COLUMN.get(f.name, f.name) for f in fields(Diagnosis) if f.name != "job_id")
 
 
-def _table(diagnoses: Sequence[Diagnosis], updated_ns: int) -> pa.Table:
+def _table(
+    diagnoses: Sequence[Diagnosis],
+    updated_ns: int,
+    analysed_to_ns: int,
+    states: Mapping[str, Mapping[str, Any]],
+) -> pa.Table:
     """Rows of ``diagnoses`` in the ``diagnoses`` table's columns (``job_id`` first)."""
     rows: dict[str, list[Any]] = {"job_id": [], **{c: [] for c in TABLES["diagnoses"].column_names}}
     for d in diagnoses:
         record = d.to_dict()
         record["ranks"] = [int(r) for r in d.ranks]
         record["score"], record["slowdown_pct"] = float(d.score), float(d.slowdown_pct)
-        record["evidence"] = json.dumps(d.evidence, separators=(",", ":"), default=_json_default)
+        record["evidence"] = _json(d.evidence)
         for key, value in record.items():
             rows[_COLUMN.get(key, key)].append(value)
         rows["updated_ns"].append(int(updated_ns))
+        rows["analysed_to_ns"].append(int(analysed_to_ns))
+        state = states.get(d.id)
+        rows["tracker"].append(_json(state) if state else "")
     schema = pa.schema(
         [pa.field("job_id", pa.string())]
         + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
@@ -196,14 +221,64 @@ def _from_row(row: dict[str, Any]) -> Diagnosis:
         raise StoreError(f"diagnosis {values.get('id')!r} in the store is malformed: {exc}") from exc
 
 
-def write_diagnoses(store: Store, diagnoses: Sequence[Diagnosis], updated_ns: int) -> None:
+def write_diagnoses(
+    store: Store,
+    diagnoses: Sequence[Diagnosis],
+    updated_ns: int,
+    *,
+    analysed_to_ns: int = 0,
+    states: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     """Insert one row per diagnosis: a new version of each id (``diagnoses`` keeps the newest).
+
+    Args:
+        store: The store.
+        diagnoses: Versions to write.
+        updated_ns: Their version, ns (larger than any earlier version of the same ids).
+        analysed_to_ns: End of the window whose analysis wrote them, ns (where a restart resumes).
+        states: The analyzer's bookkeeping per diagnosis id (its tracker's state), JSON-able.
 
     Raises:
         StoreError: the insert failed.
     """
     if diagnoses:
-        store.insert("diagnoses", _table(diagnoses, updated_ns))
+        store.insert("diagnoses", _table(diagnoses, updated_ns, analysed_to_ns, states or {}))
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """What the analyzer kept with a stored diagnosis version (see :func:`write_diagnoses`)."""
+
+    analysed_to_ns: int
+    tracker: dict[str, Any]
+
+
+def read_states(store: Store, job_id: str) -> dict[str, StoredState]:
+    """Per diagnosis id of ``job_id``, the analyzer's state stored with its newest version.
+
+    Rows written before these columns existed read ``analysed_to_ns = 0`` and no state: the
+    caller falls back to what their evidence kept.
+
+    Raises:
+        StoreError: the query failed.
+    """
+    t = store.query(
+        "SELECT id, analysed_to_ns, tracker FROM diagnoses FINAL WHERE job_id = {job:String}",
+        {"job": job_id},
+    )
+    out = {}
+    for i, to, tracker in zip(
+        t.column("id").to_pylist(),
+        t.column("analysed_to_ns").to_numpy(),
+        t.column("tracker").to_pylist(),
+        strict=True,
+    ):
+        try:
+            state = json.loads(tracker) if tracker else {}
+        except ValueError:
+            state = {}
+        out[str(i)] = StoredState(int(to), state if isinstance(state, dict) else {})
+    return out
 
 
 def read_diagnoses(

@@ -50,6 +50,23 @@ class Metrics:
         self.diagnosis_active = Gauge(
             "argus_diagnosis_active", "Open diagnoses, by job and cause.", ["job_id", "cause"], registry=r
         )
+        self.lost_time = Counter(
+            "argus_lost_time_seconds",
+            "Job time lost against the job's own healthy pace, by job (argus.analyzer.loss).",
+            ["job_id"],
+            registry=r,
+        )
+        self.unexplained_loss = Gauge(
+            "argus_unexplained_loss_ratio",
+            "Share (0-1) of a job's lost time that no diagnosis accounts for, over its analysed windows.",
+            ["job_id"],
+            registry=r,
+        )
+        self.analysis_failures = Counter(
+            "argus_analysis_failures",
+            "Analysis windows skipped because their analysis failed (their time counts as unexplained).",
+            registry=r,
+        )
         self.analysis_lag = Gauge(
             "argus_analysis_lag_seconds",
             "Wall-clock time between the end of the newest analyzed window and now.",

@@ -5,7 +5,7 @@
 - :func:`report` — each diagnosis as a headline and its evidence (`argus demo`).
 
 All three name the rank(s) (:func:`who`), the place (:func:`where`) and the evidence the same
-way. Evidence keys the analyzer keeps for its own bookkeeping are not shown.
+way. Evidence keys an older analyzer kept for its own bookkeeping are not shown.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from rich.text import Text
 
 from argus.diagnosis import Diagnosis, State
 
-__all__ = ["evidence", "line", "report", "table", "where", "who"]
+__all__ = ["evidence", "line", "lost", "report", "table", "where", "who"]
 
-#: Evidence keys the analyzer keeps for itself, not for a person reading a diagnosis.
+#: Evidence keys an older analyzer kept there for its own bookkeeping (now its own columns), not for a
+#: person reading a diagnosis.
 BOOKKEEPING = frozenset({"analysed_to_ns", "subject"})
 #: Ranks named before the rest are counted.
 _MAX_RANKS = 16
@@ -70,13 +71,20 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def lost(d: Diagnosis) -> str:
+    """The time the job lost to the fault (its evidence's ``lost_s``), ``"-"`` when not known."""
+    value = d.evidence.get("lost_s")
+    return f"{value:.1f} s" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
 def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableType:
-    """The job's line (status, ranks, open diagnoses) and a table of its diagnoses, open first.
+    """The job's lines (status, ranks, open diagnoses; its lost time) and a table of its diagnoses.
 
     Args:
         job: The REST API's job object (``job_id``, ``status``, ``ranks_attached``,
-            ``world_size``, ``open_diagnoses``).
-        diagnoses: The job's diagnoses, any order.
+            ``world_size``, ``open_diagnoses``; ``windows_analysed``, ``analysed_s``, ``lost_s``,
+            ``unexplained_loss_ratio``, ``windows_failed`` when the server has them).
+        diagnoses: The job's diagnoses, any order; the table lists the open ones first.
     """
     head = Text.assemble(
         ("job ", "bold"),
@@ -84,8 +92,17 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
         f"  {job['status']}, {job['ranks_attached']}/{job['world_size']} ranks, "
         f"{job['open_diagnoses']} open diagnoses",
     )
+    failed = job.get("windows_failed")
+    loss = Text(
+        f"{job.get('windows_analysed', 0)} analysis window(s), {job.get('analysed_s', 0.0):.1f} s of steps "
+        f"analysed; lost {job.get('lost_s', 0.0):.1f} s against its healthy pace, "
+        f"{100 * job.get('unexplained_loss_ratio', 0.0):.0f} % of it unexplained"
+        + (f"; {failed} window(s) failed to analyse" if failed else ""),
+        style="dim",
+    )
+    header = Group(head, loss)
     if not diagnoses:
-        return Group(head, Text("no diagnoses: every rank is like its peers", style="green"))
+        return Group(header, Text("no diagnoses: every rank is like its peers", style="green"))
     grid = Table(show_lines=False, header_style="bold")
     for name in (
         "state",
@@ -94,10 +111,11 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
         "phase / kernel",
         "score",
         "slowdown",
+        "lost",
         "first seen",
         "last seen",
     ):
-        grid.add_column(name, justify="right" if name in ("score", "slowdown") else "left")
+        grid.add_column(name, justify="right" if name in ("score", "slowdown", "lost") else "left")
     grid.add_column("evidence")
     ordered = sorted(diagnoses, key=lambda d: (d.state != State.OPEN, -d.last_window_ns))
     for d in ordered:
@@ -108,11 +126,12 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
             " / ".join(x for x in (d.phase, d.kernel) if x) or "-",
             f"{d.score:.2f}",
             f"{d.slowdown_pct:.1f}%",
+            lost(d),
             _time(d.first_window_ns),
             _time(d.last_window_ns),
             _clip(", ".join(f"{k}={v}" for k, v in evidence(d)), 80),
         )
-    return Group(head, grid)
+    return Group(header, grid)
 
 
 def report(diagnoses: Sequence[Diagnosis]) -> RenderableType:

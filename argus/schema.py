@@ -10,8 +10,9 @@ Time columns are integer nanoseconds since the Unix epoch (``*_ns``); durations
 are ``dur_ns`` (non-negative). Ranks are global ranks in the job's world.
 
 Tables (DESIGN §3): jobs, ranks, steps, phases, collectives, kernel_summaries,
-kernel_events, host_samples, diagnoses; plus ingest_batches, the collector's
-record of stored (agent_id, seq) pairs used to acknowledge duplicates.
+kernel_events, host_samples, diagnoses; the analyzer's analysis_windows (lost
+time per window) and roles; plus ingest_batches, the collector's record of
+stored (agent_id, seq) pairs used to acknowledge duplicates.
 
 Schema changes migrate. A column added after a table first shipped carries a
 ``default`` (a Python value of its type): a store created before it gets the
@@ -196,6 +197,14 @@ COLLECTIVES = TableDef(
             "point-to-point partner's global rank (send: destination, recv: source); -1 for collectives",
             default=-1,
         ),
+        _c(
+            "overlapped",
+            "UInt8",
+            pa.uint8(),
+            "1 when the call returned at once and the rank went on working (DDP's gradient buckets): "
+            "it blocked the rank only where the rank waited for it",
+            default=0,
+        ),
     ),
     ("job_id", "process_group", "seq", "rank"),
     "Every collective instance per rank. Collectives: (process_group, seq) matches across ranks. "
@@ -310,9 +319,56 @@ DIAGNOSES = TableDef(
         _c("state", "LowCardinality(String)", pa.string(), "'open' or 'resolved'"),
         _c("evidence", "String", pa.string(), "JSON object"),
         _c("updated_ns", "Int64", pa.int64(), "version: the newest row per id wins"),
+        _c(
+            "analysed_to_ns",
+            "Int64",
+            pa.int64(),
+            "end of the analysis window whose analysis wrote this version (where a restart resumes)",
+            default=0,
+        ),
+        _c(
+            "tracker",
+            "String",
+            pa.string(),
+            "the analyzer's bookkeeping of an open diagnosis (JSON: subject, cause votes, lost-time sums)",
+            default="",
+        ),
     ),
     ("job_id", "id"),
     "Diagnoses written by the analyzer (argus.diagnosis.Diagnosis); read with FINAL.",
+    engine="ReplacingMergeTree(updated_ns)",
+    wire=False,
+)
+
+ANALYSIS_WINDOWS = TableDef(
+    "analysis_windows",
+    (
+        _c("window_start_ns", "Int64", pa.int64()),
+        _c("window_ns", "Int64", pa.int64()),
+        _c("status", "LowCardinality(String)", pa.string(), "'analysed' or 'failed'"),
+        _c("wall_ns", "Int64", pa.int64(), "wall time of the window's steps (a failed window: the window)"),
+        _c("steps", "UInt32", pa.uint32()),
+        _c("lost_ns", "Int64", pa.int64(), "time lost against the job's healthy pace (argus.analyzer.loss)"),
+        _c("explained_ns", "Int64", pa.int64(), "the part of lost_ns the window's diagnoses account for"),
+        _c("updated_ns", "Int64", pa.int64(), "version: the newest row per window wins"),
+    ),
+    ("job_id", "window_start_ns"),
+    "One row per analysed window of a job: its lost time and how much of it is explained; read with FINAL.",
+    engine="ReplacingMergeTree(updated_ns)",
+    wire=False,
+)
+
+ROLES = TableDef(
+    "roles",
+    (
+        _RANK,
+        _c("role", "String", pa.string(), "label of the rank's role ('all', 'stage 1', ...)"),
+        _c("pipeline_stage", "Int32", pa.int32(), "pipeline stage from point-to-point partners (0 without)"),
+        _c("role_size", "UInt32", pa.uint32(), "ranks sharing the role"),
+        _c("updated_ns", "Int64", pa.int64(), "version: the newest row per rank wins"),
+    ),
+    ("job_id", "rank"),
+    "Roles the analyzer inferred (argus.analyzer.roles); ranks are compared within theirs. Read with FINAL.",
     engine="ReplacingMergeTree(updated_ns)",
     wire=False,
 )
@@ -342,6 +398,8 @@ TABLES: dict[str, TableDef] = {
         KERNEL_EVENTS,
         HOST_SAMPLES,
         DIAGNOSES,
+        ANALYSIS_WINDOWS,
+        ROLES,
         INGEST_BATCHES,
     )
 }

@@ -67,7 +67,9 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
     try:
         collector = start_collector(store, metrics, config.grpc_listen, token=config.token, tls=config.tls)
         if config.analyzer:
-            service = Analyzer(store, window_s=config.window_s, metrics=metrics)
+            service = Analyzer(
+                store, window_s=config.window_s, metrics=metrics, min_loss_pct=config.min_loss_pct
+            )
             thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
             thread.start()
             analyzer = service, thread

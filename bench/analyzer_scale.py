@@ -1,4 +1,16 @@
-"""Scale of L3 scoring: one window of 10,000 ranks × 50 kernel groups (issue 4, "Must show" 3).
+"""Scale of the analysis: one window of 10,000 ranks, kernels (L3) and attribution (L2).
+
+**Attribution** (issue 16, "Must show" 3): one 10 s window of a 10,000-rank job
+laid out as 5 pipeline stages × 8 tensor-parallel ranks × 250 data-parallel
+replicas (:mod:`layout3d`): steps, phases, and per step a GPipe schedule of
+point-to-point transfers, tensor-parallel all-reduces and data-parallel
+gradient all-reduces — several synchronisation points per step, ~800,000
+collective rows — scored by the whole window analysis
+(:meth:`argus.analyzer.pipeline.JobAnalysis.analyze`: blocking, roles, L2,
+causes, lost time, lifecycle) after two windows that build its references; one
+rank 20 % slower. Median of 3 runs of the third window (``attribution_seconds_10k``).
+
+**Kernels** (issue 4, "Must show" 3): one window of 10,000 ranks × 50 kernel groups.
 
 Input: the KDE clusters of one analysis window, as ``kernel_summaries`` holds
 them — 50 (kernel, stream) groups, every rank reporting each, 1 cluster per
@@ -18,19 +30,23 @@ ranks 20 % slower on every kernel.
 ``peak_rss_mb`` is the process's peak resident memory after our scoring (input
 included), before the all-pairs reference runs.
 
-Last line: ``seconds_10k=… peak_rss_mb=… allpairs_seconds=… allpairs_ranks=…``.
-Run: ``python bench/analyzer_scale.py [--ranks 10000] [--kernels 50]``.
+Last line: ``seconds_10k=… peak_rss_mb=… allpairs_seconds=… allpairs_ranks=… attribution_seconds_10k=…
+attribution_rows=… attribution_named=…`` (``attribution_named`` is 1 when the slowed rank, and
+only it, is flagged). Run: ``python bench/analyzer_scale.py [--ranks 10000] [--kernels 50]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import resource
 import time
 
 import numpy as np
 
 from argus.analyzer.kernels import score_kernels
+from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.synthetic3d import Layout3D, windows
 from argus.analyzer.wasserstein import U_WEIGHTS, mixture_quantiles
 from argus.analyzer.window import KernelClusters
 
@@ -129,6 +145,23 @@ def _timed(fn, *args, repeat: int = 1):  # type: ignore[no-untyped-def]
     return float(np.median(times)), result
 
 
+def attribution(slow_rank: int = 1234) -> tuple[float, int, bool]:
+    """Seconds to analyse the third window of the 10,000-rank 3-D job, its rows, whether it named the rank."""
+    ws = windows(Layout3D(slow=(slow_rank,)), 3)
+    ja = JobAnalysis("scale", ws[0].end_ns - ws[0].start_ns)
+    for w in ws[:2]:
+        ja.analyze(w)
+    times = []
+    flagged: set[int] = set()
+    for _ in range(3):
+        fresh = copy.deepcopy(ja)
+        t0 = time.perf_counter()
+        result = fresh.analyze(ws[2])
+        times.append(time.perf_counter() - t0)
+        flagged = {r for f in result.findings if f.score >= 1.0 for r in f.ranks}
+    return float(np.median(times)), int(ws[2].collectives.rank.size), flagged == {slow_rank}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=10_000)
@@ -161,9 +194,12 @@ def main() -> None:
             break
         n *= 2
     print(f"at {allpairs_n} ranks ours took {ours_n_s:.3f} s")
+    attr_s, attr_rows, named = attribution()
+    print(f"attribution: {attr_s:.3f} s for one window of {attr_rows} collective rows; named: {named}")
     print(
         f"seconds_10k={seconds:.3f} peak_rss_mb={peak_mb:.0f} "
-        f"allpairs_seconds={allpairs_s:.2f} allpairs_ranks={allpairs_n}"
+        f"allpairs_seconds={allpairs_s:.2f} allpairs_ranks={allpairs_n} "
+        f"attribution_seconds_10k={attr_s:.3f} attribution_rows={attr_rows} attribution_named={int(named)}"
     )
 
 

@@ -266,7 +266,18 @@ class _Sim:
                         tp_xfer[int(g) - 1] *= m
                 tp_end = tp_last[self.tp_group] + tp_xfer[self.tp_group].astype(np.int64)
                 ok = ~np.isin(self.tp_group, hung_groups) & live
-                self._coll(rows, ok, step, self.tp_group + 1, step, "allreduce", 4 << 20, tp_issue, tp_end)
+                self._coll(
+                    rows,
+                    ok,
+                    step,
+                    self.tp_group + 1,
+                    step,
+                    "allreduce",
+                    4 << 20,
+                    tp_issue,
+                    tp_end,
+                    overlapped=True,
+                )
             # Bucketed world all-reduces in backward; the rank blocks for the last one.
             issues = [fwd_end + (bwd * (b + 1) / s.buckets).astype(np.int64) for b in range(s.buckets)]
             if np.any(hung_now):
@@ -295,6 +306,7 @@ class _Sim:
                     25 << 20,
                     issues[b],
                     np.full(n, end_b),
+                    overlapped=True,
                 )
             bwd_end = np.maximum(fwd_end + bwd.astype(np.int64), ends[-1] + int(0.001 * step_ns))
             opt_end = bwd_end + opt.astype(np.int64)
@@ -324,8 +336,10 @@ class _Sim:
         nbytes: int,
         issue: NDArray[np.int64],
         end: NDArray[np.int64],
+        overlapped: bool = False,
     ) -> None:
         idx = np.flatnonzero(mask)
+        rows["c_overlapped"].append(np.full(idx.size, int(overlapped)))
         rows["c_rank"].append(idx)
         rows["c_step"].append(np.full(idx.size, step))
         rows["c_group"].append(np.asarray(group)[idx])
@@ -492,6 +506,7 @@ class _Sim:
                     "issue_ns": cat["c_issue"] + off[cr],
                     "start_ns": cat["c_issue"] + off[cr],
                     "dur_ns": cat["c_dur"],
+                    "overlapped": cat["c_overlapped"],
                 },
             ),
         }
@@ -654,6 +669,7 @@ class _Sim:
             in_window=in_win[csel],
             group_names=tuple(str(g) for g in range(n_groups)),
             op_names=("allreduce",),
+            overlapped=cat["c_overlapped"][csel].astype(bool),
         )
         hsel = (host["time"] >= w0) & (host["time"] < w1)
         hr = host["rank"][hsel]
@@ -831,4 +847,5 @@ _ROW_KEYS = (
     "c_bytes",
     "c_issue",
     "c_dur",
+    "c_overlapped",
 )

@@ -118,6 +118,7 @@ def synthetic_job(
                 last_arrival,
                 end - last_arrival,
                 -1,
+                0,
             )
             for k, v in zip(c_cols, row, strict=True):
                 c_cols[k].append(v)
@@ -238,6 +239,8 @@ def diagnosis_row(
         "state": state,
         "evidence": json.dumps({"forward_ms": {"rank": 30.0, "peers_median": 10.0}}),
         "updated_ns": updated_ns,
+        "analysed_to_ns": 0,
+        "tracker": "",
     }
     row.update(extra)
     schema = pa.schema(

@@ -135,6 +135,7 @@ def _summaries(store: Store, ids: list[str], now_ns: int, timeout_ns: int) -> li
         "WHERE job_id IN {ids:Array(String)} AND state = 'open' GROUP BY job_id",
         ids,
     )
+    analysed = _by_job(store, _ANALYSED, ids)
     out = []
     for job_id in ids:
         job = jobs.get(job_id, {})
@@ -167,9 +168,31 @@ def _summaries(store: Store, ids: list[str], now_ns: int, timeout_ns: int) -> li
                 "source": source,
                 "command": job.get("cmd") or "",
                 "open_diagnoses": int(open_diagnoses.get(job_id, {}).get("n", 0)),
+                **_loss(analysed.get(job_id, {})),
             }
         )
     return out
+
+
+#: Per job, its analysed windows' lost-time accounting (argus.analyzer.loss).
+_ANALYSED = """
+SELECT job_id, count() AS windows, countIf(status = 'failed') AS failed, sum(wall_ns) AS wall,
+       sum(lost_ns) AS lost, sum(explained_ns) AS explained
+FROM analysis_windows FINAL WHERE job_id IN {ids:Array(String)} GROUP BY job_id
+"""
+
+
+def _loss(row: dict[str, Any]) -> dict[str, Any]:
+    """The job's lost time and the share of it no diagnosis accounts for (0 when nothing was lost)."""
+    lost = int(row.get("lost", 0))
+    unexplained = max(lost - int(row.get("explained", 0)), 0)
+    return {
+        "windows_analysed": int(row.get("windows", 0)),
+        "windows_failed": int(row.get("failed", 0)),
+        "analysed_s": round(int(row.get("wall", 0)) / 1e9, 3),
+        "lost_s": round(lost / 1e9, 3),
+        "unexplained_loss_ratio": round(unexplained / lost, 4) if lost > 0 else 0.0,
+    }
 
 
 def list_jobs(

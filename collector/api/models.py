@@ -54,6 +54,13 @@ class Job(BaseModel):
     source: str = Field(description="'live', 'import', or '' when no node reported it")
     command: str
     open_diagnoses: int
+    windows_analysed: int = Field(description="analysis windows of the job analysed so far")
+    windows_failed: int = Field(
+        description="of those, windows whose analysis failed (their time is unexplained)"
+    )
+    analysed_s: float = Field(description="wall time of the analysed windows' steps, seconds")
+    lost_s: float = Field(description="time the job lost against its own healthy pace, seconds")
+    unexplained_loss_ratio: float = Field(description="share (0-1) of lost_s that no diagnosis accounts for")
 
 
 class JobPage(BaseModel):

@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS argus.collectives_local ON CLUSTER argus (
     `start_ns` Int64,
     `dur_ns` Int64,
     `peer` Int32 DEFAULT -1,
+    `overlapped` UInt8 DEFAULT 0,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
@@ -194,6 +195,8 @@ CREATE TABLE IF NOT EXISTS argus.diagnoses_local ON CLUSTER argus (
     `state` LowCardinality(String),
     `evidence` String,
     `updated_ns` Int64,
+    `analysed_to_ns` Int64 DEFAULT 0,
+    `tracker` String DEFAULT '',
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', updated_ns)
@@ -203,6 +206,43 @@ SETTINGS replicated_deduplication_window = 100000;
 
 CREATE TABLE IF NOT EXISTS argus.diagnoses ON CLUSTER argus AS argus.diagnoses_local
 ENGINE = Distributed(argus, argus, diagnoses_local, cityHash64(job_id));
+
+CREATE TABLE IF NOT EXISTS argus.analysis_windows_local ON CLUSTER argus (
+    job_id LowCardinality(String),
+    `window_start_ns` Int64,
+    `window_ns` Int64,
+    `status` LowCardinality(String),
+    `wall_ns` Int64,
+    `steps` UInt32,
+    `lost_ns` Int64,
+    `explained_ns` Int64,
+    `updated_ns` Int64,
+    stored_at DateTime DEFAULT now()
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', updated_ns)
+ORDER BY (job_id, window_start_ns)
+TTL stored_at + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 100000;
+
+CREATE TABLE IF NOT EXISTS argus.analysis_windows ON CLUSTER argus AS argus.analysis_windows_local
+ENGINE = Distributed(argus, argus, analysis_windows_local, cityHash64(job_id));
+
+CREATE TABLE IF NOT EXISTS argus.roles_local ON CLUSTER argus (
+    job_id LowCardinality(String),
+    `rank` UInt32,
+    `role` String,
+    `pipeline_stage` Int32,
+    `role_size` UInt32,
+    `updated_ns` Int64,
+    stored_at DateTime DEFAULT now()
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', updated_ns)
+ORDER BY (job_id, rank)
+TTL stored_at + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 100000;
+
+CREATE TABLE IF NOT EXISTS argus.roles ON CLUSTER argus AS argus.roles_local
+ENGINE = Distributed(argus, argus, roles_local, cityHash64(job_id));
 
 CREATE TABLE IF NOT EXISTS argus.ingest_batches_local ON CLUSTER argus (
     job_id LowCardinality(String),

@@ -78,9 +78,9 @@ def test_both_nccl_kernel_families_are_collectives() -> None:
 
 def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
     join = CollectiveJoin(timeout_ns=1_000)
-    host_row = CollectiveRow(3, "0", 17, "allreduce", 4096, 100, 100, 50, -1)
+    host_row = CollectiveRow(3, "0", 17, "allreduce", 4096, 100, 100, 50, -1, 0)
     join.expect(5, host_row)
-    join.expect(6, CollectiveRow(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1))
+    join.expect(6, CollectiveRow(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1, 0))
     decoded = decode_records(
         [
             SimpleNamespace(
@@ -91,9 +91,9 @@ def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
     )
     join.feed(decoded)
     rows = join.ready(now_ns=150)
-    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500, -1)]
+    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500, -1, 0)]
     # No kernel ever came for uid 6: after the timeout it leaves with its host times.
-    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1)]
+    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1, 0)]
 
 
 def _events(rows: list[tuple], rank: int = 0) -> pa.Table:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from argus.analyzer.liveness import find_unresponsive
 from argus.analyzer.phase import compare_phases
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.window import Collectives, RankStatus, Steps
-from synthetic.jobs import Fault, JobSpec, simulate
+from synthetic.jobs import Fault, JobSpec, Simulation, simulate
 
 MS = 1_000_000
 
@@ -101,7 +103,7 @@ def test_l2_names_the_straggler_and_its_phase() -> None:
     assert (
         r.component_excess_ns[i, 1:3].sum() > 0.8 * r.component_excess_ns[i].clip(0).sum()
     )  # forward + backward
-    assert r.wait_ns[i] < r.ref_wait_ns  # the straggler waits least
+    assert r.wait_ns[i] < r.ref_wait_ns[i]  # the straggler waits least
     assert 10 < r.slowdown_pct(r.rank == 5) < 30
 
 
@@ -246,36 +248,47 @@ def test_pipeline_names_rank_and_cause(kind: str, gpu: bool, cause: str, phase: 
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_two_of_four_ranks_slightly_slow_is_no_diagnosis_one_rank_is(seed: int) -> None:
-    """What a 2-core CI host did to a clean 4-rank job: two ranks ~5 % late for its last 12 s.
+def test_two_of_four_ranks_slow_are_named_together_a_single_window_of_it_is_not(seed: int) -> None:
+    """Half the ranks slow together: one diagnosis names the ones behind (by their change against
+    their own past), never the fast ones. What a 2-core CI host does to a clean job — two ranks
+    slowed for a single window — opens nothing: a fault must hold over the confirmation span."""
 
-    Against a reference of the two other ranks, which pair is slow is unclear; the same
-    slowdown on one rank of four is a straggler.
-    """
-
-    def opened(ranks: tuple[int, ...]) -> set[int | None]:
+    def opened(ranks: tuple[int, ...], end_s: float) -> list[tuple[int | None, list[int]]]:
         spec = JobSpec(
             world=4,
-            windows=6,
+            windows=7,
             window_s=6.0,
             step_s=0.05,
             seed=seed,
-            faults=(Fault("compute", ranks, 0.15, onset_s=24.0, end_s=36.0),),
+            faults=(Fault("compute", ranks, 0.15, onset_s=24.0, end_s=end_s),),
         )
         ja = JobAnalysis("t", spec.window_ns)
-        return {d.rank for w in simulate(spec).windows for d in ja.analyze(w).changed if d.state == "open"}
+        changed = [d for w in simulate(spec).windows for d in ja.analyze(w).changed]
+        return [(d.rank, d.ranks) for d in changed if d.state == "open"]
 
-    assert opened((1, 2)) == set()
-    assert opened((2,)) == {2}
+    together = opened((1, 2), 42.0)
+    assert together and {(rank, tuple(ranks)) for rank, ranks in together} == {(None, (1, 2))}
+    assert opened((1, 2), 30.0) == []
+    assert {rank for rank, _ in opened((2,), 42.0)} == {2}
+
+
+def _mean_step_ns(sim: Simulation, from_ns: int, to_ns: int) -> float:
+    """Mean job step time (wall time between the slowest ranks' step ends) of the steps ending in the span."""
+    ends: dict[int, int] = {}
+    for st in (w.steps for w in sim.windows):
+        for s, a, d in zip(st.step.tolist(), st.start_ns.tolist(), st.dur_ns.tolist(), strict=True):
+            ends[s] = max(ends.get(s, 0), a + d)
+    inside = sorted(e for e in ends.values() if from_ns <= e < to_ns)
+    return float(np.mean(np.diff(inside)))
 
 
 @pytest.mark.parametrize("seed", [5, 21])
 @pytest.mark.parametrize(("kind", "magnitude"), [("host_stall", 0.25), ("dataloader", 0.3), ("compute", 0.5)])
-def test_slowdown_is_the_share_of_wall_time_the_job_waited_as_its_evidence_shows(
+def test_slowdown_is_the_share_of_wall_time_lost_over_the_diagnosis_span(
     kind: str, magnitude: float, seed: int
 ) -> None:
-    """slowdown_pct = 100 · waited_ms_per_step / mean_job_step_ms, summed over the diagnosis's
-    windows; an injected wait of ``magnitude`` steps per step costs about magnitude / (1 + magnitude)."""
+    """slowdown_pct = 100 · lost_s / span_s, summed over every window of the diagnosis, and it is the
+    job's true loss: the faulty run's wall time against its fault-free twin over the same steps."""
     spec = JobSpec(
         world=8,
         windows=12,
@@ -285,18 +298,22 @@ def test_slowdown_is_the_share_of_wall_time_the_job_waited_as_its_evidence_shows
         seed=seed,
         faults=(Fault(kind, (5,), magnitude, 9.0),),
     )
+    sim = simulate(spec)
     ja = JobAnalysis("t", spec.window_ns)
-    versions = [d for w in simulate(spec).windows for d in ja.analyze(w).changed]
+    versions = [d for w in sim.windows for d in ja.analyze(w).changed]
     assert versions and {(d.rank, d.cause) for d in versions} == {(5, kind)}
     d = versions[-1]
     e = d.evidence
-    assert d.slowdown_pct == pytest.approx(100 * e["waited_ms_per_step"] / e["mean_job_step_ms"], abs=0.01)
-    assert e["slowdown_steps"] >= 30  # every window of the diagnosis, not the latest alone
-    if kind != "compute":  # the injected extra time per step is known
-        assert e["waited_ms_per_step"] == pytest.approx(magnitude * 100, rel=0.1)
-        assert d.slowdown_pct == pytest.approx(100 * magnitude / (1 + magnitude), abs=3.0)
+    assert d.slowdown_pct == pytest.approx(100 * e["lost_s"] / e["span_s"], abs=0.01)
+    span = sim.windows[-1].end_ns - d.first_window_ns
+    assert e["span_s"] * 1e9 >= 0.7 * span  # every window of the diagnosis, not the latest alone
+    # The true cost over the same span, from the fault-free twin (same jitter up to the onset).
+    twin = simulate(replace(spec, faults=()))
+    t0, t1 = d.first_window_ns, sim.windows[-1].end_ns
+    true_pct = 100 * (1 - _mean_step_ns(twin, t0, t1) / _mean_step_ns(sim, t0, t1))
+    assert d.slowdown_pct == pytest.approx(true_pct, abs=6.0), true_pct
     # One figure over the fault's span: it does not swing from window to window.
-    assert max(v.slowdown_pct for v in versions) - min(v.slowdown_pct for v in versions) < 6.0
+    assert max(v.slowdown_pct for v in versions) - min(v.slowdown_pct for v in versions) < 8.0
 
 
 def test_a_long_fault_does_not_become_its_own_step_time_baseline() -> None:
@@ -308,11 +325,13 @@ def test_a_long_fault_does_not_become_its_own_step_time_baseline() -> None:
     ja = JobAnalysis("t", spec.window_ns)
     versions = [d for w in simulate(spec).windows for d in ja.analyze(w).changed]
     e = versions[-1].evidence
-    assert e["windows"] >= 30 and e["step_time_change"] is True
+    assert e["span_s"] >= 60 and e["step_time_change"] is True
     assert e["baseline_step_ms"] < 0.8 * e["job_step_ms"]
-    assert 100 * (1 - e["baseline_step_ms"] / e["job_step_ms"]) == pytest.approx(
-        versions[-1].slowdown_pct, abs=5
-    )
+    sim = simulate(spec)
+    twin = simulate(replace(spec, faults=()))
+    t0, t1 = versions[-1].first_window_ns, sim.windows[-1].end_ns
+    true_pct = 100 * (1 - _mean_step_ns(twin, t0, t1) / _mean_step_ns(sim, t0, t1))
+    assert versions[-1].slowdown_pct == pytest.approx(true_pct, abs=5)
 
 
 @pytest.mark.parametrize(
@@ -324,7 +343,8 @@ def test_a_two_rank_job_of_one_window_with_a_small_excess_opens_nothing(
     """`argus run -- torchrun --nproc_per_node 2 examples/train_ddp.py`: about 2 s of 11 ms steps,
     all in one 10 s window, then every rank exits. A rank 1 ms late per step against a reference
     of one rank is no fail-slow fault (before 5db5319 these cases opened a one-window diagnosis,
-    resolved at once by the job's end)."""
+    resolved at once by the job's end); with peers too few for a comparison and no past of its own,
+    the analysis now finds nothing at all."""
     spec = JobSpec(
         world=2,
         windows=2,
@@ -340,8 +360,7 @@ def test_a_two_rank_job_of_one_window_with_a_small_excess_opens_nothing(
     assert sim.windows[0].steps.step.size > 400 and sim.windows[1].steps.step.size == 0
     ja = JobAnalysis("t", spec.window_ns)
     results = [ja.analyze(w) for w in sim.windows]
-    (seen,) = results[0].findings  # the analysis sees the late rank ...
-    assert (seen.rank, seen.cause) == (1, kind) and seen.score >= 1.0 and seen.ambiguous
-    assert seen.evidence["excess_ms_per_step"] < 2.0
-    assert [d for r in results for d in r.changed] == []  # ... and records nothing
+    # Two ranks are too few to tell which is slow from one window without a past to compare with.
+    assert not [f for r in results for f in r.findings if f.score >= 1.0]
+    assert [d for r in results for d in r.changed] == []
     assert bool(sim.windows[1].status.exited.all())  # the job ended

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 from prometheus_client import generate_latest
 
+from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.service import Analyzer, main
-from argus.diagnosis import read_diagnoses
+from argus.diagnosis import read_diagnoses, read_states
 from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.schema import wire_schema
@@ -48,10 +49,13 @@ def test_compute_straggler_is_diagnosed_and_exported(store: Store) -> None:
     onset_window = sim.windows[0].start_ns + int(9.0 // W * W * NS)
     assert onset_window <= d.first_window_ns <= onset_window + int(W * NS)
     assert d.phase in ("forward", "backward") and d.slowdown_pct > 5
-    assert d.evidence["windows"] >= 3 and d.evidence["wait_ms"] < d.evidence["peer_wait_ms"]
-    # Updated every window: one id, a new version per window.
+    windows = _windows(store, d)
+    assert windows >= 3 and d.evidence["wait_ms"] < d.evidence["peer_wait_ms"]
+    assert d.evidence["lost_s"] > 0 and "cause_votes" not in d.evidence  # bookkeeping is not evidence
+    # Updated every window from its opening (after its confirmation span): one id, a version per window.
     versions = [x for x in written if x.id == d.id]
-    assert len({x.id for x in written}) == 1 and len(versions) == d.evidence["windows"]
+    confirm = Tracker("x", window_ns=int(W * NS)).confirm_windows
+    assert len({x.id for x in written}) == 1 and len(versions) == windows - (confirm - 1)
     assert [v.last_window_ns for v in versions] == sorted(v.last_window_ns for v in versions)
     text = generate_latest(metrics.registry).decode()
     assert 'argus_diagnosis_active{cause="compute",job_id="job-compute"} 1.0' in text
@@ -132,7 +136,7 @@ def test_argus_analyze_once_prints_the_diagnoses(store: Store, capsys: pytest.Ca
     sim = simulate(_spec(faults=(Fault("host_stall", (7,), 0.2, 7.0),)), "job-cli")
     load(store, sim)
     url = store.url
-    assert main(argparse.Namespace(store=url, window_s=W, once=True, job="job-cli")) == 0
+    assert main(argparse.Namespace(store=url, window_s=W, once=True, job="job-cli", min_loss_pct=5.0)) == 0
     out = capsys.readouterr().out
     assert "job-cli" in out and "host_stall rank 7" in out
     (d,) = read_diagnoses(store, "job-cli")
@@ -147,7 +151,12 @@ def _windows_uninterrupted(sim) -> int:  # type: ignore[no-untyped-def]
     for w in sim.windows:
         ja.analyze(w)
     (d,) = ja.tracker.open
-    return int(d.evidence["windows"])
+    return sum(ja.tracker.state(d.id)["cause_votes"].values())
+
+
+def _windows(store: Store, d) -> int:  # type: ignore[no-untyped-def]
+    """Windows the stored open diagnosis ``d`` was seen in (the tracker's bookkeeping in the store)."""
+    return sum(read_states(store, d.job_id)[d.id].tracker["cause_votes"].values())
 
 
 class _FailOnce:
@@ -180,7 +189,7 @@ def test_a_failed_write_is_retried_without_counting_the_window_twice(store: Stor
     assert flaky.failed and d.rank == 2 and d.cause == "compute"
     # The same answer as an analysis that never failed: every window counted once.
     clean = _windows_uninterrupted(sim)
-    assert d.evidence["windows"] == clean and d.first_window_ns <= sim.windows[0].start_ns + 6 * NS
+    assert _windows(store, d) == clean and d.first_window_ns <= sim.windows[0].start_ns + 6 * NS
 
 
 def _mark_imported(store: Store, job_id: str, sim) -> None:  # type: ignore[no-untyped-def]
@@ -232,11 +241,15 @@ def test_a_fresh_analyzer_over_an_analysed_store_records_no_fault_twice(
         (2, "dataloader", "resolved"),
         (5, "compute", "resolved"),
     }
-    assert all(d.evidence["analysed_to_ns"] > d.last_window_ns for d in first)
+    states = read_states(store, "job-again")
+    assert all(states[d.id].analysed_to_ns > d.last_window_ns for d in first)
 
     browse = Analyzer(store, window_s=window_s)  # a server's defaults: an hour of backlog
     assert browse.run_once(now_ns=_end(sim) + 60 * NS) == []
-    assert main(argparse.Namespace(store=store.url, window_s=window_s, once=True, job=None)) == 0
+    assert (
+        main(argparse.Namespace(store=store.url, window_s=window_s, once=True, job=None, min_loss_pct=5.0))
+        == 0
+    )
     assert read_diagnoses(store, "job-again") == first
     assert all(len(ids) == 1 for ids in _faults_by_key(store, "job-again").values())
     out = capsys.readouterr().out  # --once prints what is stored, though it wrote nothing

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from argus.diagnosis import Diagnosis
+from argus.schema import wire_table
 from argus.store import Store
 from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
 from tests.api.conftest import LiveApp
@@ -36,7 +37,14 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
     store.insert(
         "diagnoses",
         diagnosis_row(
-            "job-cli", "d-open", state="open", updated_ns=now, first_ns=now - 10**10, rank=3, ranks=[3]
+            "job-cli",
+            "d-open",
+            state="open",
+            updated_ns=now,
+            first_ns=now - 10**10,
+            rank=3,
+            ranks=[3],
+            evidence=json.dumps({"forward_ms": {"rank": 30.0, "peers_median": 10.0}, "lost_s": 4.5}),
         ),
     )
     store.insert(
@@ -55,6 +63,10 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
             slowdown_pct=12.5,
         ),
     )
+    window = {"window_start_ns": [now - 10**10], "window_ns": [10**10], "status": ["analysed"]}
+    window.update(wall_ns=[10**10], steps=[100], lost_ns=[2 * 10**9], explained_ns=[15 * 10**8])
+    window.update(updated_ns=[now])
+    store.insert("analysis_windows", wire_table("analysis_windows", window, "job-cli"))
     result = _diagnose("--job", "job-cli", "--server", live_app.url, "--json")
     assert result.returncode == 0, result.stderr
     objects = json.loads(result.stdout)
@@ -67,8 +79,15 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert "job-cli" in lines[0] and "1 open diagnoses" in lines[0]
+    # The job's lost time and its unexplained share, and each diagnosis's lost time.
+    assert (
+        "1 analysis window(s)" in lines[1]
+        and "lost 2.0 s" in lines[1]
+        and "25 % of it unexplained" in lines[1]
+    )
     open_row = next(line for line in lines if "compute" in line)
     assert "open" in open_row and " 3 " in open_row and "forward" in open_row and "2.50" in open_row
+    assert "4.5 s" in open_row
     link_row = next(line for line in lines if "communication" in line)
     assert "resolved" in link_row and "0,1" in link_row and "12.5%" in link_row
     assert lines.index(open_row) < lines.index(link_row)  # open first

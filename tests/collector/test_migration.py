@@ -40,14 +40,14 @@ def _columns(store, table: str) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_a_store_created_before_a_column_gets_it_on_open_and_old_rows_read_its_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    assert ADDED["collectives"] == ["peer"]
+    assert ADDED["collectives"] == ["peer", "overlapped"]
     url = f"chdb://{tmp_path / 'store'}"
     old = open_store(url, create=False)
     try:
         for statement in _old_schema_statements():
             old.command(statement)
         assert "peer" not in _columns(old, "collectives")
-        rows = sample("collectives", n=3).drop_columns(["peer"])
+        rows = sample("collectives", n=3).drop_columns(ADDED["collectives"])
         old.insert("collectives", rows.append_column("job_id", pa.array(["old"] * 3)))
     finally:
         old.close()
@@ -78,7 +78,7 @@ def test_a_store_created_before_a_column_gets_it_on_open_and_old_rows_read_its_d
         # Opening again changes nothing (the statements are idempotent).
         store.close()
         store = open_store(url)
-        assert _columns(store, "collectives")[-2:] == ["peer", "stored_at"]
+        assert _columns(store, "collectives")[-3:] == ["peer", "overlapped", "stored_at"]
     finally:
         store.close()
 

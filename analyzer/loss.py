@@ -1,0 +1,232 @@
+"""Lost time: every second a job loses against its own healthy pace is accounted for (DESIGN §5).
+
+Definitions (one of each, used everywhere):
+
+* A window's **wall time** is the wall time of its steps: the sum of the job's
+  step times (:func:`argus.analyzer.iteration.job_step_times`, each step ending
+  when its slowest rank ends it).
+* Its **lost time** is that wall time minus what the same steps take at the
+  job's **healthy pace** — the *mean* step time of its recent healthy windows
+  (means, so that rare long steps count) — and at least the time the job waited
+  per step for the ranks behind (what the job would have saved without them,
+  even when a rank was slow from the start and the pace never saw it healthy).
+* The findings of the window **share** it: each claims the time the job waited
+  for it (``Finding.waited_ns``, per step: the slowest of its ranks, as the job
+  waits for the slowest); a fault without per-step evidence (a slow link, a
+  hung rank) claims its window slowdown. Claims are scaled down together when
+  they add up to more than the lost time (two stragglers in parallel cost the
+  job the larger of the two, not the sum), so the shares of a window sum to at
+  most its lost time.
+* What no finding claims is **unexplained**. When it is at or above the loss
+  threshold it becomes the **job-level finding** (``rank: null``, subject
+  ``job``), its cause from what grew against the job's own healthy profile:
+  compute phases → ``compute``, ``data`` → ``dataloader``, untracked host time →
+  ``host_stall``, transfers (the least-blocked rank's blocked time: what nobody
+  waits for but the link) → ``communication``; ``unknown`` when nothing
+  identifiable grew.
+
+``slowdown_pct`` of a diagnosis is ``100 · lost / wall`` summed over its span
+(:mod:`argus.analyzer.lifecycle`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from argus.analyzer.findings import JOB_SUBJECT, Finding
+from argus.analyzer.iteration import IterationResult
+from argus.analyzer.phase import COMPONENTS, REL_FLOOR, PhaseResult
+from argus.analyzer.waits import StepTimes
+from argus.config import DEFAULT_MIN_LOSS_PCT
+from argus.diagnosis import Cause
+
+__all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "job_profile"]
+
+#: A component explains the job's loss when its growth covers at least this share of it.
+GROWTH_SHARE = 1 / 3
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """The job's per-step time by component, averaged over its ranks (ns per step).
+
+    Attributes:
+        comp_ns: Mean self time per step of each of :data:`COMPONENTS`, shape ``(5,)``.
+        transfer_ns: Mean over steps of the least-blocked rank's blocked time (the part of a
+            synchronisation nobody waits for but the data movement).
+    """
+
+    comp_ns: NDArray[np.float64]
+    transfer_ns: float
+
+
+def job_profile(t: StepTimes | None) -> JobProfile | None:
+    """The :class:`JobProfile` of one window's step times (None without steps)."""
+    if t is None or t.step_ns.size == 0 or not np.any(np.isfinite(t.step_ns)):
+        return None
+    comp = np.nanmean(np.nanmean(t.comp_self_ns, axis=1), axis=1)
+    least_blocked = np.nanmin(t.blocked_ns, axis=0)
+    return JobProfile(np.nan_to_num(comp, nan=0.0), float(np.nan_to_num(np.nanmean(least_blocked), nan=0.0)))
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """One window's lost time and who accounts for it.
+
+    Attributes:
+        wall_ns: Wall time of the window's steps, ns.
+        steps: Steps it covers.
+        lost_ns: Lost time, ns (>= 0).
+        explained_ns: The part the findings' shares cover, ns.
+        pace_ns: The healthy mean step time it was measured against, ns (NaN before one is known).
+    """
+
+    wall_ns: float
+    steps: int
+    lost_ns: float
+    explained_ns: float
+    pace_ns: float
+
+    @property
+    def unexplained_ns(self) -> float:
+        return max(self.lost_ns - self.explained_ns, 0.0)
+
+
+def _claim(f: Finding, wall_ns: float) -> float:
+    if f.waited_ns:
+        return float(np.sum(f.waited_ns))
+    return max(f.slowdown_pct, 0.0) / 100.0 * wall_ns
+
+
+def account(
+    findings: list[Finding],
+    l1: IterationResult,
+    l2: PhaseResult,
+    *,
+    pace_ns: float | None,
+    profile: JobProfile | None,
+    healthy_profile: JobProfile | None,
+    min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
+) -> tuple[list[Finding], Accounting]:
+    """Share the window's lost time among ``findings`` and add the job-level finding (module doc).
+
+    Args:
+        findings: The window's findings (:func:`argus.analyzer.causes.attribute`).
+        l1: The window's L1 result (job step times).
+        l2: The window's L2 result (who waited for whom).
+        pace_ns: The job's healthy mean step time, ns (None before one is known).
+        profile: This window's :class:`JobProfile`.
+        healthy_profile: The job's profile in recent healthy windows (None before one is known).
+        min_loss_pct: The loss threshold (percent of wall time) of a job-level finding's score.
+
+    Returns:
+        ``(findings with lost_ns and wall_ns set, plus the job-level finding if any; accounting)``.
+    """
+    wall = float(np.sum(l1.step_ns)) if l1.step_ns.size else 0.0
+    n = int(l1.step_ns.size)
+    lost_pace = wall - n * pace_ns if pace_ns is not None and n else 0.0
+    # Sub-threshold findings share the loss but do not make it: a healthy job waits each step for
+    # whichever rank is slowest by noise, and that is part of its pace.
+    waited = [np.asarray(f.waited_ns) for f in findings if f.waited_ns and f.score >= 1.0]
+    waited_union = float(np.sum(np.max(np.stack(waited), axis=0))) if waited else 0.0
+    lost = max(lost_pace, waited_union, 0.0)
+    claims = [_claim(f, wall) for f in findings]
+    # Findings past the threshold are served first; weaker ones share what is left.
+    shares = [0.0] * len(findings)
+    left = lost
+    for strong in (True, False):
+        idx = [i for i, f in enumerate(findings) if (f.score >= 1.0) == strong]
+        total = sum(claims[i] for i in idx)
+        scale = min(1.0, left / total) if total > 0 else 0.0
+        for i in idx:
+            shares[i] = claims[i] * scale
+        left -= sum(shares[i] for i in idx)
+    shared = [replace(f, lost_ns=c, wall_ns=wall) for f, c in zip(findings, shares, strict=True)]
+    explained = sum(shares)
+    acc = Accounting(wall, n, lost, explained, float(pace_ns) if pace_ns is not None else float("nan"))
+    job = _job_finding(acc, l1, l2, profile, healthy_profile, min_loss_pct)
+    if job is not None:
+        shared.append(job)
+        acc = replace(acc, explained_ns=acc.explained_ns + job.lost_ns)
+    return shared, acc
+
+
+def _job_finding(
+    acc: Accounting,
+    l1: IterationResult,
+    l2: PhaseResult,
+    profile: JobProfile | None,
+    healthy: JobProfile | None,
+    min_loss_pct: float,
+) -> Finding | None:
+    unexplained = acc.unexplained_ns
+    if acc.wall_ns <= 0 or unexplained <= 0 or not np.isfinite(acc.pace_ns) or min_loss_pct <= 0:
+        return None
+    score = 100.0 * unexplained / acc.wall_ns / min_loss_pct
+    if score < 0.5:
+        return None
+    per_step = unexplained / max(acc.steps, 1)
+    growth: dict[str, float] = {}
+    if profile is not None and healthy is not None:
+        d = profile.comp_ns - healthy.comp_ns
+        growth = {
+            "data": float(d[0]),
+            "compute": float(d[1] + d[2] + d[3]),
+            "untracked": float(d[4]),
+            "transfer": profile.transfer_ns - healthy.transfer_ns,
+        }
+    cause = Cause.UNKNOWN
+    phase = None
+    if growth:
+        name, grown = max(growth.items(), key=lambda kv: kv[1])
+        if grown >= GROWTH_SHARE * per_step:
+            cause = {
+                "data": Cause.DATALOADER,
+                "compute": Cause.COMPUTE,
+                "untracked": Cause.HOST_STALL,
+                "transfer": Cause.COMMUNICATION,
+            }[name]
+            if name == "data":
+                phase = "data"
+            elif name == "compute" and profile is not None and healthy is not None:
+                d = profile.comp_ns - healthy.comp_ns
+                phase = COMPONENTS[1 + int(np.argmax(d[1:4]))]
+    behind = _ranks_behind(l2)
+    evidence: dict[str, Any] = {
+        "unexplained_ms_per_step": _ms(per_step),
+        "job_step_ms": _ms(acc.wall_ns / max(acc.steps, 1)),
+        "healthy_step_ms": _ms(acc.pace_ns),
+        "growth_ms_per_step": {k: _ms(v) for k, v in growth.items()},
+        "ranks_behind": len(behind),
+        **{k: v for k, v in l1.evidence().items() if k in ("onset_step", "spike_steps")},
+    }
+    return Finding(
+        cause=cause.value,
+        rank=None,
+        ranks=behind,
+        group=None,
+        phase=phase,
+        kernel=None,
+        score=score,
+        slowdown_pct=100.0 * unexplained / acc.wall_ns,
+        subject=JOB_SUBJECT,
+        evidence=evidence,
+        lost_ns=unexplained,
+        wall_ns=acc.wall_ns,
+    )
+
+
+def _ranks_behind(l2: PhaseResult) -> tuple[int, ...]:
+    """Ranks whose self time grew against their own past by more than the floor."""
+    if l2.rank.size == 0:
+        return ()
+    grew = l2.change_ns >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
+    return tuple(int(r) for r in l2.rank[grew])
+
+
+def _ms(ns: float) -> float | None:
+    return None if not np.isfinite(ns) else round(ns / 1e6, 3)

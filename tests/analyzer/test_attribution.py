@@ -1,0 +1,133 @@
+"""Who caused the wait: blocking at every synchronisation point, roles, many slow ranks (synthetic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from argus.analyzer.collectives import decompose
+from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.roles import infer_roles
+from argus.analyzer.synthetic3d import Layout3D, windows
+from argus.analyzer.waits import blocking_rows, step_times
+from argus.analyzer.window import Collectives, Phases, Steps, Window
+from synthetic.jobs import Fault, JobSpec, simulate
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def _window(
+    steps: list[tuple[int, int, float, float]],
+    phases: list[tuple[int, int, int, float, float]],
+    colls: list[tuple[int, int, str, int, str, float, float, int, bool]],
+) -> Window:
+    """A window from rows in ms: steps (rank, step, start, dur), phases (rank, step, phase, start, dur),
+    collectives (rank, step, group, seq, op, issue, end, peer, overlapped)."""
+    groups = tuple(sorted({c[2] for c in colls}))
+    ops = tuple(sorted({c[4] for c in colls}))
+    i64 = lambda v: np.asarray(v, np.int64)  # noqa: E731
+    ms = lambda v: i64([round(T0 + x * MS) for x in v])  # noqa: E731
+    st = Steps(i64([s[0] for s in steps]), i64([s[1] for s in steps]), ms([s[2] for s in steps]),
+               i64([round(s[3] * MS) for s in steps]))  # fmt: skip
+    ph = Phases(i64([p[0] for p in phases]), i64([p[1] for p in phases]), i64([p[2] for p in phases]),
+                ms([p[3] for p in phases]), i64([round(p[4] * MS) for p in phases]))  # fmt: skip
+    issue = ms([c[5] for c in colls])
+    end = ms([c[6] for c in colls])
+    co = Collectives(
+        rank=i64([c[0] for c in colls]),
+        step=i64([c[1] for c in colls]),
+        group=i64([groups.index(c[2]) for c in colls]),
+        seq=i64([c[3] for c in colls]),
+        op=i64([ops.index(c[4]) for c in colls]),
+        bytes=i64([1 << 20] * len(colls)),
+        issue_ns=issue,
+        start_ns=issue,
+        dur_ns=end - issue,
+        in_window=np.ones(len(colls), bool),
+        group_names=groups,
+        op_names=ops,
+        peer=i64([c[7] for c in colls]),
+        overlapped=np.array([c[8] for c in colls], bool),
+    )
+    return Window("t", T0 - 10**9, T0 + 10**10, st, ph, co)
+
+
+def test_a_barrier_absorbs_lateness_and_only_the_late_rank_keeps_the_extra_self_time() -> None:
+    """Rank 3 works 50 ms before a barrier: its peers wait there, and the all-reduce at the end of
+    the step sees everyone on time. The waits go to the peers' blocked time, the 50 ms to rank 3."""
+    steps, phases, colls = [], [], []
+    for r in range(4):
+        late = 50.0 if r == 3 else 0.0
+        steps.append((r, 10, 0.0, 200.0))
+        colls.append((r, 10, "0", 0, "barrier", 10.0 + late, 61.0, -1, False))  # all released at 61
+        phases.append((r, 10, 1, 61.0, 60.0))  # forward
+        phases.append((r, 10, 2, 121.0, 70.0))  # backward, ending with the gradient all-reduce
+        colls.append((r, 10, "0", 1, "allreduce", 185.0, 190.0, -1, True))
+    t = step_times(_window(steps, phases, colls), np.array([10]))
+    np.testing.assert_allclose(t.blocked_ns[:, 0] / MS, [51 + 5, 51 + 5, 51 + 5, 1 + 5], atol=0.01)
+    np.testing.assert_allclose(t.self_ns[:, 0] / MS - t.self_ns[0, 0] / MS, [0, 0, 0, 50], atol=0.01)
+
+
+def test_overlapped_buckets_block_only_where_backward_waits_and_a_busy_call_blocks_nobody() -> None:
+    colls = [
+        # Rank 0's first bucket completes while it still computes (its second bucket is issued
+        # inside it): not blocked. Its last bucket ends right before backward ends: blocked.
+        (0, 10, "0", 0, "allreduce", 100.0, 150.0, -1, True),
+        (0, 10, "0", 1, "allreduce", 120.0, 160.0, -1, True),
+        # An isend whose rank issued another call before it completed: asynchronous, and so is
+        # its matching recv on rank 1 (one participant busy during the call blocks nobody).
+        (0, 10, "p", 0, "send", 170.0, 200.0, 1, False),
+        (0, 10, "0", 2, "barrier", 180.0, 181.0, -1, False),
+        (1, 10, "p", 0, "recv", 172.0, 200.0, 0, False),
+        (1, 10, "0", 2, "barrier", 180.5, 181.0, -1, False),
+    ]
+    phases = [(0, 10, 2, 50.0, 110.5), (1, 10, 2, 50.0, 110.5)]  # backward ends at 160.5
+    steps = [(0, 10, 0.0, 220.0), (1, 10, 0.0, 220.0)]
+    w = _window(steps, phases, colls)
+    blocked = blocking_rows(w, np.array([0, 1]), decompose(w.collectives).instance)
+    assert blocked.tolist() == [False, True, False, True, False, True]
+
+
+def test_roles_are_pipeline_stages_in_a_3d_job() -> None:
+    lay = Layout3D(stages=3, tp=2, dp=2, step_ms=120.0, stage_work=(1.0, 1.4, 0.8), seed=1)
+    (w,) = windows(lay, 1, window_s=3.0)
+    roles = infer_roles(w.status.rank, w.collectives, decompose(w.collectives), {})
+    stage_of = {int(r): int(s) for r, s in zip(roles.rank, roles.stage, strict=True)}
+    assert stage_of == {(d * 3 + s) * 2 + p: s for d in range(2) for s in range(3) for p in range(2)}
+    assert roles.n_roles == 3 and sorted(roles.labels) == ["stage 0", "stage 1", "stage 2"]
+
+
+def _opened(lay: Layout3D, n: int = 4) -> list[tuple[int | None, list[int], str]]:
+    ws = windows(lay, n, window_s=3.0)
+    ja = JobAnalysis("l", ws[0].end_ns - ws[0].start_ns)
+    return [(d.rank, d.ranks, d.cause) for w in ws for d in ja.analyze(w).changed if d.state == "open"]
+
+
+def test_a_healthy_pipeline_job_with_unequal_stages_opens_nothing() -> None:
+    lay = Layout3D(stages=3, tp=2, dp=4, step_ms=120.0, stage_work=(1.0, 1.6, 0.7), seed=2)
+    assert _opened(lay) == []
+
+
+def test_a_slow_rank_of_a_pipeline_job_is_named_and_its_neighbours_are_not() -> None:
+    # Rank 9: replica 1, stage 1, tensor position 1 (its TP partner is 8, its stages' partners 7 and 11).
+    lay = Layout3D(stages=3, tp=2, dp=4, step_ms=120.0, stage_work=(1.0, 1.6, 0.7), slow=(9,), seed=3)
+    opened = _opened(lay)
+    assert opened and {rank for rank, _, _ in opened} == {9}
+    assert {cause for _, _, cause in opened} == {"compute"}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_three_of_four_ranks_slow_open_one_diagnosis_that_never_names_the_fast_rank(seed: int) -> None:
+    spec = JobSpec(
+        world=4,
+        windows=7,
+        window_s=6.0,
+        step_s=0.05,
+        seed=seed,
+        faults=(Fault("compute", (0, 1, 3), 0.3, 24.0),),
+    )
+    ja = JobAnalysis("t", spec.window_ns)
+    changed = [d for w in simulate(spec).windows for d in ja.analyze(w).changed]
+    named = {r for d in changed for r in d.ranks}
+    assert len({d.id for d in changed}) == 1 and named == {0, 1, 3}, [(d.rank, d.ranks) for d in changed]
