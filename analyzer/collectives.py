@@ -107,7 +107,7 @@ class Decomposition:
         return np.asarray(self.inst_sender >= 0)
 
 
-def decompose(
+def decompose(  # noqa: PLR0915  (one pass of array steps; its pieces share the arrays)
     coll: Collectives,
     *,
     group_sizes: dict[str, int] | None = None,

@@ -46,13 +46,11 @@ from argus.analyzer.findings import JOB_SUBJECT, Finding
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.phase import COMPONENTS, REL_FLOOR, PhaseResult
 from argus.analyzer.waits import StepTimes
+from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
 __all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "job_profile"]
 
-#: Sustained loss (percent of wall time over the confirmation span) below which nothing opens.
-#: Chosen from the clean runs of ``bench/detection_live.py`` on a 2-core machine (README).
-DEFAULT_MIN_LOSS_PCT = 5.0
 #: A component explains the job's loss when its growth covers at least this share of it.
 GROWTH_SHARE = 1 / 3
 #: A job-level loss must exceed this many standard errors of a window's mean step time.

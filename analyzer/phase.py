@@ -279,7 +279,7 @@ def compare_phases(
         return _compare(w, roles, baseline or {}, recent_spikes or {}, d)
 
 
-def _compare(
+def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
     w: Window,
     roles: Roles | None,
     baseline: Mapping[int, RankBaseline],

@@ -24,9 +24,8 @@ from pathlib import Path
 import pytest
 
 from argus.analyzer.service import Analyzer
-from argus.analyzer.store_io import read_diagnoses
-from argus.collector.store import open_store
-from argus.diagnosis import Diagnosis
+from argus.diagnosis import Diagnosis, read_diagnoses
+from argus.store import open_store
 from tests.agent.jobs import argus_run, job_env, short_dir
 from tests.conftest import ArgusServer
 
