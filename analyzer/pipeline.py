@@ -11,6 +11,7 @@ from the store; the detection benchmark feeds it synthetic windows directly.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,7 +27,14 @@ from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
 from argus.analyzer.links import locate_slow_links
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting, JobProfile, account, job_profile
-from argus.analyzer.phase import CONFIDENT_STEPS, WARMUP_STEPS, PhaseResult, RankBaseline, compare_phases
+from argus.analyzer.phase import (
+    COMPONENTS,
+    CONFIDENT_STEPS,
+    WARMUP_STEPS,
+    PhaseResult,
+    RankBaseline,
+    compare_phases,
+)
 from argus.analyzer.robust import MAD_TO_SIGMA
 from argus.analyzer.roles import Roles, infer_roles
 from argus.analyzer.window import Window
@@ -38,6 +46,8 @@ __all__ = ["JobAnalysis", "WindowResult"]
 HISTORY_STEPS = 512
 #: Healthy windows of each rank's self time kept as its own-past reference.
 RANK_HISTORY_WINDOWS = 8
+#: Healthy windows of a rank before its own window-to-window drift is estimated.
+DRIFT_WINDOWS = 3
 #: Healthy windows of the job's profile kept.
 PROFILE_WINDOWS = 8
 #: Windows of healthy transfer medians kept per (group, op, size class).
@@ -67,10 +77,15 @@ class WindowResult:
 
 @dataclass
 class _RankWindow:
+    """One healthy window of one rank: its means (the statistic a later window's mean is compared
+    with), and how far they sat from the window's other ranks (the rank's own drift)."""
+
     self_ns: float
     sigma_ns: float
     comp_ns: np.ndarray
     step_ns: float
+    self_dev_ns: float
+    comp_dev_ns: np.ndarray
 
 
 class JobAnalysis:
@@ -124,11 +139,19 @@ class JobAnalysis:
         for r, windows in self._ranks.items():
             if not windows:
                 continue
+            # A window's mean against the mean of past windows' means; the rank's drift is the
+            # spread of its means about the other ranks' between its healthy windows (what a
+            # shared, oversubscribed host does to one rank from window to window).
+            enough = len(windows) >= DRIFT_WINDOWS
             out[r] = RankBaseline(
-                float(np.median([x.self_ns for x in windows])),
+                float(np.mean([x.self_ns for x in windows])),
                 float(np.median([x.sigma_ns for x in windows])),
-                np.median(np.stack([x.comp_ns for x in windows]), axis=0),
+                np.mean(np.stack([x.comp_ns for x in windows]), axis=0),
                 float(np.median([x.step_ns for x in windows])),
+                float(np.std([x.self_dev_ns for x in windows], ddof=1)) if enough else 0.0,
+                np.std(np.stack([x.comp_dev_ns for x in windows]), axis=0, ddof=1)
+                if enough
+                else np.zeros(len(COMPONENTS)),
             )
         return out
 
@@ -229,16 +252,30 @@ class JobAnalysis:
         if t is not None:
             # Every rank's reference comes from the same windows: the job's common change between
             # then and now is only measurable against references of one period.
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                means = np.nanmean(t.self_ns, axis=1)
+                comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
+            roles = l2.roles.of(t.rank)
+            typical = np.full(t.rank.size, np.nan)
+            comp_typical = np.zeros_like(comp_means)
+            for g in np.unique(roles):
+                members = (roles == g) & np.isfinite(means)
+                if np.any(members):
+                    typical[roles == g] = np.median(means[members])
+                    comp_typical[:, roles == g] = np.median(comp_means[:, members], axis=1)[:, None]
             for i, r in enumerate(t.rank.tolist()):
                 own = t.self_ns[i][np.isfinite(t.self_ns[i])]
                 if own.size < CONFIDENT_STEPS:
                     continue
                 med = float(np.median(own))
                 entry = _RankWindow(
-                    med,
+                    float(np.mean(own)),
                     MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
-                    np.nan_to_num(np.nanmedian(t.comp_self_ns[:, i], axis=1), nan=0.0),
+                    comp_means[:, i],
                     float(np.nanmedian(t.step_ns[i])),
+                    float(means[i] - typical[i]),
+                    comp_means[:, i] - comp_typical[:, i],
                 )
                 self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
         if d is not None:
