@@ -85,17 +85,26 @@ SPIKE_REL = 0.25
 class RankBaseline:
     """A rank's self time in recent healthy windows (the own-past reference).
 
+    A window's mean is compared with the mean of these windows' means (a median here against a
+    mean there would turn every host's right-skewed scheduling stalls into a change).
+
     Attributes:
-        self_ns: Median self time per step, ns.
+        self_ns: Mean self time per step, ns.
         sigma_ns: Robust per-step standard deviation of its self time, ns.
-        comp_ns: Median self time per step of each of :data:`COMPONENTS`, ns, shape ``(5,)``.
+        comp_ns: Mean self time per step of each of :data:`COMPONENTS`, ns, shape ``(5,)``.
         step_ns: Median step time, ns.
+        drift_ns: Standard deviation, between those windows, of the rank's mean self time about
+            the other ranks' of its role, ns: how much a window's mean moves on this host with
+            nothing wrong (0 while unknown).
+        comp_drift_ns: The same per component, ns, shape ``(5,)``.
     """
 
     self_ns: float
     sigma_ns: float
     comp_ns: NDArray[np.float64]
     step_ns: float
+    drift_ns: float = 0.0
+    comp_drift_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(len(COMPONENTS)))
 
 
 @dataclass(frozen=True)
@@ -332,6 +341,14 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         [baseline[r].comp_ns if r in baseline else np.full(len(COMPONENTS), np.nan) for r in ranks.tolist()]
     ).reshape(n_r, len(COMPONENTS))
     base_step = np.array([baseline[r].step_ns if r in baseline else np.nan for r in ranks.tolist()])
+    drift = np.array(
+        [
+            np.concatenate([[baseline[r].drift_ns], baseline[r].comp_drift_ns])
+            if r in baseline
+            else np.zeros(1 + len(COMPONENTS))
+            for r in ranks.tolist()
+        ]
+    ).reshape(n_r, 1 + len(COMPONENTS))
     change = self_t - base_self[:, None]
     common, unchanged = _common_change(np.nanmean(change, axis=1), base_sigma, n_steps, base_step)
     x_past = change - _common_steps(change, unchanged, common)
@@ -367,7 +384,9 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
                 min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)),
             ).score
             peer_score[members] = np.fmax(peer_score[members], sc[members])
-        q_thr = np.fmax(K_SIGMA * q_noise / np.sqrt(np.maximum(n_steps - 1, 1)), past_floor)
+        # The standard error of a window's mean, and the rank's own drift between windows.
+        q_err = np.hypot(q_noise / np.sqrt(np.maximum(n_steps - 1, 1)), drift[:, j])
+        q_thr = np.fmax(K_SIGMA * q_err, past_floor)
         past_score = np.fmax(past_score, np.where(np.isfinite(q_stat) & enough, q_stat / q_thr, np.nan))
         if j == 0:
             peer_spikes, past_spikes, past_stat = p_spikes, q_spikes, q_stat

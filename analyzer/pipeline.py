@@ -11,6 +11,7 @@ from the store; the detection benchmark feeds it synthetic windows directly.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,7 +27,14 @@ from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
 from argus.analyzer.links import locate_slow_links
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting, JobProfile, account, job_profile
-from argus.analyzer.phase import CONFIDENT_STEPS, WARMUP_STEPS, PhaseResult, RankBaseline, compare_phases
+from argus.analyzer.phase import (
+    COMPONENTS,
+    CONFIDENT_STEPS,
+    WARMUP_STEPS,
+    PhaseResult,
+    RankBaseline,
+    compare_phases,
+)
 from argus.analyzer.robust import MAD_TO_SIGMA
 from argus.analyzer.roles import Roles, infer_roles
 from argus.analyzer.window import Window
@@ -38,6 +46,8 @@ __all__ = ["JobAnalysis", "WindowResult"]
 HISTORY_STEPS = 512
 #: Healthy windows of each rank's self time kept as its own-past reference.
 RANK_HISTORY_WINDOWS = 8
+#: Healthy windows of a rank before its own window-to-window drift is estimated.
+DRIFT_WINDOWS = 3
 #: Healthy windows of the job's profile kept.
 PROFILE_WINDOWS = 8
 #: Windows of healthy transfer medians kept per (group, op, size class).
@@ -67,10 +77,15 @@ class WindowResult:
 
 @dataclass
 class _RankWindow:
+    """One healthy window of one rank: its means (the statistic a later window's mean is compared
+    with), and how far they sat from the window's other ranks (the rank's own drift)."""
+
     self_ns: float
     sigma_ns: float
     comp_ns: np.ndarray
     step_ns: float
+    self_dev_ns: float
+    comp_dev_ns: np.ndarray
 
 
 class JobAnalysis:
@@ -93,6 +108,8 @@ class JobAnalysis:
         self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
         self._spikes: dict[int, deque[int]] = {}
         self._suspects: list[tuple[int, float]] = []
+        #: Subjects of the last window's findings at the opening score.
+        self._strong: frozenset[str] = frozenset()
         self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
         self._last_end: tuple[int, int] | None = None
@@ -120,15 +137,32 @@ class JobAnalysis:
         return float(np.std(self._steps)) if len(self._steps) >= CONFIDENT_STEPS else 0.0
 
     def _baselines(self) -> dict[int, RankBaseline]:
+        """Each rank's own past (:class:`RankBaseline`) from its healthy windows.
+
+        A window's mean moves from window to window with nothing wrong (a shared host's
+        scheduler): that drift is part of the noise of an own-past comparison. It is the spread
+        of each rank's means about its role's, pooled over the ranks with two windows or more
+        (the rank's own once it has :data:`DRIFT_WINDOWS`, if larger); 0 before any two windows.
+        """
+        devs = {
+            r: np.array([[x.self_dev_ns, *x.comp_dev_ns] for x in w]) for r, w in self._ranks.items() if w
+        }
+        spread = [np.var(d, axis=0, ddof=1) for d in devs.values() if len(d) >= 2]
+        pooled = np.sqrt(np.mean(spread, axis=0)) if spread else np.zeros(1 + len(COMPONENTS))
         out = {}
         for r, windows in self._ranks.items():
             if not windows:
                 continue
+            d = devs[r]
+            own = np.std(d, axis=0, ddof=1) if len(d) >= DRIFT_WINDOWS else np.zeros(d.shape[1])
+            drift = np.fmax(own, pooled)
             out[r] = RankBaseline(
-                float(np.median([x.self_ns for x in windows])),
+                float(np.mean([x.self_ns for x in windows])),
                 float(np.median([x.sigma_ns for x in windows])),
-                np.median(np.stack([x.comp_ns for x in windows]), axis=0),
+                np.mean(np.stack([x.comp_ns for x in windows]), axis=0),
                 float(np.median([x.step_ns for x in windows])),
+                float(drift[0]),
+                drift[1:],
             )
         return out
 
@@ -188,14 +222,18 @@ class JobAnalysis:
             profile=profile,
             healthy_profile=self._healthy_profile(),
             min_loss_pct=self.min_loss_pct,
+            repeated=self._strong,
         )
+        strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
+        repeated = bool(self._strong & strong)
+        self._strong = strong
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
         lossy = acc.wall_ns > 0 and 100.0 * acc.lost_ns >= self.min_loss_pct * acc.wall_ns
-        self._remember(w, d, l2, step_ns, findings, profile, lossy)
+        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
@@ -210,16 +248,20 @@ class JobAnalysis:
         findings: list[Finding],
         profile: JobProfile | None,
         lossy: bool,
+        repeated: bool,
     ) -> None:
         """Keep what later windows compare with: only a healthy window's numbers become references.
 
-        Healthy: nothing open, no finding at the opening score, and no loss at the threshold
-        (a loss nobody explained yet must not become the pace that hides it).
+        Healthy: nothing open, no loss at the threshold (a loss nobody explained yet must not
+        become the pace that hides it) and no finding at the opening score repeated from the
+        previous window. A rank with a finding at the opening score keeps its window out of its
+        own past; the others' references grow (one rank's noise in one window must not keep
+        every reference from growing).
         """
         for i, r in enumerate(l2.rank.tolist()):
             self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))
         # A fault's windows would make its own slowdown the reference (and hide it from the evidence).
-        healthy = not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings) and not lossy
+        healthy = not self.tracker.open and not lossy and not repeated
         if not healthy:
             return
         self._steps.extend(step_ns.tolist())
@@ -229,16 +271,31 @@ class JobAnalysis:
         if t is not None:
             # Every rank's reference comes from the same windows: the job's common change between
             # then and now is only measurable against references of one period.
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                means = np.nanmean(t.self_ns, axis=1)
+                comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
+            roles = l2.roles.of(t.rank)
+            typical = np.full(t.rank.size, np.nan)
+            comp_typical = np.zeros_like(comp_means)
+            for g in np.unique(roles):
+                members = (roles == g) & np.isfinite(means)
+                if np.any(members):
+                    typical[roles == g] = np.median(means[members])
+                    comp_typical[:, roles == g] = np.median(comp_means[:, members], axis=1)[:, None]
+            flagged = {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks}
             for i, r in enumerate(t.rank.tolist()):
                 own = t.self_ns[i][np.isfinite(t.self_ns[i])]
-                if own.size < CONFIDENT_STEPS:
+                if own.size < CONFIDENT_STEPS or r in flagged:
                     continue
                 med = float(np.median(own))
                 entry = _RankWindow(
-                    med,
+                    float(np.mean(own)),
                     MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
-                    np.nan_to_num(np.nanmedian(t.comp_self_ns[:, i], axis=1), nan=0.0),
+                    comp_means[:, i],
                     float(np.nanmedian(t.step_ns[i])),
+                    float(means[i] - typical[i]),
+                    comp_means[:, i] - comp_typical[:, i],
                 )
                 self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
         if d is not None:
