@@ -31,6 +31,7 @@ from typing import Any
 from argus import config
 from argus.agent import _bootstrap
 from argus.agent.identity import ENV_COMMAND, new_job_id
+from argus.jobid import check_job_id
 
 __all__ = ["agent_listening", "bootstrap_dir", "main"]
 
@@ -138,6 +139,11 @@ def main(args: argparse.Namespace) -> int:
     agent: subprocess.Popen[bytes] | None = None
     if not config.env_flag(config.ENV_DISABLE):
         job_id = _job_id(args)
+        try:
+            check_job_id(job_id)
+        except ValueError as exc:
+            print(f"argus run: --job-id (or $TORCHELASTIC_RUN_ID): {exc}", file=sys.stderr)
+            return 2
         env[config.ENV_JOB_ID] = job_id
         env[config.ENV_SOCKET] = args.socket
         env[ENV_COMMAND] = shlex.join(cmd)

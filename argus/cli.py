@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from argus import __version__, config
+from argus import __version__, config, limits
 from argus.errors import ArgusError
 
 __all__ = ["build_parser", "main"]
@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="ClickHouse cluster: ReplicatedMergeTree + Distributed tables",
     )
     p.add_argument("--no-analyzer", action="store_true", help="run ingest and API only")
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=limits.DEFAULT_MAX_UPLOAD_BYTES,
+        metavar="BYTES",
+        help="cap on a trace upload's body and decompressed text; 413 past it (default %(default)s)",
+    )
 
     p = sub.add_parser("agent", help="node agent: takes probe buffers, compresses, streams to the collector")
     p.add_argument(

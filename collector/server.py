@@ -27,6 +27,7 @@ from argus.collector.metrics import Metrics
 from argus.collector.store import Store, open_store
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import ConfigError
+from argus.limits import DEFAULT_MAX_UPLOAD_BYTES
 
 if TYPE_CHECKING:
     from argus.analyzer.service import Analyzer
@@ -76,6 +77,7 @@ def start_http(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     window_s: float = DEFAULT_WINDOW_S,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
 ) -> HttpServer:
     """Serve ``argus.collector.api.create_app`` on ``listen`` (port 0 picks a free one).
 
@@ -100,6 +102,7 @@ def start_http(
         metrics=metrics,
         token=token,
         window_s=window_s,
+        max_upload_bytes=max_upload_bytes,
         heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
     )
     config = uvicorn.Config(
@@ -147,6 +150,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--window-s must be > 0, got {args.window_s}")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")
+    if args.max_upload_bytes < 1:
+        raise ConfigError(f"--max-upload-bytes must be >= 1, got {args.max_upload_bytes}")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -165,7 +170,15 @@ def main(args: argparse.Namespace) -> int:
         collector = start_collector(store, metrics, args.grpc_listen, token=args.token, **tls)
         if not args.no_analyzer:
             analyzer = _start_analyzer(store, metrics, args.window_s, args.min_loss_pct)
-        http = start_http(store, metrics, args.http_listen, token=args.token, window_s=args.window_s, **tls)
+        http = start_http(
+            store,
+            metrics,
+            args.http_listen,
+            token=args.token,
+            window_s=args.window_s,
+            max_upload_bytes=args.max_upload_bytes,
+            **tls,
+        )
         notes = [" (TLS)" if collector.tls else "", ", token required" if args.token else ""]
         print(
             f"argus server: gRPC on {collector.address}{notes[0]}, HTTP on {http.url}, "
