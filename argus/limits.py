@@ -28,7 +28,7 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from argus.config import MAX_MESSAGE_BYTES
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES, MAX_MESSAGE_BYTES
 from argus.errors import TooLarge
 
 __all__ = [
@@ -46,8 +46,6 @@ __all__ = [
     "check_declared",
 ]
 
-#: Trace uploads: request body and decompressed text, bytes per request (--max-upload-bytes).
-DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
 #: Largest world size a job may declare (2**20 ranks: ten times the largest jobs run today).
 MAX_WORLD_SIZE = 1 << 20
 #: Largest rank (ranks are 0 .. world size - 1).

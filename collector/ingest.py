@@ -22,18 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.errors import InvalidBatch, StoreError
 from argus.jobid import check_job_id
 from argus.limits import WIRE_COLUMN_LIMITS, WIRE_LENGTH_LIMITS, check_declared
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
+from argus.store import Store
 
 __all__ = [
     "TABLE_BY_ENUM",
@@ -100,7 +101,7 @@ def _read_ipc(payload: bytes) -> pa.Table:
     return data
 
 
-def validate_columns(table: str, data: pa.Table) -> pa.Table:
+def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (the checks below, in order)
     """Check ``data`` against the wire schema of ``table``; return it in schema column order.
 
     Checks, each naming the column: every wire column present and no other (a column
@@ -157,7 +158,7 @@ def _check_limits(table: str, data: pa.Table) -> None:
             )
 
 
-def _check_max(table: str, name: str, values: pa.Array | pa.ChunkedArray, limit: str) -> None:
+def _check_max(table: str, name: str, values: pa.Array[Any] | pa.ChunkedArray[Any], limit: str) -> None:
     largest = pc.max(values).as_py()
     if largest is not None:
         try:
@@ -184,7 +185,7 @@ def decode(batch: pb.Batch) -> Decoded:
         raise InvalidBatch(f"job_id: {exc}") from exc
     table = TABLE_BY_ENUM.get(batch.table)
     if table is None:
-        known = ", ".join(pb.Table.Name(v) for v in TABLE_BY_ENUM)
+        known = ", ".join(TABLE_BY_ENUM.values()).upper()
         raise InvalidBatch(f"table: unknown or unspecified table {batch.table} (expected one of {known})")
     data = validate_columns(table, _read_ipc(batch.arrow_ipc))
     # One dictionary entry, not num_rows copies of the string: job_id is LowCardinality.

@@ -22,7 +22,7 @@ import pytest
 
 from argus.collector import importer
 from argus.collector.ingest import encode_arrow_ipc
-from argus.collector.store import open_store
+from argus.store import open_store
 from argus.errors import TraceError
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.limits import MAX_WORLD_SIZE, Gunzip

@@ -9,12 +9,11 @@ from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
-from argus.collector import importer
-from argus.collector.api_diagnoses import list_diagnoses
-from argus.collector.api_errors import ERROR_RESPONSES
-from argus.collector.api_heatmap import heatmap
-from argus.collector.api_jobs import list_jobs, list_ranks
-from argus.collector.api_models import (
+from argus.collector.api.diagnoses import list_diagnoses
+from argus.collector.api.errors import ERROR_RESPONSES
+from argus.collector.api.heatmap import heatmap
+from argus.collector.api.jobs import list_jobs, list_ranks
+from argus.collector.api.models import (
     DiagnosisPage,
     Heatmap,
     ImportOut,
@@ -23,12 +22,14 @@ from argus.collector.api_models import (
     RankPage,
     TraceDocument,
 )
-from argus.collector.api_params import BadParameter, RankSet, parse_ranks, parse_time_ns
-from argus.collector.api_trace import chrome_trace
-from argus.collector.store import Store
+from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse_time_ns
+from argus.collector.api.trace import chrome_trace
+from argus.collector.importer import import_traces
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES
+from argus.diagnosis import Cause, State
 from argus.errors import NotFound
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
-from argus.limits import DEFAULT_MAX_UPLOAD_BYTES
+from argus.store import Store
 
 __all__ = ["build_router"]
 
@@ -74,7 +75,7 @@ def build_router(
     window_s: float,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
 ) -> APIRouter:
-    """The ``/api/v1`` router over ``store``; errors are raised, mapped by api_errors.
+    """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors.
 
     ``max_upload_bytes`` caps the decompressed JSON text of one trace upload (413 past it).
     """
@@ -121,11 +122,8 @@ def build_router(
     )
     def get_diagnoses(
         job_id: JobId,
-        state: Literal["open", "resolved"] | None = None,
-        cause: Literal[
-            "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
-        ]
-        | None = None,
+        state: State | None = None,
+        cause: Cause | None = None,
         limit: Limit = 100,
         cursor: Cursor = None,
     ) -> Any:
@@ -195,7 +193,7 @@ def build_router(
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
         names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
-        result = importer.import_traces(
+        result = import_traces(
             store,
             [f.file for f in file],
             job_id=job_id,

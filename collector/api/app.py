@@ -1,6 +1,6 @@
 """The HTTP side of an `argus server` (DESIGN §6): REST API, ``/metrics``, ``/healthz`` and the page.
 
-    /api/v1/...        JSON endpoints (api_routes), OpenAPI at /openapi.json, docs at /docs
+    /api/v1/...        JSON endpoints (routes), OpenAPI at /openapi.json, docs at /docs
     /healthz           liveness, never needs the token
     /metrics           Prometheus exposition of the server's registry
     /, /page/{asset}   the web page (plain HTML + JS, no build step)
@@ -25,15 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argus import __version__
-from argus.collector.api_errors import ERROR_RESPONSES, error_response, install_error_handlers
-from argus.collector.api_jobs import recent_job_status_counts
-from argus.collector.api_models import Health
-from argus.collector.api_routes import build_router
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
-from argus.config import DEFAULT_WINDOW_S
+from argus.collector.api.errors import ERROR_RESPONSES, error_response, install_error_handlers
+from argus.collector.api.jobs import recent_job_status_counts
+from argus.collector.api.models import Health
+from argus.collector.api.routes import build_router
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S
 from argus.errors import StoreError, TooLarge, Unauthenticated
-from argus.limits import DEFAULT_MAX_UPLOAD_BYTES
+from argus.metrics import Metrics
+from argus.store import Store
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "BodyLimit", "create_app"]
 
@@ -95,7 +94,7 @@ class BodyLimit:
         await self.app(scope, bounded, send)
 
 
-def create_app(
+def create_app(  # noqa: C901  (the app's routes are declared inside it, over its store)
     store: Store,
     *,
     metrics: Metrics,
