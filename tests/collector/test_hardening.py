@@ -22,11 +22,11 @@ import pytest
 
 from argus.collector import importer
 from argus.collector.ingest import encode_arrow_ipc
-from argus.store import open_store
 from argus.errors import TraceError
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.limits import MAX_WORLD_SIZE, Gunzip
 from argus.proto import collector_pb2 as pb
+from argus.store import open_store
 from tests.collector.wire import batch, sample, stream
 from tests.conftest import ArgusServer
 from tests.importer.traces import simple_events, write_trace
