@@ -16,6 +16,8 @@ lists these with their defaults and flags.
     max_stream            2**32-1           (none)                a kernel's stream id (trace)
     max_device            2**31-1           (none)                a kernel's device index (trace)
     max_message_bytes     16 MiB            (none)                one gRPC message (argus.config)
+    max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
+                                                                  decompressed (LZ4/ZSTD bodies)
 
 A trace upload past ``max_upload_bytes`` is refused with 413 (:class:`TooLarge`)
 and writes nothing; gzip is inflated in chunks of at most :data:`INFLATE_CHUNK_BYTES`,
@@ -67,6 +69,7 @@ LIMITS: dict[str, int] = {
     "max_stream": 2**32 - 1,
     "max_device": 2**31 - 1,
     "max_message_bytes": MAX_MESSAGE_BYTES,
+    "max_batch_decoded_bytes": 16 * MAX_MESSAGE_BYTES,
 }
 
 

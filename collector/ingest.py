@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from argus.collector.ipc_size import declared_bytes
 from argus.errors import InvalidBatch, StoreError
 from argus.jobid import check_job_id
 from argus.limits import WIRE_COLUMN_LIMITS, WIRE_LENGTH_LIMITS, check_declared
@@ -88,6 +89,15 @@ def encode_arrow_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
 
 
 def _read_ipc(payload: bytes) -> pa.Table:
+    try:
+        decoded = declared_bytes(payload)
+    except ValueError as exc:
+        raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
+    try:
+        # What compressed buffers declare is allocated before they are inflated: check it first.
+        check_declared("arrow_ipc: decoded size", decoded, "max_batch_decoded_bytes")
+    except ValueError as exc:
+        raise InvalidBatch(str(exc)) from exc
     try:
         data = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
     except (pa.ArrowException, ValueError, OSError) as exc:

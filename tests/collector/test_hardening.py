@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import struct
 import subprocess
 import sys
 import urllib.parse
@@ -257,6 +258,17 @@ def _bad_utf8() -> bytes:
     return encode_arrow_ipc(data.set_column(data.schema.get_field_index("kernel"), "kernel", bad))
 
 
+def _zstd_bomb() -> bytes:
+    """A ZSTD-compressed batch whose 1,000-row int64 buffers each declare 1 TiB decoded."""
+    data = sample("kernel_events", n=1000)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write(data)
+    payload = sink.getvalue().to_pybytes()
+    assert payload.count(struct.pack("<q", 8000)) >= 1
+    return payload.replace(struct.pack("<q", 8000), struct.pack("<q", 2**40))
+
+
 @pytest.mark.slow
 def test_crafted_arrow_batches_are_rejected_and_the_stream_goes_on(
     server: ArgusServer, http: httpx.Client
@@ -267,10 +279,12 @@ def test_crafted_arrow_batches_are_rejected_and_the_stream_goes_on(
         [
             batch("kernel_events", _bad_offsets(), seq=500, job_id=job),
             batch("kernel_events", _bad_utf8(), seq=501, job_id=job),
+            batch("kernel_events", _zstd_bomb(), seq=503, job_id=job),
             batch("steps", sample("steps", n=3), seq=502, job_id=job),
         ],
     )
-    assert [a.status for a in acks] == [pb.Ack.REJECTED, pb.Ack.REJECTED, pb.Ack.STORED], acks
+    assert [a.status for a in acks] == [pb.Ack.REJECTED] * 3 + [pb.Ack.STORED], acks
+    assert "is larger than the limit max_batch_decoded_bytes" in acks[2].message
     assert "arrow_ipc: invalid Arrow data" in acks[0].message and "non-monotonic offset" in acks[0].message
     assert "arrow_ipc: invalid Arrow data" in acks[1].message and "Invalid UTF8" in acks[1].message
     trace = http.get(_path(job) + "/trace").json()
