@@ -32,6 +32,7 @@ from argus import config
 from argus.agent import _bootstrap
 from argus.agent.identity import new_job_id
 from argus.config import ENV_AGENT_LOG, ENV_AUTOATTACH, ENV_COMMAND
+from argus.jobid import check_job_id
 
 __all__ = ["agent_listening", "bootstrap_dir", "main"]
 
@@ -147,7 +148,13 @@ def main(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     agent: subprocess.Popen[bytes] | None = None
     if not config.env_flag(config.ENV_DISABLE):
-        env.update(_attach_env(args, cmd, env.get("PYTHONPATH", "")))
+        attach = _attach_env(args, cmd, env.get("PYTHONPATH", ""))
+        try:
+            check_job_id(attach[config.ENV_JOB_ID])
+        except ValueError as exc:
+            print(f"argus run: --job-id (or $TORCHELASTIC_RUN_ID): {exc}", file=sys.stderr)
+            return 2
+        env.update(attach)
         if not agent_listening(args.socket):
             agent = _start_agent(args)
         print(f"argus: job {env[config.ENV_JOB_ID]}", file=sys.stderr)

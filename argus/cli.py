@@ -147,6 +147,13 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="ClickHouse cluster: ReplicatedMergeTree + Distributed tables",
     )
     p.add_argument("--no-analyzer", action="store_true", help="run ingest and API only")
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=config.DEFAULT_MAX_UPLOAD_BYTES,
+        metavar="BYTES",
+        help="cap on a trace upload's body and decompressed text; 413 past it (default %(default)s)",
+    )
 
 
 def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

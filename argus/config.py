@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_COLLECTOR",
     "DEFAULT_GRPC_LISTEN",
     "DEFAULT_HTTP_LISTEN",
+    "DEFAULT_MAX_UPLOAD_BYTES",
     "DEFAULT_MIN_LOSS_PCT",
     "DEFAULT_RETENTION_DAYS",
     "DEFAULT_SERVER_URL",
@@ -80,6 +81,8 @@ DEFAULT_MIN_LOSS_PCT = 5.0
 DEFAULT_RETENTION_DAYS = 30
 #: Bound on the node agent's on-disk spool of unacknowledged batches.
 DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
+#: Cap on a trace upload's request body and decompressed text, bytes (argus.limits).
+DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
 #: Seconds a stopping node agent keeps sending what it spooled.
 DEFAULT_AGENT_DRAIN_S = 10.0
 #: gRPC message size limit, both directions; larger batches are split by the agent.
@@ -198,6 +201,7 @@ class ServerConfig:
         token: Bearer token clients must send, or None.
         tls: Certificate and key to serve TLS with, or None.
         analyzer: Run the analyzer in the server.
+        max_upload_bytes: Cap on a trace upload's body and decompressed text, bytes (>= 1; 413 past it).
     """
 
     store: str = DEFAULT_STORE_URL
@@ -210,6 +214,7 @@ class ServerConfig:
     token: str | None = None
     tls: TlsFiles | None = None
     analyzer: bool = True
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
@@ -219,6 +224,8 @@ class ServerConfig:
             raise ConfigError(f"--min-loss-pct must be >= 0, got {self.min_loss_pct}")
         if self.retention_days < 1:
             raise ConfigError(f"--retention-days must be >= 1, got {self.retention_days}")
+        if self.max_upload_bytes < 1:
+            raise ConfigError(f"--max-upload-bytes must be >= 1, got {self.max_upload_bytes}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -238,6 +245,7 @@ class ServerConfig:
             token=args.token,
             tls=TlsFiles.of(args.tls_cert, args.tls_key),
             analyzer=not args.no_analyzer,
+            max_upload_bytes=args.max_upload_bytes,
         )
 
 

@@ -12,6 +12,7 @@ gRPC status codes in one place and the REST API to HTTP statuses in another.
     ├── NotFound             unknown job or object              → NOT_FOUND / 404
     ├── Unauthenticated      missing or wrong bearer token      → UNAUTHENTICATED / 401
     ├── TraceError           a trace file that cannot be imported → 422
+    ├── TooLarge             an upload past its size cap        → 413
     └── NotBuiltYet          a CLI command that does not exist yet
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "NotFound",
     "StoreError",
     "StoreLocked",
+    "TooLarge",
     "TraceError",
     "Unauthenticated",
 ]
@@ -60,6 +62,10 @@ class Unauthenticated(ArgusError):
 
 class TraceError(ArgusError):
     """A trace file cannot be imported; the message names the file and position."""
+
+
+class TooLarge(ArgusError):
+    """A request body or its decompressed text is past its cap (argus.limits); nothing is written."""
 
 
 class NotBuiltYet(ArgusError):

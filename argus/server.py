@@ -74,7 +74,13 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             thread.start()
             analyzer = service, thread
         http = start_http(
-            store, metrics, config.http_listen, token=config.token, tls=config.tls, window_s=config.window_s
+            store,
+            metrics,
+            config.http_listen,
+            token=config.token,
+            tls=config.tls,
+            window_s=config.window_s,
+            max_upload_bytes=config.max_upload_bytes,
         )
         notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(

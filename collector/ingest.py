@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from argus.collector.ipc_size import declared_bytes
 from argus.errors import InvalidBatch, StoreError
+from argus.jobid import check_job_id
+from argus.limits import WIRE_COLUMN_LIMITS, WIRE_LENGTH_LIMITS, check_declared
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
@@ -86,9 +90,25 @@ def encode_arrow_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
 
 def _read_ipc(payload: bytes) -> pa.Table:
     try:
-        return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+        decoded = declared_bytes(payload)
+    except ValueError as exc:
+        raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
+    try:
+        # What compressed buffers declare is allocated before they are inflated: check it first.
+        check_declared("arrow_ipc: decoded size", decoded, "max_batch_decoded_bytes")
+    except ValueError as exc:
+        raise InvalidBatch(str(exc)) from exc
+    try:
+        data = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
     except (pa.ArrowException, ValueError, OSError) as exc:
         raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
+    try:
+        # Offsets, lengths and UTF-8 of every buffer: a crafted batch is refused here,
+        # before any compute kernel or the store reads past a buffer's end.
+        data.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise InvalidBatch(f"arrow_ipc: invalid Arrow data ({exc})") from exc
+    return data
 
 
 def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (the checks below, in order)
@@ -126,12 +146,35 @@ def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (th
             raise InvalidBatch(f"{table}.{field.name}: {nulls} null value(s); nulls are not allowed")
     if data.num_rows == 0:
         raise InvalidBatch(f"{table}: the batch has no rows")
+    _check_limits(table, data)
     for name in _NON_NEGATIVE:
         if name in schema.names:
             smallest = pc.min(data.column(name)).as_py()
             if smallest is not None and smallest < 0:
                 raise InvalidBatch(f"{table}.{name}: negative value {smallest}; durations are >= 0 ns")
     return data
+
+
+def _check_limits(table: str, data: pa.Table) -> None:
+    """Declared sizes (world size, ranks, group members) within :data:`argus.limits.LIMITS`."""
+    for name, limit in WIRE_LENGTH_LIMITS.items():
+        if name in data.column_names:
+            _check_max(table, f"{name} (members)", pc.list_value_length(data.column(name)), limit)
+    for name, limit in WIRE_COLUMN_LIMITS.items():
+        if name in data.column_names:
+            column = data.column(name)
+            _check_max(
+                table, name, pc.list_flatten(column) if pa.types.is_list(column.type) else column, limit
+            )
+
+
+def _check_max(table: str, name: str, values: pa.Array[Any] | pa.ChunkedArray[Any], limit: str) -> None:
+    largest = pc.max(values).as_py()
+    if largest is not None:
+        try:
+            check_declared(name, largest, limit, lowest=-(2**63))
+        except ValueError as exc:
+            raise InvalidBatch(f"{table}.{exc}") from exc
 
 
 def decode(batch: pb.Batch) -> Decoded:
@@ -146,6 +189,10 @@ def decode(batch: pb.Batch) -> Decoded:
         raise InvalidBatch("agent_id: empty; every batch names the agent that sent it")
     if not batch.job_id:
         raise InvalidBatch("job_id: empty; every batch names its job")
+    try:
+        check_job_id(batch.job_id)
+    except ValueError as exc:
+        raise InvalidBatch(f"job_id: {exc}") from exc
     table = TABLE_BY_ENUM.get(batch.table)
     if table is None:
         known = ", ".join(TABLE_BY_ENUM.values()).upper()

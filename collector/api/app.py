@@ -18,22 +18,23 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request, Response, Security
+from fastapi import FastAPI, HTTPException, Request, Response, Security
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argus import __version__
 from argus.collector.api.errors import ERROR_RESPONSES, error_response, install_error_handlers
 from argus.collector.api.jobs import recent_job_status_counts
 from argus.collector.api.models import Health
 from argus.collector.api.routes import build_router
-from argus.config import DEFAULT_WINDOW_S
-from argus.errors import StoreError, Unauthenticated
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S
+from argus.errors import StoreError, TooLarge, Unauthenticated
 from argus.metrics import Metrics
 from argus.store import Store
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "create_app"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "BodyLimit", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,44 @@ When the server has a token, send `Authorization: Bearer TOKEN`.
 """
 
 
+class BodyLimit:
+    """ASGI middleware: a request body past ``limit`` bytes is refused with 413 and never stored.
+
+    A ``Content-Length`` past the limit is answered before the body is read; a longer
+    chunked body fails the request as soon as its bytes pass the limit (the multipart
+    parser spools uploads to disk, so this also bounds the disk an upload takes).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    def _refusal(self) -> str:
+        return f"the request body is larger than {self.limit} bytes (max_upload_bytes, --max-upload-bytes)"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await error_response(TooLarge(self._refusal()))(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    # FastAPI re-raises an HTTPException met while reading a body; others become 400.
+                    raise HTTPException(413, self._refusal())
+            return message
+
+        await self.app(scope, bounded, send)
+
+
 def create_app(  # noqa: C901  (the app's routes are declared inside it, over its store)
     store: Store,
     *,
@@ -62,6 +101,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     token: str | None = None,
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     window_s: float = DEFAULT_WINDOW_S,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
 ) -> FastAPI:
     """The FastAPI app of an `argus server` over ``store``.
 
@@ -71,6 +111,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
         token: When set, every endpoint but ``/healthz`` requires ``Authorization: Bearer TOKEN``.
         heartbeat_timeout_s: A rank silent this long (no host sample) is not ``running``.
         window_s: The analysis window; uploaded traces are summarised in windows of this length.
+        max_upload_bytes: Cap on a request body and on an upload's decompressed text (413 past it).
     """
     timeout_ns = int(heartbeat_timeout_s * 1e9)
     # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
@@ -78,6 +119,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     secured = [Security(bearer)] if token else []
     app = FastAPI(title="Argus", version=__version__, description=_DESCRIPTION)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=max_upload_bytes)
 
     if token:
         expected = f"Bearer {token}".encode()
@@ -94,7 +136,10 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
             return await call_next(request)
 
     app.include_router(
-        build_router(store, heartbeat_timeout_ns=timeout_ns, window_s=window_s), dependencies=secured
+        build_router(
+            store, heartbeat_timeout_ns=timeout_ns, window_s=window_s, max_upload_bytes=max_upload_bytes
+        ),
+        dependencies=secured,
     )
 
     @app.get("/healthz", response_model=Health, summary="Liveness (no token needed)")

@@ -4,6 +4,7 @@
     Unauthenticated   → 401      missing or wrong bearer token (with WWW-Authenticate)
     BadParameter      → 422      a query parameter the API cannot use
     TraceError        → 422      an uploaded trace that cannot be imported
+    TooLarge          → 413      an upload past --max-upload-bytes (body or decompressed)
     InvalidBatch      → 422
     ConfigError       → 422
     NotBuiltYet       → 501      a part of the design not implemented yet
@@ -29,6 +30,7 @@ from argus.errors import (
     NotBuiltYet,
     NotFound,
     StoreError,
+    TooLarge,
     TraceError,
     Unauthenticated,
 )
@@ -42,6 +44,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (Unauthenticated, 401),
     (BadParameter, 422),
     (TraceError, 422),
+    (TooLarge, 413),
     (InvalidBatch, 422),
     (ConfigError, 422),
     (NotBuiltYet, 501),

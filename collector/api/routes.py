@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator
 
 from argus.collector.api.diagnoses import list_diagnoses
 from argus.collector.api.errors import ERROR_RESPONSES
@@ -24,8 +25,10 @@ from argus.collector.api.models import (
 from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse_time_ns
 from argus.collector.api.trace import chrome_trace
 from argus.collector.importer import import_traces
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES
 from argus.diagnosis import Cause, State
 from argus.errors import NotFound
+from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.store import Store
 
 __all__ = ["build_router"]
@@ -37,7 +40,8 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="most items in the page"
 Cursor = Annotated[
     str | None, Query(max_length=512, description="the `next` of the previous page; omit for the first")
 ]
-JobId = Annotated[str, Path(min_length=1, max_length=256, description="the job id")]
+# The one job-id rule (argus.jobid); a bad id is a 422 whose message states the rule.
+JobId = Annotated[str, Path(description=JOB_ID_RULE), AfterValidator(check_job_id)]
 TimeParam = Annotated[
     str | None,
     Query(max_length=64, description="epoch ns (`1718000000000000000`) or RFC 3339 (`2024-06-10T06:13:20Z`)"),
@@ -64,8 +68,17 @@ def _range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) -> APIRouter:
-    """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors."""
+def build_router(
+    store: Store,
+    *,
+    heartbeat_timeout_ns: int,
+    window_s: float,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+) -> APIRouter:
+    """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors.
+
+    ``max_upload_bytes`` caps the decompressed JSON text of one trace upload (413 past it).
+    """
     router = APIRouter(prefix="/api/v1", responses={**ERROR_RESPONSES, **_BAD})
 
     @router.get("/jobs", response_model=JobPage, summary="List jobs, newest first")
@@ -134,9 +147,7 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         """Steps, phases, collectives and kernels overlapping [start, end], one process per rank."""
         lo, hi = _range(start, end)
         doc = chrome_trace(store, job_id, start_ns=lo, end_ns=hi, ranks=_ranks(ranks), max_events=max_events)
-        return JSONResponse(
-            doc, headers={"Content-Disposition": f'inline; filename="argus-{job_id[:64]}.json"'}
-        )
+        return JSONResponse(doc, headers={"Content-Disposition": content_disposition(f"argus-{job_id}.json")})
 
     @router.get(
         "/jobs/{job_id}/heatmap",
@@ -165,6 +176,7 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         status_code=201,
         responses={
             400: {"description": "The body is not valid multipart/form-data"},
+            413: {"description": "The body or its decompressed text is past --max-upload-bytes"},
             422: {"description": "A file cannot be imported (nothing of the upload is written)"},
             501: {"description": "Trace import is not built into this server"},
         },
@@ -182,7 +194,13 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         """Loads the traces into the same tables as live capture, under `job_id`."""
         names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
         result = import_traces(
-            store, [f.file for f in file], job_id=job_id, rank=rank, names=names, window_s=window_s
+            store,
+            [f.file for f in file],
+            job_id=job_id,
+            rank=rank,
+            names=names,
+            window_s=window_s,
+            max_text_bytes=max_upload_bytes,
         )
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}
 

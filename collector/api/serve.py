@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
-from argus.config import DEFAULT_WINDOW_S, TlsFiles, parse_listen
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S, TlsFiles, parse_listen
 from argus.errors import ConfigError
 from argus.metrics import Metrics
 from argus.store import Store
@@ -45,6 +45,7 @@ def start_http(
     token: str | None = None,
     tls: TlsFiles | None = None,
     window_s: float = DEFAULT_WINDOW_S,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
 ) -> HttpServer:
     """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
 
@@ -70,6 +71,7 @@ def start_http(
         metrics=metrics,
         token=token,
         window_s=window_s,
+        max_upload_bytes=max_upload_bytes,
         heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
     )
     config = uvicorn.Config(

@@ -31,7 +31,6 @@ error, not a guess.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import zlib
@@ -48,6 +47,7 @@ from numpy.typing import NDArray
 
 from argus.errors import TraceError
 from argus.kernels import KernelEvents, StepSpans, collective_op
+from argus.limits import ByteBudget, Gunzip, check_declared
 
 __all__ = [
     "BACKEND",
@@ -361,14 +361,14 @@ class _Builder:
         row = len(self.start)
         self.kind.append(kind)
         self.kernel_code.append(code)
-        self.stream.append(_int(args.get("stream"), 0))
-        self.device.append(_int(args.get("device"), -1))
+        self.stream.append(check_declared("stream", _int(args.get("stream"), 0), "max_stream"))
+        self.device.append(check_declared("device", _int(args.get("device"), -1), "max_device", lowest=-1))
         self.correlation.append(_int(args.get("correlation"), 0))
         self.start.append(start)
         self.dur.append(dur)
         collective = args.get("Collective name")
         if kind == 0 and (collective is not None or self.nccl_op[code] is not None):
-            nelems = _int(args.get("In msg nelems"), 0)
+            nelems = check_declared("In msg nelems", _int(args.get("In msg nelems"), 0), "max_elements")
             dtype = str(args.get("dtype", "")).lower()
             self.collectives.append(
                 CollectiveMeta(
@@ -388,15 +388,19 @@ def _open_bytes(raw: BinaryIO, name: str) -> tuple[Any, _Reader]:
         raise TraceError(f"{name}: cannot read: {exc}") from exc
     reader = _Reader(raw, head)
     if head == _GZIP_MAGIC:
-        return gzip.GzipFile(None, "rb", fileobj=reader), reader
+        return Gunzip(reader), reader  # type: ignore[arg-type]
     return reader, reader
 
 
-def _chunks(stream: Any, name: str, builder: _Builder) -> Iterator[tuple[int, bytes]]:
+def _chunks(
+    stream: Any, name: str, builder: _Builder, budget: ByteBudget | None = None
+) -> Iterator[tuple[int, bytes]]:
     offset = 0
     while True:
         try:
             chunk = stream.read(_CHUNK_BYTES)
+            if budget is not None:
+                budget.take(len(chunk))
         except EOFError as exc:
             raise TraceError(
                 f"{name}: the gzip stream ends early (truncated file?) near byte {offset} "
@@ -430,12 +434,14 @@ def _distributed_info(
     if not isinstance(info, dict):
         raise TraceError(f"{name}: distributedInfo is not an object")
     try:
-        rank = None if info.get("rank") is None else int(info["rank"])
+        rank = None if info.get("rank") is None else check_declared("rank", int(info["rank"]), "max_rank")
         world = None if info.get("world_size") is None else int(info["world_size"])
+        if world is not None:
+            check_declared("world_size", world, "max_world_size")
         groups = [
             ProcessGroup(
                 name=str(pg.get("pg_name", "")),
-                ranks=tuple(int(r) for r in pg.get("ranks") or ()),
+                ranks=_group_ranks(pg.get("ranks") or ()),
                 backend=_backend_of(str(pg.get("backend_config", ""))),
             )
             for pg in info.get("pg_config") or ()
@@ -443,6 +449,14 @@ def _distributed_info(
     except (TypeError, ValueError, AttributeError) as exc:
         raise TraceError(f"{name}: malformed distributedInfo: {exc}") from exc
     return rank, world, str(info.get("backend", "")), groups
+
+
+def _group_ranks(ranks: Any) -> tuple[int, ...]:
+    """A process group's members, each a rank within limits, at most ``max_group_ranks`` of them."""
+    if not isinstance(ranks, list | tuple):
+        raise TypeError(f"ranks is {type(ranks).__name__}, not a list")
+    check_declared("pg_config.ranks (members)", len(ranks), "max_group_ranks")
+    return tuple(check_declared("pg_config.ranks", int(r), "max_rank") for r in ranks)
 
 
 def _launch_times(builder: _Builder, correlation: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -460,13 +474,16 @@ def _launch_times(builder: _Builder, correlation: NDArray[np.int64]) -> NDArray[
     return out
 
 
-def parse_trace(source: Path | BinaryIO, *, name: str | None = None) -> ParsedTrace:
+def parse_trace(
+    source: Path | BinaryIO, *, name: str | None = None, budget: ByteBudget | None = None
+) -> ParsedTrace:
     """Parse one Kineto trace, streaming; nothing of the file is held but the kept columns.
 
     Args:
         source: A path, or a binary file object positioned at the start of the
             trace (plain JSON or gzip; detected from the first bytes).
         name: The name used in messages (default: the path or the object's ``name``).
+        budget: Bytes of JSON text (after gunzip) the trace may use; None: no cap.
 
     Returns:
         The trace's columns at epoch ns.
@@ -476,20 +493,22 @@ def parse_trace(source: Path | BinaryIO, *, name: str | None = None) -> ParsedTr
             message names the byte offset and the last complete event), a complete
             event without ``ts`` or ``dur`` or with a malformed field (names its
             index in ``traceEvents``), no ``traceEvents``, or times that do not land
-            between the years 2000 and 2100.
+            between the years 2000 and 2100, or a declared size (world size,
+            rank, group member, element count) past :data:`argus.limits.LIMITS`.
+        TooLarge: the text is past ``budget`` (gzip is inflated 64 KiB at a time).
     """
     name = name or trace_name(source)
     if not isinstance(source, Path):
-        return _parse(source, name)
+        return _parse(source, name, budget)
     try:
         raw = source.open("rb")
     except OSError as exc:
         raise TraceError(f"{name}: cannot open: {exc}") from exc
     with raw:
-        return _parse(raw, name)
+        return _parse(raw, name, budget)
 
 
-def _parse(raw: BinaryIO, name: str) -> ParsedTrace:
+def _parse(raw: BinaryIO, name: str, budget: ByteBudget | None = None) -> ParsedTrace:
     stream, reader = _open_bytes(raw, name)
     builder = _Builder(name)
     holder: list[dict[str, Any]] = []
@@ -505,7 +524,7 @@ def _parse(raw: BinaryIO, name: str) -> ParsedTrace:
     coro = _ijson.items_coro(result, "", map_type=_TopMap)
     offset = 0
     try:
-        for offset, chunk in _chunks(stream, name, builder):
+        for offset, chunk in _chunks(stream, name, builder, budget):
             if offset == 0 and not chunk.lstrip()[:1] == b"{":
                 raise TraceError(f"{name}: not a Kineto trace: the JSON text must be an object")
             coro.send(chunk)

@@ -58,6 +58,8 @@ from argus.collector.importer.tables import (
 )
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import StoreError, TraceError
+from argus.jobid import check_job_id
+from argus.limits import ByteBudget, check_declared
 from argus.store import Store, open_store
 
 __all__ = ["ImportResult", "default_job_id", "import_parsed", "import_traces", "main"]
@@ -107,13 +109,23 @@ def _assign_ranks(traces: list[ParsedTrace], rank: int | None) -> list[int]:
             r = t.rank
             if rank is not None and rank != r:
                 raise TraceError(f"{t.name}: --rank {rank} contradicts distributedInfo.rank {r} of the trace")
-        if r < 0:
-            raise TraceError(f"{t.name}: rank {r} is negative")
+        try:
+            check_declared("rank", r, "max_rank")
+        except ValueError as exc:
+            raise TraceError(f"{t.name}: {exc}") from exc
         if r in owner:
             raise TraceError(f"{t.name}: claims rank {r}, as does {owner[r]}: one file per rank")
         owner[r] = t.name
         ranks.append(r)
     return ranks
+
+
+def _check_job_id(job_id: str | None) -> None:
+    if job_id is not None:
+        try:
+            check_job_id(job_id)
+        except ValueError as exc:
+            raise TraceError(f"--job-id: {exc}") from exc
 
 
 def _stored_ranks(store: Store, job_id: str) -> set[int]:
@@ -173,6 +185,7 @@ def import_traces(
     rank: int | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     names: Sequence[str] | None = None,
+    max_text_bytes: int | None = None,
 ) -> ImportResult:
     """Import Kineto traces (one per rank, plain or gzipped JSON) into ``store``.
 
@@ -183,6 +196,8 @@ def import_traces(
         rank: The rank of a file without ``distributedInfo.rank``.
         window_s: Kernel summary window, seconds (the analyzer's window).
         names: Names of ``sources`` in messages (default: the path or the object's ``name``).
+        max_text_bytes: Cap on the JSON text of all ``sources`` together, bytes after
+            gunzip (``--max-upload-bytes`` for uploads); None: no cap.
 
     Returns:
         The job id, the ranks imported in the order of ``sources``, rows written per table.
@@ -190,7 +205,9 @@ def import_traces(
     Raises:
         TraceError: a file cannot be imported (the message names the file and
             position), names no rank, or claims a rank another file of the import
-            or the stored job already has; nothing is written.
+            or the stored job already has, a declared size past :data:`argus.limits.LIMITS`,
+            or a ``job_id`` against :mod:`argus.jobid`'s rule; nothing is written.
+        TooLarge: the text is past ``max_text_bytes``; nothing is written.
         StoreError: an insert failed; what the import had written is deleted again.
         ValueError: ``window_s`` <= 0, or ``names`` does not match ``sources``.
     """
@@ -200,8 +217,10 @@ def import_traces(
         raise ValueError("names must name every source")
     if not sources:
         raise TraceError("no trace files to import")
+    _check_job_id(job_id)
+    budget = ByteBudget(max_text_bytes, "the upload") if max_text_bytes is not None else None
     traces = [
-        parse_trace(src, name=names[i] if names is not None else trace_name(src))
+        parse_trace(src, name=names[i] if names is not None else trace_name(src), budget=budget)
         for i, src in enumerate(sources)
     ]
     return import_parsed(store, traces, job_id=job_id, rank=rank, window_s=window_s)
@@ -224,6 +243,7 @@ def import_parsed(
         raise ValueError(f"window_s must be > 0, got {window_s}")
     if not traces:
         raise TraceError("no trace files to import")
+    _check_job_id(job_id)
     ranks = _assign_ranks(list(traces), rank)
     job = job_id or default_job_id([t.digest for t in traces])
     world = max([r + 1 for r in ranks] + [t.world_size or 0 for t in traces])

@@ -137,9 +137,12 @@ def test_a_failed_insert_fails_only_its_batch(store: Store) -> None:
 
 def test_agent_ids_and_job_ids_with_quotes_and_newlines(store: Store) -> None:
     odd = "node'a\\b\nc-1700000000"
-    ack = ingest.ingest(store, batch("steps", sample("steps"), seq=5, agent_id=odd, job_id="job\t'x'"), None)
+    # Quotes and spaces are fine in a job id; control characters are not (argus.jobid).
+    with pytest.raises(InvalidBatch, match="control character U\\+0009"):
+        ingest.ingest(store, batch("steps", sample("steps"), seq=4, agent_id=odd, job_id="job\t'x'"), None)
+    ack = ingest.ingest(store, batch("steps", sample("steps"), seq=5, agent_id=odd, job_id="job 'x\""), None)
     assert ack.status == pb.Ack.STORED
     assert ingest.already_stored(store, odd, 5) == 5
     again = ingest.ingest(store, batch("steps", sample("steps"), seq=5, agent_id=odd), None)
     assert again.status == pb.Ack.DUPLICATE
-    assert store.query("SELECT DISTINCT job_id FROM steps").column("job_id").to_pylist() == ["job\t'x'"]
+    assert store.query("SELECT DISTINCT job_id FROM steps").column("job_id").to_pylist() == ["job 'x\""]
