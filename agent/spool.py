@@ -90,15 +90,24 @@ class Spool:
         return len(self._entries)
 
     def put(self, agent_id: str, seq: int, rows: int, data: bytes) -> list[SpoolEntry]:
-        """Spool one batch; returns the entries deleted to make room (their rows counted as dropped)."""
+        """Spool one batch; returns the entries deleted to make room (their rows counted as dropped).
+
+        Raises:
+            OSError: the batch could not be written (disk full, read-only folder); nothing is kept.
+        """
         folder = self.root / safe_name(agent_id)
         if not folder.exists():
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "agent_id").write_text(agent_id)
         path = folder / f"{seq:016d}-{rows}.batch"
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
         evicted: list[SpoolEntry] = []
         with self._lock:
             entry = SpoolEntry(agent_id, seq, rows, len(data), path)

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 #: Bytes kept free in a message for the Batch fields around the Arrow payload.
 _HEADROOM = 64 * 1024
 _STREAM_METHOD = "/argus.v1.Collector/Stream"
+#: At most one warning about an unwritable spool per this many seconds.
+_WARN_EVERY_S = 30.0
 
 
 @dataclass
@@ -60,6 +62,8 @@ class UploadStats:
     rows_stored: int = 0
     rows_rejected: int = 0
     reconnects: int = 0
+    #: Flushes that stopped because the spool could not be written (their rows were kept).
+    spool_failures: int = 0
     last_error: str = ""
     rejections: deque[str] = field(default_factory=lambda: deque(maxlen=16))
 
@@ -136,6 +140,7 @@ class Uploader:
         self.on_spooled: Callable[[int], None] | None = None
         self._seq = itertools.count(1)
         self._dropped_unreported = 0
+        self._spool_warn_after = 0.0
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._senders: dict[str, _Sender] = {}
@@ -173,24 +178,64 @@ class Uploader:
                 self._dropped_unreported += rows
 
     def flush(self) -> int:
-        """Turn queued rows into spooled batches now; returns how many batches were made."""
+        """Turn queued rows into spooled batches now; returns how many batches were made.
+
+        ``on_spooled`` is called only when every row queued so far is spooled. When the
+        spool cannot be written (``OSError``: disk full, read-only), the rows not spooled
+        go back to the front of the queue, nothing more is acknowledged, and a warning is
+        logged (at most every 30 s); a later flush spools them first. The memory this
+        holds is bounded by the probes: they send no more than their bound on
+        unacknowledged bytes.
+        """
         with self._flush_lock:
             with self._lock:
                 queued, self._queued = self._queued, {}
                 generation = self._generation
                 self._generation += 1
             made = 0
-            try:
-                for (job_id, table, offset), parts in queued.items():
+            groups = list(queued.items())
+            for i, ((job_id, table, offset), parts) in enumerate(groups):
+                chunks = parts
+                try:
                     data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
-                    for chunk in split_rows(data, self.max_message_bytes - _HEADROOM):
-                        self._spool_batch(job_id, table, chunk, offset)
+                    chunks = split_rows(data, self.max_message_bytes - _HEADROOM)
+                    while chunks:
+                        self._spool_batch(job_id, table, chunks[0], offset)
+                        chunks = chunks[1:]
                         made += 1
-            finally:
-                callback = self.on_spooled
-                if callback is not None:
-                    callback(generation)
+                except BaseException as exc:
+                    # Nothing of this generation is acknowledged: what is not spooled goes back to
+                    # the front of the queue, to be spooled (then acknowledged) by a later flush.
+                    rest = [((job_id, table, offset), chunks), *groups[i + 1 :]]
+                    self._requeue(rest)
+                    self.stats.spool_failures += 1
+                    self.stats.last_error = f"spool: {exc}"
+                    if not isinstance(exc, OSError):
+                        raise
+                    now = time.monotonic()
+                    if now >= self._spool_warn_after:
+                        self._spool_warn_after = now + _WARN_EVERY_S
+                        log.warning(
+                            "argus agent: cannot write the spool %s (%s); %d rows kept in memory, "
+                            "their frames unacknowledged until the spool takes them",
+                            self.spool.root,
+                            exc,
+                            sum(t.num_rows for _, rest_parts in rest for t in rest_parts),
+                        )
+                    return made
+            callback = self.on_spooled
+            if callback is not None:
+                callback(generation)
         return made
+
+    def _requeue(self, groups: list[tuple[tuple[str, str, int], list[pa.Table]]]) -> None:
+        """Put rows that could not be spooled back in front of the queue (same groups, same order)."""
+        with self._lock:
+            newer, self._queued = self._queued, {}
+            for key, parts in groups:
+                self._queued[key] = list(parts)
+            for key, parts in newer.items():
+                self._queued.setdefault(key, []).extend(parts)
 
     def pending_batches(self) -> int:
         """Batches spooled and not yet acknowledged (all agent ids)."""
@@ -259,7 +304,11 @@ class Uploader:
             dropped_events=dropped,
             clock_offset_ns=offset,
         )
-        evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
+        try:
+            evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
+        except BaseException:
+            self.count_dropped(dropped)  # reported with the next batch that is spooled
+            raise
         self.stats.batches_spooled += 1
         self.count_dropped(sum(e.rows for e in evicted))
         sender = self._senders.get(agent_id)

@@ -1,0 +1,97 @@
+"""The agent's delivery promise on the real agent and real gRPC: only durable rows are acknowledged,
+a poison batch is set aside, the batches behind it are stored."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+
+from argus.agent.node import NodeAgent
+from argus.agent.sink import AgentLink
+from argus.agent.spool import Spool
+from argus.agent.uploader import Uploader
+from argus.schema import wire_schema
+from tests.agent.collector_sink import Sink
+from tests.agent.jobs import short_dir
+from tests.agent.test_node_agent import HELLO, wait_for
+from tests.agent.test_uploader import steps
+
+
+@contextmanager
+def unwritable(folder: Path) -> Iterator[None]:
+    """``folder`` refuses writes: a full tmpfs mounted on it as root, else read-only by mode."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+        filler = folder / "filler"
+        try:
+            with filler.open("wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        except OSError:
+            pass  # full
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", "-l", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+
+
+def phases(n: int) -> pa.Table:
+    return pa.Table.from_pydict(
+        {
+            "rank": [3] * n,
+            "step": list(range(n)),
+            "phase": ["forward"] * n,
+            "start_ns": [time.time_ns()] * n,
+            "dur_ns": [5] * n,
+        },
+        schema=wire_schema("phases"),
+    )
+
+
+def test_no_frame_is_acknowledged_while_the_spool_cannot_be_written() -> None:
+    sink = Sink()
+    with short_dir() as work:
+        spool = work / "spool"
+        with unwritable(spool):
+            agent = NodeAgent(str(work / "a.sock"), sink.address, str(spool), 1 << 30, 1.0, flush_s=3600)
+            agent.start()
+            link = AgentLink(str(work / "a.sock"), HELLO)
+            try:
+                link.enqueue("steps", steps(0, 5, rank=3))
+                link.enqueue("phases", phases(7))
+                link.pump()
+                wait_for(lambda: {"steps", "phases"} <= {table for _, table, _ in agent.uploader._queued})
+                agent.uploader.flush()  # the spool refuses the first group: nothing is acknowledged
+                assert agent.uploader.stats.spool_failures == 1
+                assert not link.flush(1.0) and link.pending_rows == 12 and link.acked_rows == 0
+                agent.uploader.flush()
+                assert not link.flush(0.5) and link.acked_rows == 0
+            except BaseException:
+                agent.stop(drain_s=0)
+                raise
+        # The spool takes writes again: both groups (the refused one and the one behind it) are spooled,
+        # then acknowledged, then stored once.
+        try:
+            agent.uploader.flush()
+            assert link.flush(10.0) and link.acked_rows == 12
+            wait_for(lambda: sink.table("steps").num_rows == 5 and sink.table("phases").num_rows == 7)
+            assert sorted(sink.table("steps")["step"].to_pylist()) == list(range(5))
+            assert sorted(sink.table("phases")["step"].to_pylist()) == list(range(7))
+            link.close(0, 2)
+        finally:
+            agent.stop(drain_s=2)
+            sink.stop()
