@@ -15,6 +15,9 @@
   reconnects with exponential back-off and resends every batch still spooled;
   the collector deduplicates by (agent id, seq). ``RESOURCE_EXHAUSTED`` halves
   the size limit and re-splits the spooled batches above it.
+- A poison batch (the collector ends the stream on it the same way
+  :data:`POISON_TRIES` times in a row) is set aside, logged and counted as lost
+  rows, so the batches behind it are stored.
 - Batches left in the spool by an earlier agent process are replayed on their
   own stream, under their original agent id.
 """
@@ -40,13 +43,26 @@ from argus.agent.spool import Spool
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2, collector_pb2_grpc
 
-__all__ = ["UploadStats", "Uploader", "split_rows"]
+__all__ = ["POISON_TRIES", "UploadStats", "Uploader", "split_rows"]
 
 log = logging.getLogger(__name__)
 
 #: Bytes kept free in a message for the Batch fields around the Arrow payload.
 _HEADROOM = 64 * 1024
 _STREAM_METHOD = "/argus.v1.Collector/Stream"
+#: Failures in a row, the same way, after which the oldest batch in flight is set aside (poison).
+POISON_TRIES = 5
+#: Stream endings that blame the batch being stored (not the network, size, or credentials).
+_POISON_CODES = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
 #: At most one warning about an unwritable spool per this many seconds.
 _WARN_EVERY_S = 30.0
 
@@ -61,6 +77,9 @@ class UploadStats:
     batches_rejected: int = 0
     rows_stored: int = 0
     rows_rejected: int = 0
+    #: Batches that failed :data:`POISON_TRIES` times the same way, moved out of the spool.
+    batches_set_aside: int = 0
+    rows_set_aside: int = 0
     reconnects: int = 0
     #: Flushes that stopped because the spool could not be written (their rows were kept).
     spool_failures: int = 0
@@ -348,6 +367,8 @@ class _Sender:
         self._inflight: dict[int, float] = {}
         self._stopping = False
         self._generation = 0
+        #: The oldest batch's run of identical failures: seq -> (code and message, tries).
+        self._failures: dict[int, tuple[str, int]] = {}
         self._thread = threading.Thread(target=self._run, name=f"argus-send-{agent_id[:24]}", daemon=True)
 
     def start(self) -> None:
@@ -412,6 +433,7 @@ class _Sender:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 self._on_error(code, exc)
+                self._blame_oldest(code, exc)
             finally:
                 with self._cond:
                     self._generation += 1
@@ -442,11 +464,51 @@ class _Sender:
         elif code != grpc.StatusCode.CANCELLED:
             log.info("argus agent: collector stream to %s ended (%s: %s)", self.up.target, code, details)
 
+    def _blame_oldest(self, code: grpc.StatusCode | None, exc: grpc.RpcError) -> None:
+        """Count a failure of the collector against the oldest batch unacknowledged when it came.
+
+        The collector answers batches in order, so a stream it ends while storing a batch
+        (``INTERNAL``, ``UNKNOWN``, …: not a network, size or credentials problem) ended on the
+        oldest one in flight. After :data:`POISON_TRIES` such failures in a row with the same
+        code and message, that batch is set aside (:meth:`Spool.set_aside`), logged, counted in
+        ``stats.batches_set_aside``/``rows_set_aside`` and as dropped rows, and the batches behind
+        it go on.
+        """
+        with self._cond:
+            seq = min(self._inflight) if self._inflight else None
+        if seq is None or code not in _POISON_CODES:
+            return
+        how = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+        last = self._failures.get(seq)
+        tries = last[1] + 1 if last is not None and last[0] == how else 1
+        self._failures = {seq: (how, tries)}  # only the oldest batch's run of failures counts
+        if tries < POISON_TRIES:
+            return
+        del self._failures[seq]
+        entry = self.up.spool.set_aside(self.agent_id, seq)
+        rows = entry.rows if entry is not None else 0
+        stats = self.up.stats
+        stats.batches_set_aside += 1
+        stats.rows_set_aside += rows
+        stats.rejections.append(f"seq {seq}: set aside after {tries} tries: {how}")
+        self.up.count_dropped(rows)
+        log.error(
+            "argus agent: batch %s:%d (%d rows) failed %d times the same way (%s); set aside in %s, "
+            "its rows counted as lost",
+            self.agent_id,
+            seq,
+            rows,
+            tries,
+            how,
+            entry.path if entry is not None else "-",
+        )
+
     def _on_ack(self, ack: collector_pb2.Ack) -> None:
         stats = self.up.stats
         with self._cond:
             self._inflight.pop(ack.seq, None)
             self._cond.notify_all()
+        self._failures.pop(ack.seq, None)
         if ack.status == collector_pb2.Ack.STORED:
             stats.batches_stored += 1
             stats.rows_stored += ack.rows

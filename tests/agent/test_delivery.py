@@ -15,7 +15,7 @@ import pyarrow as pa
 from argus.agent.node import NodeAgent
 from argus.agent.sink import AgentLink
 from argus.agent.spool import Spool
-from argus.agent.uploader import Uploader
+from argus.agent.uploader import POISON_TRIES, Uploader
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import short_dir
