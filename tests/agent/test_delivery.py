@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from argus.agent.node import NodeAgent
 from argus.agent.sink import AgentLink
-from argus.agent.spool import Spool
+from argus.agent.spool import SET_ASIDE, Spool
 from argus.agent.uploader import POISON_TRIES, Uploader
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink
@@ -95,3 +95,28 @@ def test_no_frame_is_acknowledged_while_the_spool_cannot_be_written() -> None:
         finally:
             agent.stop(drain_s=2)
             sink.stop()
+
+
+def test_a_poison_batch_is_set_aside_and_the_batches_behind_it_are_stored(tmp_path: Path) -> None:
+    sink = Sink()
+    sink.servicer.fail = lambda b: "the store cannot take this batch" if b.seq == 1 else None
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-p", flush_s=3600)
+    up.start()
+    try:
+        for first in (0, 4, 8):
+            up.add("job", "steps", steps(first, 4))
+            up.flush()
+        wait_for(lambda: sink.table("steps").num_rows == 8)
+        assert sorted(sink.table("steps")["step"].to_pylist()) == list(range(4, 12))
+        assert sink.servicer.failed == [1] * POISON_TRIES  # bounded tries, then the rest went on
+        assert (up.stats.batches_set_aside, up.stats.rows_set_aside) == (1, 4)
+        assert "set aside after 5 tries" in up.stats.rejections[-1]
+        assert [p.name for p in (tmp_path / SET_ASIDE / "agent-p").iterdir()] == ["0000000000000001-4.batch"]
+        up.add("job", "steps", steps(12, 1))
+        up.flush()
+        wait_for(lambda: sink.table("steps").num_rows == 9)
+        assert sink.servicer.batches[-1].dropped_events == 4  # the set-aside rows are reported as lost
+        assert len(up.spool) == 0 and len(Spool(tmp_path, 1 << 30)) == 0  # and never replayed
+    finally:
+        up.close(1)
+        sink.stop()
