@@ -551,9 +551,21 @@ def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -
 
 
 def _bind(path: str) -> socket.socket:
-    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent."""
+    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent.
+
+    Raises:
+        ConfigError: another agent listens there, the socket's directory belongs to another
+            user, or the socket cannot be bound.
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    owner, me = p.parent.stat().st_uid, os.geteuid()
+    if owner != me:
+        raise ConfigError(
+            f"the socket directory {p.parent} belongs to uid {owner}, not to this user (uid {me}): "
+            "its owner could replace the socket and read every probe's data; give --socket a path "
+            "in a directory you own (e.g. $XDG_RUNTIME_DIR/argus)"
+        )
     if p.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -14,9 +14,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from argus import __version__, config
-from argus.errors import ArgusError
+from argus.errors import ArgusError, ConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -39,9 +40,10 @@ def _env(name: str, default: str | None) -> str | None:
 def _add_auth(p: argparse.ArgumentParser, *, server: bool) -> None:
     p.add_argument(
         "--token",
-        default=_env(config.ENV_TOKEN, None),
-        help="bearer token" + (" clients must send" if server else " to send") + f" (${config.ENV_TOKEN})",
+        help="bearer token" + (" clients must send" if server else " to send") + f" (${config.ENV_TOKEN}; "
+        "a command line is visible to every user of the machine: prefer --token-file or the variable)",
     )
+    p.add_argument("--token-file", metavar="FILE", help="read the bearer token from FILE (its first line)")
     if server:
         p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate: serve TLS (with --tls-key)")
         p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
@@ -262,6 +264,27 @@ def _resolve(command: str) -> Callable[[argparse.Namespace], int] | None:
     return fn
 
 
+def _resolve_token(args: argparse.Namespace) -> None:
+    """Set ``args.token``: ``--token``, else the first line of ``--token-file``, else ``$ARGUS_TOKEN``.
+
+    Raises:
+        ConfigError: the token file cannot be read or is empty.
+    """
+    if not hasattr(args, "token") or args.token:
+        return
+    path = getattr(args, "token_file", None)
+    if not path:
+        args.token = _env(config.ENV_TOKEN, None)
+        return
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"the token file {path} is empty")
+    args.token = lines[0].strip()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `argus` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -276,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"argus {args.command}: not built yet", file=sys.stderr)
         return 2
     try:
+        _resolve_token(args)
         return run(args)
     except ArgusError as exc:
         print(f"argus {args.command}: {exc}", file=sys.stderr)
