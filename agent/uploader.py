@@ -252,7 +252,8 @@ class Uploader:
         with self._lock:
             newer, self._queued = self._queued, {}
             for key, parts in groups:
-                self._queued[key] = list(parts)
+                if parts:
+                    self._queued[key] = list(parts)
             for key, parts in newer.items():
                 self._queued.setdefault(key, []).extend(parts)
 
