@@ -310,7 +310,7 @@ class Uploader:
             sender.start()
         return sender
 
-    def _spool_batch(self, job_id: str, table: str, data: pa.Table, offset: int) -> None:
+    def _spool_batch(self, job_id: str, table: str, data: pa.Table, offset: int) -> int:
         agent_id = self.agent_id
         with self._lock:
             dropped, self._dropped_unreported = self._dropped_unreported, 0
@@ -334,6 +334,7 @@ class Uploader:
         sender = self._senders.get(agent_id)
         if sender is not None:
             sender.notify(seq)
+        return seq
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_s):
@@ -351,9 +352,18 @@ class Uploader:
             batch = collector_pb2.Batch.FromString(raw)
             data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
             name = collector_pb2.Table.Name(batch.table).lower()
+            parts: list[int] = []
+            try:
+                for chunk in split_rows(data, limit - _HEADROOM):
+                    parts.append(self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns))
+            except OSError as exc:  # the spool is full or read-only: keep the batch whole
+                for part in parts:
+                    self.spool.remove(self.agent_id, part)
+                log.warning(
+                    "argus agent: cannot re-split batch %s:%d (%s); it stays whole", agent_id, seq, exc
+                )
+                continue
             self.spool.remove(agent_id, seq)
-            for chunk in split_rows(data, limit - _HEADROOM):
-                self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns)
 
 
 class _Sender:

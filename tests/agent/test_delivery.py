@@ -120,3 +120,20 @@ def test_a_poison_batch_is_set_aside_and_the_batches_behind_it_are_stored(tmp_pa
     finally:
         up.close(1)
         sink.stop()
+
+
+def test_a_batch_refused_as_too_large_is_split_and_each_row_stored_once(tmp_path: Path) -> None:
+    sink = Sink()  # gRPC's default limit: 4 MiB a message, under the agent's 16 MiB
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-s", flush_s=3600)
+    up.start()
+    try:
+        up.add("job", "steps", steps(0, 200_000))  # about 6 MiB of Arrow
+        assert up.flush() == 1
+        wait_for(lambda: sink.table("steps").num_rows >= 200_000)
+        wait_for(lambda: len(up.spool) == 0)
+        got = sink.table("steps")["step"].to_numpy()
+        assert len(got) == 200_000 and len(set(got.tolist())) == 200_000
+        assert up.max_message_bytes <= 4 << 20 and "RESOURCE_EXHAUSTED" in up.stats.last_error
+    finally:
+        up.close(1)
+        sink.stop()
