@@ -70,7 +70,7 @@ def broken_argus(*args, **kwargs):
     raise RuntimeError("a bug inside Argus")
 
 StepTracker.begin = StepTracker.end = broken_argus
-Probe.open_collective = Probe.collective = Probe.bucket_done = broken_argus
+Probe.open_collective = Probe.collective = Probe.bucket_done = Probe.mark_step = broken_argus
 dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
 argus.agent.attach(job_id="guard", socket_path={sock!r})
 torch.manual_seed(0)
@@ -85,6 +85,7 @@ for _ in range(3):
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         loss.backward()
         opt.step()
+        argus.agent.step()
         losses.append(loss.item())
 dist.all_reduce(torch.ones(1))
 print("steps", len(losses), "loss fell", losses[-1] < losses[0], "argus errors", guard.errors)
