@@ -7,8 +7,11 @@ clock, compresses kernel durations per window, and hands everything to the
 any number of jobs and ranks. A probe's frame is acknowledged once what it
 carried is in the spool (within the uploader's flush period, in frame order),
 so an agent killed at any moment loses nothing it acknowledged: the probe
-sends the rest again to the next agent. (Kernel events wait in memory for
-their window by design; they are acknowledged in the same order.)
+sends the rest again to the next agent. A probe whose connection drops sends
+its unacknowledged frames again on the next one; the agent remembers the last
+frame it took from each probe and acknowledges those without taking them
+twice. (Kernel events wait in memory for their window by design; they are
+acknowledged in the same order.)
 
 Clocks: the agent estimates its clock's offset to the collector's (NTP-style,
 :mod:`argus.agent.clock`) at start and every :data:`CLOCK_EVERY_S`, and checks
@@ -192,6 +195,8 @@ class NodeAgent:
         self._ack_lock = threading.Lock()
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
+        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its generation.
+        self._taken: dict[tuple[str, ...], tuple[int, int]] = {}
         self._closing = False
         #: Offset to add to this node's timestamps, per clock epoch.
         self.clock = OffsetMap()
@@ -319,7 +324,9 @@ class NodeAgent:
                     with self._intake:
                         if self._closing:
                             break  # not acknowledged: the probe sends it to the next agent
-                        self._ack_later(conn, seq, self._ingest(str(hello["job_id"]), table, data))
+                        if not self._taken_before(hello, conn, seq):
+                            generation = self._ingest(str(hello["job_id"]), table, data)
+                            self._take(hello, conn, seq, generation)
                 elif kind == FrameType.CAPTURE:
                     if hello is None:
                         raise ProtocolError("CAPTURE before HELLO")
@@ -328,12 +335,18 @@ class NodeAgent:
                     with self._intake:
                         if self._closing:
                             break
-                        self.windows.cover(
-                            str(hello["job_id"]), int(hello["rank"]), [(a + off, b + off) for a, b in spans]
-                        )
-                        self._ack_later(conn, seq, self.uploader.generation)
+                        if not self._taken_before(hello, conn, seq):
+                            self.windows.cover(
+                                str(hello["job_id"]),
+                                int(hello["rank"]),
+                                [(a + off, b + off) for a, b in spans],
+                            )
+                            self._take(hello, conn, seq, self.uploader.generation)
                 elif kind == FrameType.BYE:
                     clean = True
+                    if hello is not None:
+                        with self._intake:
+                            self._taken.pop(_probe_key(hello), None)
                 elif kind == FrameType.DUMP:
                     doc = decode_json(payload)
                     rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
@@ -378,7 +391,26 @@ class NodeAgent:
         if not _pid_gone(pid):
             return
         log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.get("rank"), pid)
+        with self._intake:
+            self._taken.pop(_probe_key(hello), None)
         self._ingest(str(hello["job_id"]), "ranks", _rank_row(hello, "exit", time.time_ns(), -1))
+
+    def _taken_before(self, hello: dict[str, Any], conn: socket.socket, seq: int) -> bool:
+        """True for a frame this probe sent before, on a connection that dropped (held: ``_intake``).
+
+        Its rows were taken then: it is acknowledged once the generation of the last frame taken
+        from the probe is spooled, and not taken again (a resend stores nothing twice).
+        """
+        last = self._taken.get(_probe_key(hello))
+        if last is None or seq > last[0]:
+            return False
+        self._ack_later(conn, seq, last[1])
+        return True
+
+    def _take(self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int) -> None:
+        """Frame ``seq`` of the probe is taken into ``generation``: acknowledge it once that is spooled."""
+        self._taken[_probe_key(hello)] = (seq, generation)
+        self._ack_later(conn, seq, generation)
 
     def _ack_later(self, conn: socket.socket, seq: int, generation: int) -> None:
         """Acknowledge frame ``seq`` once the rows of flush ``generation`` are spooled."""
@@ -527,6 +559,11 @@ class NodeAgent:
             self.spool.size_bytes,
             self.spool.dropped_rows,
         )
+
+
+def _probe_key(hello: dict[str, Any]) -> tuple[str, ...]:
+    """One probe's identity across its connections (a re-attached or forked probe is another)."""
+    return tuple(str(hello.get(k, "")) for k in ("job_id", "rank", "host", "pid", "attach_ns"))
 
 
 def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -> pa.Table:

@@ -4,6 +4,7 @@ a poison batch is set aside, the batches behind it are stored."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -137,3 +138,32 @@ def test_a_batch_refused_as_too_large_is_split_and_each_row_stored_once(tmp_path
     finally:
         up.close(1)
         sink.stop()
+
+
+def test_a_probe_connection_dropped_before_its_ack_and_resumed_stores_each_step_once() -> None:
+    sink = Sink()
+    with short_dir() as work:
+        agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0, flush_s=3600)
+        agent.start()
+        try:
+            link = AgentLink(str(work / "a.sock"), HELLO)
+            link.enqueue("steps", steps(0, 5, rank=3))
+            link.pump()
+            wait_for(lambda: "steps" in {table for _, table, _ in agent.uploader._queued})
+            with agent._lock:
+                conns = list(agent._conns)
+            for conn in conns:  # taken, not yet spooled nor acknowledged: the connection drops
+                conn.shutdown(socket.SHUT_RDWR)
+            wait_for(lambda: (link.pump(), not link.connected)[1])
+            link.enqueue("steps", steps(5, 5, rank=3))
+            assert not link.flush(0.5) and agent.connections == 2  # resent on the new connection, unacked
+            agent.uploader.flush()
+            assert link.flush(10.0) and link.acked_rows == 10
+            wait_for(lambda: sink.table("steps").num_rows >= 10)
+            agent.uploader.flush()
+            time.sleep(0.5)
+            assert sorted(sink.table("steps")["step"].to_pylist()) == list(range(10))  # each once
+            link.close(0, 2)
+        finally:
+            agent.stop(drain_s=2)
+            sink.stop()
