@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
@@ -122,6 +123,15 @@ def start_http(
     return HttpServer(server, thread, f"{scheme}://{shown}:{port}")
 
 
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user part, if any, shown as ``***`` (for what is printed)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _start_analyzer(
     store: Store, metrics: Metrics, window_s: float, min_loss_pct: float
 ) -> tuple[Analyzer, threading.Thread]:
@@ -169,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
         notes = [" (TLS)" if collector.tls else "", ", token required" if args.token else ""]
         print(
             f"argus server: gRPC on {collector.address}{notes[0]}, HTTP on {http.url}, "
-            f"store {store.url}{notes[1]}",
+            f"store {_without_password(store.url)}{notes[1]}",
             flush=True,
         )
         while not stop.wait(0.5):
