@@ -37,6 +37,7 @@ from argus.analyzer.phase import (
 )
 from argus.analyzer.robust import MAD_TO_SIGMA
 from argus.analyzer.roles import Roles, infer_roles
+from argus.analyzer.waits import StepTimes
 from argus.analyzer.window import Window
 from argus.diagnosis import Diagnosis
 
@@ -108,6 +109,8 @@ class JobAnalysis:
         self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
         self._spikes: dict[int, deque[int]] = {}
         self._suspects: list[tuple[int, float]] = []
+        #: Subjects of the last window's findings at the opening score.
+        self._strong: frozenset[str] = frozenset()
         self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
         self._last_end: tuple[int, int] | None = None
@@ -135,23 +138,32 @@ class JobAnalysis:
         return float(np.std(self._steps)) if len(self._steps) >= CONFIDENT_STEPS else 0.0
 
     def _baselines(self) -> dict[int, RankBaseline]:
+        """Each rank's own past (:class:`RankBaseline`) from its healthy windows.
+
+        A window's mean moves from window to window with nothing wrong (a shared host's
+        scheduler): that drift is part of the noise of an own-past comparison. It is the spread
+        of each rank's means about its role's, pooled over the ranks with two windows or more
+        (the rank's own once it has :data:`DRIFT_WINDOWS`, if larger); 0 before any two windows.
+        """
+        devs = {
+            r: np.array([[x.self_dev_ns, *x.comp_dev_ns] for x in w]) for r, w in self._ranks.items() if w
+        }
+        spread = [np.var(d, axis=0, ddof=1) for d in devs.values() if len(d) >= 2]
+        pooled = np.sqrt(np.mean(spread, axis=0)) if spread else np.zeros(1 + len(COMPONENTS))
         out = {}
         for r, windows in self._ranks.items():
             if not windows:
                 continue
-            # A window's mean against the mean of past windows' means; the rank's drift is the
-            # spread of its means about the other ranks' between its healthy windows (what a
-            # shared, oversubscribed host does to one rank from window to window).
-            enough = len(windows) >= DRIFT_WINDOWS
+            d = devs[r]
+            own = np.std(d, axis=0, ddof=1) if len(d) >= DRIFT_WINDOWS else np.zeros(d.shape[1])
+            drift = np.fmax(own, pooled)
             out[r] = RankBaseline(
                 float(np.mean([x.self_ns for x in windows])),
                 float(np.median([x.sigma_ns for x in windows])),
                 np.mean(np.stack([x.comp_ns for x in windows]), axis=0),
                 float(np.median([x.step_ns for x in windows])),
-                float(np.std([x.self_dev_ns for x in windows], ddof=1)) if enough else 0.0,
-                np.std(np.stack([x.comp_dev_ns for x in windows]), axis=0, ddof=1)
-                if enough
-                else np.zeros(len(COMPONENTS)),
+                float(drift[0]),
+                drift[1:],
             )
         return out
 
@@ -211,14 +223,18 @@ class JobAnalysis:
             profile=profile,
             healthy_profile=self._healthy_profile(),
             min_loss_pct=self.min_loss_pct,
+            repeated=self._strong,
         )
+        strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
+        repeated = bool(self._strong & strong)
+        self._strong = strong
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
         lossy = acc.wall_ns > 0 and 100.0 * acc.lost_ns >= self.min_loss_pct * acc.wall_ns
-        self._remember(w, d, l2, step_ns, findings, profile, lossy)
+        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
@@ -233,56 +249,69 @@ class JobAnalysis:
         findings: list[Finding],
         profile: JobProfile | None,
         lossy: bool,
+        repeated: bool,
     ) -> None:
         """Keep what later windows compare with: only a healthy window's numbers become references.
 
-        Healthy: nothing open, no finding at the opening score, and no loss at the threshold
-        (a loss nobody explained yet must not become the pace that hides it).
+        Healthy: nothing open, no loss at the threshold (a loss nobody explained yet must not
+        become the pace that hides it) and no finding at the opening score repeated from the
+        previous window. A rank with a finding at the opening score keeps its window out of its
+        own past; the others' references grow (one rank's noise in one window must not keep
+        every reference from growing).
         """
         for i, r in enumerate(l2.rank.tolist()):
             self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))
         # A fault's windows would make its own slowdown the reference (and hide it from the evidence).
-        healthy = not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings) and not lossy
+        healthy = not self.tracker.open and not lossy and not repeated
         if not healthy:
             return
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)
-        t = l2.times
-        if t is not None:
-            # Every rank's reference comes from the same windows: the job's common change between
-            # then and now is only measurable against references of one period.
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                means = np.nanmean(t.self_ns, axis=1)
-                comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
-            roles = l2.roles.of(t.rank)
-            typical = np.full(t.rank.size, np.nan)
-            comp_typical = np.zeros_like(comp_means)
-            for g in np.unique(roles):
-                members = (roles == g) & np.isfinite(means)
-                if np.any(members):
-                    typical[roles == g] = np.median(means[members])
-                    comp_typical[:, roles == g] = np.median(comp_means[:, members], axis=1)[:, None]
-            for i, r in enumerate(t.rank.tolist()):
-                own = t.self_ns[i][np.isfinite(t.self_ns[i])]
-                if own.size < CONFIDENT_STEPS:
-                    continue
-                med = float(np.median(own))
-                entry = _RankWindow(
-                    float(np.mean(own)),
-                    MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
-                    comp_means[:, i],
-                    float(np.nanmedian(t.step_ns[i])),
-                    float(means[i] - typical[i]),
-                    comp_means[:, i] - comp_typical[:, i],
-                )
+        if l2.times is not None:
+            flagged = {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks}
+            for r, entry in _rank_windows(l2.times, l2.roles, flagged).items():
                 self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
         if d is not None:
             slow = {f.group for f in findings if f.cause == "communication"}
             for key, value in transfer_medians(d, w.collectives.group_names).items():
                 if key[0] not in slow:
                     self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
+
+
+def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _RankWindow]:
+    """Each rank's healthy-window entry (ranks in ``flagged`` and ranks with too few steps left out).
+
+    Every rank's reference comes from the same windows: the job's common change between then
+    and now is only measurable against references of one period.
+    """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(t.self_ns, axis=1)
+        comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
+    role = roles.of(t.rank)
+    typical = np.full(t.rank.size, np.nan)
+    comp_typical = np.zeros_like(comp_means)
+    for g in np.unique(role):
+        members = (role == g) & np.isfinite(means)
+        if np.any(members):
+            typical[role == g] = np.median(means[members])
+            comp_typical[:, role == g] = np.median(comp_means[:, members], axis=1)[:, None]
+    out = {}
+    for i, r in enumerate(t.rank.tolist()):
+        own = t.self_ns[i][np.isfinite(t.self_ns[i])]
+        if own.size < CONFIDENT_STEPS or r in flagged:
+            continue
+        med = float(np.median(own))
+        out[r] = _RankWindow(
+            float(np.mean(own)),
+            MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
+            comp_means[:, i],
+            float(np.nanmedian(t.step_ns[i])),
+            float(means[i] - typical[i]),
+            comp_means[:, i] - comp_typical[:, i],
+        )
+    return out
 
 
 def _suspects(

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from argus import render
 from argus.config import DEFAULT_SERVER_URL
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
@@ -106,10 +106,6 @@ def _diagnoses(http: str, job_id: str) -> list[Diagnosis]:
     return [Diagnosis.from_dict(item) for item in body["items"]]
 
 
-#: Evidence keys the analyzer keeps for itself, not for a person reading the report.
-_BOOKKEEPING = frozenset({"analysed_to_ns", "subject"})
-
-
 def _any_open(diagnoses: list[Diagnosis]) -> bool:
     return any(d.state == "open" for d in diagnoses)
 
@@ -127,28 +123,7 @@ def _print_human(
         console.print(f"\n[bold green]No diagnosis[/]: the ranks of job {job_id} ran like their peers.")
     else:
         console.print("\nDiagnoses while the job ran (Argus resolves them once the job has finished):")
-    for d in diagnoses:
-        where = ", ".join(
-            part
-            for part in (
-                f"phase {d.phase}" if d.phase else "",
-                f"kernel {d.kernel}" if d.kernel else "",
-                f"group {d.group}" if d.group else "",
-            )
-            if part
-        )
-        who = f"rank {d.rank}" if d.rank is not None else f"ranks {d.ranks}"
-        console.print(
-            f"\n[bold red]{d.state.upper()}[/] {who}: [bold]{d.cause}[/]"
-            + (f" ({where})" if where else "")
-            + f" — costs the job about {d.slowdown_pct:.0f}% of its throughput (score {d.score:.1f})"
-        )
-        table = Table("evidence", "value", show_header=False, box=None, pad_edge=False)
-        for key, value in d.evidence.items():
-            if key in _BOOKKEEPING:
-                continue
-            table.add_row(f"  {key}", json.dumps(value) if not isinstance(value, str) else value)
-        console.print(table)
+    console.print(render.report(diagnoses))
     console.print("\nWhere to look next:")
     whose = "rank 0" if slow_rank in (None, 0) else f"rank 0 and the slow rank {slow_rank}"
     console.print(f"  the timeline of {whose} (open it in https://ui.perfetto.dev): {trace}")
@@ -167,7 +142,8 @@ def _default_slow_rank(args: argparse.Namespace) -> int:
     """``--slow-rank``, else the last rank (pp dataloader: the last rank of stage 0, which reads data)."""
     if args.slow_rank is not None:
         return int(args.slow_rank)
-    return args.ranks // 2 - 1 if (args.layout, args.scenario) == ("pp", "dataloader") else args.ranks - 1
+    ranks = int(args.ranks)
+    return ranks // 2 - 1 if (args.layout, args.scenario) == ("pp", "dataloader") else ranks - 1
 
 
 @dataclass(frozen=True)
@@ -221,7 +197,9 @@ def job_command(service: Service, job_id: str, ranks: int, job_args: list[str]) 
     )  # fmt: skip
 
 
-def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
+def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader follows it)
+    args: argparse.Namespace, console: Console, work: Path, keep_data: bool
+) -> dict[str, Any]:
     scenario: str = args.scenario
     slow_rank = None if scenario == "none" else _default_slow_rank(args)
     layout: str = args.layout

@@ -64,13 +64,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from argus.agent import guard
 from argus.agent.probe import Probe
+from argus.agent.recorder import Recorder
 from argus.agent.steps import StepTracker
 
 def broken_argus(*args, **kwargs):
     raise RuntimeError("a bug inside Argus")
 
 StepTracker.begin = StepTracker.end = broken_argus
-Probe.open_collective = Probe.collective = Probe.bucket_done = Probe.mark_step = broken_argus
+Recorder.open_collective = Recorder.collective = Recorder.bucket_done = broken_argus
+Probe.mark_step = broken_argus
 dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
 argus.agent.attach(job_id="guard", socket_path={sock!r})
 torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from argus.collector.server import _without_password
+from argus.server import _without_password
 
 
 def test_the_printed_store_url_has_no_password() -> None:
