@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from argus import config
+from argus.agent import guard
 
 if TYPE_CHECKING:
     from argus.agent.probe import Probe
@@ -61,7 +62,7 @@ def step() -> None:
     """Mark a step boundary now, for training loops that have no optimizer (no-op when not attached)."""
     probe = _probe
     if probe is not None:
-        probe.mark_step()
+        guard.call(probe.mark_step, default=None)
 
 
 def _detach() -> None:

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from argus import config
+from argus.agent.guard import call
 
 __all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "recorded_allreduce", "uninstall"]
 
@@ -165,13 +166,13 @@ def _wrap_method(method: str, op: str, arg: int, orig: Callable[..., Any]) -> Ca
         if rec is None:
             return orig(self, *args, **kwargs)
         corr = rec.correlate
-        uid = corr.push() if corr is not None else 0
+        uid = call(corr.push, default=0) if corr is not None else 0
         issue_ns = _now()
         try:
             work = orig(self, *args, **kwargs)
         finally:
             if corr is not None:
-                corr.pop()
+                call(corr.pop, default=None)
         try:
             size = nbytes(args[arg]) if 0 <= arg < len(args) else 0
             peer = int(args[peer_arg]) if 0 <= peer_arg < len(args) else -1
@@ -253,14 +254,14 @@ def _delegate(slot, bucket):  # type: ignore[no-untyped-def]  # DDP inspects the
     rec = _recorder
     if rec is None:
         return hook(slot.state, bucket)
-    before = rec.collective_count()
+    before = call(rec.collective_count, default=-1)
     issue_ns = _now()
     _in_comm_hook.active = True  # what the user's hook issues overlaps backward, as DDP's buckets do
     try:
         fut = hook(slot.state, bucket)
     finally:
         _in_comm_hook.active = False
-    if rec.collective_count() == before:
+    if before >= 0 and call(rec.collective_count, default=-1) == before:
         try:
             pg = slot.process_group or dist.distributed_c10d._get_default_group()
             rec.collective(
@@ -293,17 +294,26 @@ def recorded_allreduce(process_group: Any, bucket: Any) -> Any:
     if rec is None:
         return _allreduce(group, [buf]).get_future().then(_first)
     corr = rec.correlate
-    uid = corr.push() if corr is not None else 0
+    uid = call(corr.push, default=0) if corr is not None else 0
     issue_ns = _now()
     try:
         work = _allreduce(group, [buf])
     finally:
         if corr is not None:
-            corr.pop()
-    key = rec.open_collective(group, "allreduce", buf.nbytes, issue_ns, overlapped=True)
+            call(corr.pop, default=None)
+    key = call(rec.open_collective, group, "allreduce", buf.nbytes, issue_ns, -1, True, default=0)
     if not key:
         return work.get_future().then(_first)
-    return work.get_future().then(partial(rec.bucket_done, key, uid))
+    return work.get_future().then(partial(_bucket_done, rec, key, uid))
+
+
+def _bucket_done(rec: Any, key: int, uid: int, fut: Any) -> Any:
+    """The bucket's result, its collective closed by ``rec`` (an error in Argus only loses the record)."""
+    try:
+        return rec.bucket_done(key, uid, fut)
+    except Exception:
+        log.debug("argus: recording a DDP bucket's end failed", exc_info=True)
+        return _first(fut)
 
 
 class _FutureWork:

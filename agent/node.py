@@ -7,8 +7,11 @@ clock, compresses kernel durations per window, and hands everything to the
 any number of jobs and ranks. A probe's frame is acknowledged once what it
 carried is in the spool (within the uploader's flush period, in frame order),
 so an agent killed at any moment loses nothing it acknowledged: the probe
-sends the rest again to the next agent. (Kernel events wait in memory for
-their window by design; they are acknowledged in the same order.)
+sends the rest again to the next agent. A probe whose connection drops sends
+its unacknowledged frames again on the next one; the agent remembers the last
+frame it took from each probe and acknowledges those without taking them
+twice. (Kernel events wait in memory for their window by design; they are
+acknowledged in the same order.)
 
 Clocks: the agent estimates its clock's offset to the collector's (NTP-style,
 :mod:`argus.agent.clock`) at start and every :data:`CLOCK_EVERY_S`, and checks
@@ -133,6 +136,8 @@ class NodeAgent:
         self._ack_lock = threading.Lock()
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
+        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its generation.
+        self._taken: dict[tuple[str, ...], tuple[int, int]] = {}
         self._closing = False
         #: Offset to add to this node's timestamps, per clock epoch.
         self.clock = OffsetMap()
@@ -252,6 +257,9 @@ class NodeAgent:
                     self._on_hello(hello)
                 elif kind == FrameType.BYE:
                     clean = True
+                    if hello is not None:
+                        with self._intake:
+                            self._taken.pop(_probe_key(hello), None)
                 elif kind == FrameType.DUMP:
                     self._on_dump(conn, decode_json(payload))
                 elif not self._take(conn, kind, seq, payload, hello):
@@ -287,14 +295,16 @@ class NodeAgent:
             with self._intake:
                 if self._closing:
                     return False
-                self._ack_later(conn, seq, self._ingest(job_id, table, data))
+                if not self._taken_before(hello, conn, seq):
+                    self._took(hello, conn, seq, self._ingest(job_id, table, data))
             return True
         spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
         with self._intake:
             if self._closing:
                 return False
-            self.windows.cover(job_id, int(hello["rank"]), spans)
-            self._ack_later(conn, seq, self.uploader.generation)
+            if not self._taken_before(hello, conn, seq):
+                self.windows.cover(job_id, int(hello["rank"]), spans)
+                self._took(hello, conn, seq, self.uploader.generation)
         return True
 
     def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
@@ -327,7 +337,26 @@ class NodeAgent:
         if not _pid_gone(pid):
             return
         log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.get("rank"), pid)
+        with self._intake:
+            self._taken.pop(_probe_key(hello), None)
         self._ingest(str(hello["job_id"]), "ranks", _rank_row(hello, "exit", time.time_ns(), -1))
+
+    def _taken_before(self, hello: dict[str, Any], conn: socket.socket, seq: int) -> bool:
+        """True for a frame this probe sent before, on a connection that dropped (held: ``_intake``).
+
+        Its rows were taken then: it is acknowledged once the generation of the last frame taken
+        from the probe is spooled, and not taken again (a resend stores nothing twice).
+        """
+        last = self._taken.get(_probe_key(hello))
+        if last is None or seq > last[0]:
+            return False
+        self._ack_later(conn, seq, last[1])
+        return True
+
+    def _took(self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int) -> None:
+        """Frame ``seq`` of the probe is taken into ``generation``: acknowledge it once that is spooled."""
+        self._taken[_probe_key(hello)] = (seq, generation)
+        self._ack_later(conn, seq, generation)
 
     def _ack_later(self, conn: socket.socket, seq: int, generation: int) -> None:
         """Acknowledge frame ``seq`` once the rows of flush ``generation`` are spooled."""
@@ -481,6 +510,11 @@ class NodeAgent:
         )
 
 
+def _probe_key(hello: dict[str, Any]) -> tuple[str, ...]:
+    """One probe's identity across its connections (a re-attached or forked probe is another)."""
+    return tuple(str(hello.get(k, "")) for k in ("job_id", "rank", "host", "pid", "attach_ns"))
+
+
 def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -> pa.Table:
     """A ``ranks`` row the agent writes for a connected probe (``exit`` for a crash, ``clock``)."""
     row: dict[str, list[Any]] = {
@@ -503,9 +537,21 @@ def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -
 
 
 def _bind(path: str) -> socket.socket:
-    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent."""
+    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent.
+
+    Raises:
+        ConfigError: another agent listens there, the socket's directory belongs to another
+            user, or the socket cannot be bound.
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    owner, me = p.parent.stat().st_uid, os.geteuid()
+    if owner != me:
+        raise ConfigError(
+            f"the socket directory {p.parent} belongs to uid {owner}, not to this user (uid {me}): "
+            "its owner could replace the socket and read every probe's data; give --socket a path "
+            "in a directory you own (e.g. $XDG_RUNTIME_DIR/argus)"
+        )
     if p.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -9,7 +9,8 @@
 - When no node agent listens on the socket, one is started for the duration
   of the job (its log goes to ``$ARGUS_AGENT_LOG``, default next to the spool)
   and stopped after COMMAND exits, once it has drained to the collector (or
-  kept what it could not send in its spool).
+  kept what it could not send in its spool). It gets the token through
+  ``$ARGUS_TOKEN``, never on its command line.
 - COMMAND's exit status is returned; SIGINT and SIGTERM are passed on to it.
   If the agent cannot start, COMMAND still runs.
 """
@@ -84,13 +85,13 @@ def _start_agent(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
         "--window-s",
         str(getattr(args, "window_s", config.DEFAULT_WINDOW_S)),
     ]
-    if args.token:
-        cmd += ["--token", args.token]
     if args.tls_cert:
         cmd += ["--tls-cert", args.tls_cert]
     log_path = Path(os.environ.get(ENV_AGENT_LOG) or config.default_spool_dir().parent / "agent.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != ENV_AUTOATTACH}
+    if args.token:
+        env[config.ENV_TOKEN] = args.token  # never on a command line: every user can read those
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             cmd,

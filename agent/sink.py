@@ -132,10 +132,7 @@ class AgentLink:
             left = deadline - time.monotonic()
             if left <= 0 or self._sock is None:
                 return False
-            if self._sock is not None:
-                select.select([self._sock], [], [], min(left, 0.05))
-            else:
-                time.sleep(min(left, 0.05))
+            _wait_readable(self._sock, min(left, 0.05))
 
     def close(self, exit_code: int, timeout_s: float) -> None:
         """Flush, say BYE with the exit status, close; counts unsent rows as dropped."""
@@ -197,11 +194,18 @@ class AgentLink:
         sock = self._sock
         if sock is None:
             return
-        while select.select([sock], [], [], 0)[0]:
+        closed = False
+        while _wait_readable(sock, 0):
             chunk = sock.recv(65536)
             if not chunk:
-                raise ProtocolError("the node agent closed the connection")
+                closed = True  # the acknowledgements read before the end still count
+                break
             self._rx += chunk
+        self._take_acks()
+        if closed:
+            raise ProtocolError("the node agent closed the connection")
+
+    def _take_acks(self) -> None:
         while len(self._rx) >= HEADER.size:
             length, kind, seq = HEADER.unpack_from(self._rx)
             if len(self._rx) < HEADER.size + length:
@@ -224,3 +228,10 @@ class AgentLink:
             )
             self._dropped_unlogged = 0
             self._last_warn = now
+
+
+def _wait_readable(sock: socket.socket, timeout_s: float) -> bool:
+    """True once ``sock`` can be read without blocking (``poll``: any descriptor, unlike ``select``)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(int(timeout_s * 1000)))

@@ -5,7 +5,8 @@ serialized ``argus.v1.Batch`` exactly as sent, so a batch replayed after a
 collector outage or an agent restart carries the same (agent id, seq) and the
 collector deduplicates it. Files are written to a temporary name and renamed,
 so a crash never leaves a torn batch. When the spool would pass its bound, the
-oldest batches are deleted and their rows counted as dropped.
+oldest batches are deleted and their rows counted as dropped. A batch that
+fails every try is moved to ``<dir>/.set-aside/`` and never replayed.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Spool", "SpoolEntry", "safe_name"]
+__all__ = ["SET_ASIDE", "Spool", "SpoolEntry", "safe_name"]
 
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d{16})-(\d+)\.batch$")
+#: Folder under the spool for batches that failed every try (never replayed; a person may look).
+SET_ASIDE = ".set-aside"
 
 
 def safe_name(agent_id: str) -> str:
@@ -64,7 +67,7 @@ class Spool:
     def _load(self) -> None:
         found: list[tuple[float, SpoolEntry]] = []
         for folder in self.root.iterdir():
-            if not folder.is_dir():
+            if not folder.is_dir() or folder.name.startswith("."):
                 continue
             agent_id = (folder / "agent_id").read_text() if (folder / "agent_id").exists() else folder.name
             for path in folder.iterdir():
@@ -90,15 +93,24 @@ class Spool:
         return len(self._entries)
 
     def put(self, agent_id: str, seq: int, rows: int, data: bytes) -> list[SpoolEntry]:
-        """Spool one batch; returns the entries deleted to make room (their rows counted as dropped)."""
+        """Spool one batch; returns the entries deleted to make room (their rows counted as dropped).
+
+        Raises:
+            OSError: the batch could not be written (disk full, read-only folder); nothing is kept.
+        """
         folder = self.root / safe_name(agent_id)
         if not folder.exists():
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "agent_id").write_text(agent_id)
         path = folder / f"{seq:016d}-{rows}.batch"
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
         evicted: list[SpoolEntry] = []
         with self._lock:
             entry = SpoolEntry(agent_id, seq, rows, len(data), path)
@@ -120,15 +132,34 @@ class Spool:
             )
         return evicted
 
-    def remove(self, agent_id: str, seq: int) -> SpoolEntry | None:
+    def remove(self, agent_id: str, seq: int, unlink: bool = True) -> SpoolEntry | None:
         """Forget an acknowledged (or rejected) batch; None if it was not spooled."""
         with self._lock:
             entry = self._entries.pop((agent_id, seq), None)
             if entry is not None:
                 self._bytes -= entry.size
-        if entry is not None:
+        if entry is not None and unlink:
             entry.path.unlink(missing_ok=True)
         return entry
+
+    def set_aside(self, agent_id: str, seq: int) -> SpoolEntry | None:
+        """Move a batch that cannot be delivered to :data:`SET_ASIDE` (kept for a person, never sent).
+
+        Returns:
+            The entry set aside (its ``path`` the new place); None if it was not spooled.
+        """
+        entry = self.remove(agent_id, seq, unlink=False)
+        if entry is None:
+            return None
+        folder = self.root / SET_ASIDE / safe_name(agent_id)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / entry.path.name
+            os.replace(entry.path, path)
+        except OSError:
+            entry.path.unlink(missing_ok=True)
+            return entry
+        return SpoolEntry(agent_id, seq, entry.rows, entry.size, path)
 
     def read(self, agent_id: str, seq: int) -> bytes | None:
         """The spooled bytes of a batch; None if it is gone."""
@@ -154,7 +185,7 @@ class Spool:
         """Delete folders of agent ids with no batch left."""
         live = {safe_name(a) for a in self.agent_ids()}
         for folder in self.root.iterdir():
-            if folder.is_dir() and folder.name not in live:
+            if folder.is_dir() and folder.name not in live and folder.name != SET_ASIDE:
                 for path in folder.iterdir():
                     with contextlib.suppress(OSError):
                         path.unlink()

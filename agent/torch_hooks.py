@@ -12,7 +12,7 @@
   per-instance hooks (at most :data:`MAX_TOP_MODULES`) and the global hooks are
   removed.
 
-Every hook is wrapped so an error inside Argus never reaches training.
+Every hook is wrapped (:mod:`argus.agent.guard`) so an error inside Argus never reaches training.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from argus.agent import opt_hooks
+from argus.agent.guard import guarded
 from argus.agent.steps import BACKWARD, DATA, FORWARD, OPTIMIZER, StepTracker
 
 __all__ = ["MAX_TOP_MODULES", "TorchHooks"]
@@ -70,7 +71,7 @@ class TorchHooks:
                 tracker.end(OPTIMIZER, now())
 
         opt_hooks.ensure_installed()
-        opt_hooks.set_targets(opt_pre, opt_post)
+        opt_hooks.set_targets(guarded(opt_pre), guarded(opt_post))
         self._wrap_backward()
         self._wrap_dataloader()
         self._start_discovery()
@@ -92,21 +93,28 @@ class TorchHooks:
 
     # --- backward and data ----------------------------------------------------------------------
 
+    def _guarded_calls(
+        self,
+    ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[[], bool], Callable[[], int]]:
+        """``begin``, ``end``, ``active``, ``now`` for a wrapper of a training function: never raising."""
+        tracker = self._tracker
+        return guarded(tracker.begin, False), guarded(tracker.end), guarded(self._active, False), time.time_ns
+
     def _wrap_backward(self) -> None:
         orig = torch.autograd.backward
-        tracker, active, now = self._tracker, self._active, time.time_ns
+        begin, end, active, now = self._guarded_calls()
 
         def backward(*args: Any, **kwargs: Any) -> Any:
             if not active():
                 return orig(*args, **kwargs)
-            opened = tracker.begin(BACKWARD, now())
+            opened = begin(BACKWARD, now())
             try:
                 return orig(*args, **kwargs)
             finally:
                 if opened:
-                    tracker.end(BACKWARD, now())
+                    end(BACKWARD, now())
                 else:
-                    tracker.end(-1, 0)
+                    end(-1, 0)
 
         backward.__doc__ = orig.__doc__
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -117,19 +125,19 @@ class TorchHooks:
         from torch.utils.data.dataloader import _BaseDataLoaderIter
 
         orig = _BaseDataLoaderIter.__next__
-        tracker, active, now = self._tracker, self._active, time.time_ns
+        begin, end, active, now = self._guarded_calls()
 
         def __next__(self: Any) -> Any:  # noqa: N807  (replaces the method of that name)
             if not active():
                 return orig(self)
-            opened = tracker.begin(DATA, now())
+            opened = begin(DATA, now())
             try:
                 return orig(self)
             finally:
                 if opened:
-                    tracker.end(DATA, now())
+                    end(DATA, now())
                 else:
-                    tracker.end(-1, 0)
+                    end(-1, 0)
 
         self._orig_next = orig
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
@@ -165,8 +173,8 @@ class TorchHooks:
                 tracker.end(-1, 0)
 
         self._global_handles = [
-            register_module_forward_pre_hook(pre),
-            register_module_forward_hook(post, always_call=True),
+            register_module_forward_pre_hook(guarded(pre)),
+            register_module_forward_hook(guarded(post), always_call=True),
         ]
 
     def _finish_discovery(self) -> None:
@@ -195,7 +203,7 @@ class TorchHooks:
                     tracker.end(-1, 0)
 
         self._handles += [
-            module.register_forward_pre_hook(pre),
-            module.register_forward_hook(post, always_call=True),
+            module.register_forward_pre_hook(guarded(pre)),
+            module.register_forward_hook(guarded(post), always_call=True),
         ]
         self._hooked.add(module)

@@ -15,6 +15,9 @@
   reconnects with exponential back-off and resends every batch still spooled;
   the collector deduplicates by (agent id, seq). ``RESOURCE_EXHAUSTED`` halves
   the size limit and re-splits the spooled batches above it.
+- A poison batch (the collector ends the stream on it the same way
+  :data:`POISON_TRIES` times in a row) is set aside, logged and counted as lost
+  rows, so the batches behind it are stored.
 - Batches left in the spool by an earlier agent process are replayed on their
   own stream, under their original agent id.
 """
@@ -40,13 +43,28 @@ from argus.agent.spool import Spool
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2, collector_pb2_grpc
 
-__all__ = ["UploadStats", "Uploader", "split_rows"]
+__all__ = ["POISON_TRIES", "UploadStats", "Uploader", "split_rows"]
 
 log = logging.getLogger(__name__)
 
 #: Bytes kept free in a message for the Batch fields around the Arrow payload.
 _HEADROOM = 64 * 1024
 _STREAM_METHOD = "/argus.v1.Collector/Stream"
+#: Failures in a row, the same way, after which the oldest batch in flight is set aside (poison).
+POISON_TRIES = 5
+#: Stream endings that blame the batch being stored (not the network, size, or credentials).
+_POISON_CODES = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+#: At most one warning about an unwritable spool per this many seconds.
+_WARN_EVERY_S = 30.0
 
 
 @dataclass
@@ -59,7 +77,12 @@ class UploadStats:
     batches_rejected: int = 0
     rows_stored: int = 0
     rows_rejected: int = 0
+    #: Batches that failed :data:`POISON_TRIES` times the same way, moved out of the spool.
+    batches_set_aside: int = 0
+    rows_set_aside: int = 0
     reconnects: int = 0
+    #: Flushes that stopped because the spool could not be written (their rows were kept).
+    spool_failures: int = 0
     last_error: str = ""
     rejections: deque[str] = field(default_factory=lambda: deque(maxlen=16))
 
@@ -136,6 +159,7 @@ class Uploader:
         self.on_spooled: Callable[[int], None] | None = None
         self._seq = itertools.count(1)
         self._dropped_unreported = 0
+        self._spool_warn_after = 0.0
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._senders: dict[str, _Sender] = {}
@@ -173,24 +197,65 @@ class Uploader:
                 self._dropped_unreported += rows
 
     def flush(self) -> int:
-        """Turn queued rows into spooled batches now; returns how many batches were made."""
+        """Turn queued rows into spooled batches now; returns how many batches were made.
+
+        ``on_spooled`` is called only when every row queued so far is spooled. When the
+        spool cannot be written (``OSError``: disk full, read-only), the rows not spooled
+        go back to the front of the queue, nothing more is acknowledged, and a warning is
+        logged (at most every 30 s); a later flush spools them first. The memory this
+        holds is bounded by the probes: they send no more than their bound on
+        unacknowledged bytes.
+        """
         with self._flush_lock:
             with self._lock:
                 queued, self._queued = self._queued, {}
                 generation = self._generation
                 self._generation += 1
             made = 0
-            try:
-                for (job_id, table, offset), parts in queued.items():
+            groups = list(queued.items())
+            for i, ((job_id, table, offset), parts) in enumerate(groups):
+                chunks = parts
+                try:
                     data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
-                    for chunk in split_rows(data, self.max_message_bytes - _HEADROOM):
-                        self._spool_batch(job_id, table, chunk, offset)
+                    chunks = split_rows(data, self.max_message_bytes - _HEADROOM)
+                    while chunks:
+                        self._spool_batch(job_id, table, chunks[0], offset)
+                        chunks = chunks[1:]
                         made += 1
-            finally:
-                callback = self.on_spooled
-                if callback is not None:
-                    callback(generation)
+                except BaseException as exc:
+                    # Nothing of this generation is acknowledged: what is not spooled goes back to
+                    # the front of the queue, to be spooled (then acknowledged) by a later flush.
+                    rest = [((job_id, table, offset), chunks), *groups[i + 1 :]]
+                    self._requeue(rest)
+                    self.stats.spool_failures += 1
+                    self.stats.last_error = f"spool: {exc}"
+                    if not isinstance(exc, OSError):
+                        raise
+                    now = time.monotonic()
+                    if now >= self._spool_warn_after:
+                        self._spool_warn_after = now + _WARN_EVERY_S
+                        log.warning(
+                            "argus agent: cannot write the spool %s (%s); %d rows kept in memory, "
+                            "their frames unacknowledged until the spool takes them",
+                            self.spool.root,
+                            exc,
+                            sum(t.num_rows for _, rest_parts in rest for t in rest_parts),
+                        )
+                    return made
+            callback = self.on_spooled
+            if callback is not None:
+                callback(generation)
         return made
+
+    def _requeue(self, groups: list[tuple[tuple[str, str, int], list[pa.Table]]]) -> None:
+        """Put rows that could not be spooled back in front of the queue (same groups, same order)."""
+        with self._lock:
+            newer, self._queued = self._queued, {}
+            for key, parts in groups:
+                if parts:
+                    self._queued[key] = list(parts)
+            for key, parts in newer.items():
+                self._queued.setdefault(key, []).extend(parts)
 
     def pending_batches(self) -> int:
         """Batches spooled and not yet acknowledged (all agent ids)."""
@@ -245,7 +310,7 @@ class Uploader:
             sender.start()
         return sender
 
-    def _spool_batch(self, job_id: str, table: str, data: pa.Table, offset: int) -> None:
+    def _spool_batch(self, job_id: str, table: str, data: pa.Table, offset: int) -> int:
         agent_id = self.agent_id
         with self._lock:
             dropped, self._dropped_unreported = self._dropped_unreported, 0
@@ -259,12 +324,17 @@ class Uploader:
             dropped_events=dropped,
             clock_offset_ns=offset,
         )
-        evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
+        try:
+            evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
+        except BaseException:
+            self.count_dropped(dropped)  # reported with the next batch that is spooled
+            raise
         self.stats.batches_spooled += 1
         self.count_dropped(sum(e.rows for e in evicted))
         sender = self._senders.get(agent_id)
         if sender is not None:
             sender.notify(seq)
+        return seq
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_s):
@@ -282,9 +352,18 @@ class Uploader:
             batch = collector_pb2.Batch.FromString(raw)
             data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
             name = collector_pb2.Table.Name(batch.table).lower()
+            parts: list[int] = []
+            try:
+                for chunk in split_rows(data, limit - _HEADROOM):
+                    parts.append(self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns))
+            except OSError as exc:  # the spool is full or read-only: keep the batch whole
+                for part in parts:
+                    self.spool.remove(self.agent_id, part)
+                log.warning(
+                    "argus agent: cannot re-split batch %s:%d (%s); it stays whole", agent_id, seq, exc
+                )
+                continue
             self.spool.remove(agent_id, seq)
-            for chunk in split_rows(data, limit - _HEADROOM):
-                self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns)
 
 
 class _Sender:
@@ -299,6 +378,8 @@ class _Sender:
         self._inflight: dict[int, float] = {}
         self._stopping = False
         self._generation = 0
+        #: The oldest batch's run of identical failures: seq -> (code and message, tries).
+        self._failures: dict[int, tuple[str, int]] = {}
         self._thread = threading.Thread(target=self._run, name=f"argus-send-{agent_id[:24]}", daemon=True)
 
     def start(self) -> None:
@@ -363,6 +444,7 @@ class _Sender:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 self._on_error(code, exc)
+                self._blame_oldest(code, exc)
             finally:
                 with self._cond:
                     self._generation += 1
@@ -393,11 +475,51 @@ class _Sender:
         elif code != grpc.StatusCode.CANCELLED:
             log.info("argus agent: collector stream to %s ended (%s: %s)", self.up.target, code, details)
 
+    def _blame_oldest(self, code: grpc.StatusCode | None, exc: grpc.RpcError) -> None:
+        """Count a failure of the collector against the oldest batch unacknowledged when it came.
+
+        The collector answers batches in order, so a stream it ends while storing a batch
+        (``INTERNAL``, ``UNKNOWN``, …: not a network, size or credentials problem) ended on the
+        oldest one in flight. After :data:`POISON_TRIES` such failures in a row with the same
+        code and message, that batch is set aside (:meth:`Spool.set_aside`), logged, counted in
+        ``stats.batches_set_aside``/``rows_set_aside`` and as dropped rows, and the batches behind
+        it go on.
+        """
+        with self._cond:
+            seq = min(self._inflight) if self._inflight else None
+        if seq is None or code not in _POISON_CODES:
+            return
+        how = f"{code.name}: {exc.details() if hasattr(exc, 'details') else exc}"
+        last = self._failures.get(seq)
+        tries = last[1] + 1 if last is not None and last[0] == how else 1
+        self._failures = {seq: (how, tries)}  # only the oldest batch's run of failures counts
+        if tries < POISON_TRIES:
+            return
+        del self._failures[seq]
+        entry = self.up.spool.set_aside(self.agent_id, seq)
+        rows = entry.rows if entry is not None else 0
+        stats = self.up.stats
+        stats.batches_set_aside += 1
+        stats.rows_set_aside += rows
+        stats.rejections.append(f"seq {seq}: set aside after {tries} tries: {how}")
+        self.up.count_dropped(rows)
+        log.error(
+            "argus agent: batch %s:%d (%d rows) failed %d times the same way (%s); set aside in %s, "
+            "its rows counted as lost",
+            self.agent_id,
+            seq,
+            rows,
+            tries,
+            how,
+            entry.path if entry is not None else "-",
+        )
+
     def _on_ack(self, ack: collector_pb2.Ack) -> None:
         stats = self.up.stats
         with self._cond:
             self._inflight.pop(ack.seq, None)
             self._cond.notify_all()
+        self._failures.pop(ack.seq, None)
         if ack.status == collector_pb2.Ack.STORED:
             stats.batches_stored += 1
             stats.rows_stored += ack.rows

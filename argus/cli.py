@@ -14,9 +14,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from argus import __version__, config
-from argus.errors import ArgusError
+from argus.errors import ArgusError, ConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -80,12 +81,13 @@ def _server_url(p: _Options, *, default: str | None = config.DEFAULT_SERVER_URL)
 
 
 def _auth(p: argparse.ArgumentParser, *, server: bool) -> None:
-    """``--token`` (``$ARGUS_TOKEN``) and ``--tls-cert`` (with ``--tls-key`` on the server side)."""
+    """``--token``, ``--token-file`` (else ``$ARGUS_TOKEN``), ``--tls-cert`` (``--tls-key`` on the server)."""
     p.add_argument(
         "--token",
-        default=_env(config.ENV_TOKEN, None),
-        help="bearer token" + (" clients must send" if server else " to send") + f" (${config.ENV_TOKEN})",
+        help="bearer token" + (" clients must send" if server else " to send") + f" (${config.ENV_TOKEN}; "
+        "a command line is visible to every user of the machine: prefer --token-file or the variable)",
     )
+    p.add_argument("--token-file", metavar="FILE", help="read the bearer token from FILE (its first line)")
     if server:
         p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate: serve TLS (with --tls-key)")
         p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
@@ -292,6 +294,27 @@ def _resolve(command: str) -> Callable[[argparse.Namespace], int] | None:
     return fn
 
 
+def _resolve_token(args: argparse.Namespace) -> None:
+    """Set ``args.token``: ``--token``, else the first line of ``--token-file``, else ``$ARGUS_TOKEN``.
+
+    Raises:
+        ConfigError: the token file cannot be read or is empty.
+    """
+    if not hasattr(args, "token") or args.token:
+        return
+    path = getattr(args, "token_file", None)
+    if not path:
+        args.token = _env(config.ENV_TOKEN, None)
+        return
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"the token file {path} is empty")
+    args.token = lines[0].strip()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `argus` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -306,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"argus {args.command}: not built yet", file=sys.stderr)
         return 2
     try:
+        _resolve_token(args)
         return run(args)
     except ArgusError as exc:
         print(f"argus {args.command}: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from urllib.parse import urlsplit, urlunsplit
 
 from argus.analyzer.service import Analyzer
 from argus.collector.api.serve import HttpServer, start_http
@@ -31,6 +32,15 @@ log = logging.getLogger(__name__)
 
 #: Seconds each part gets to finish in-flight work at shutdown.
 GRACE_S = 5.0
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user part, if any, shown as ``***`` (for what is printed)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -85,7 +95,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
         notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(
             f"argus server: gRPC on {collector.address}{notes[0]}, HTTP on {http.url}, "
-            f"store {store.url}{notes[1]}",
+            f"store {_without_password(store.url)}{notes[1]}",
             flush=True,
         )
         while not stop.wait(0.5):

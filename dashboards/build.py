@@ -11,6 +11,8 @@
   overview, rank × time heatmaps of step, busy and phase time, the diagnoses table.
 
 Both declare their datasource as an ``__inputs`` entry, so Grafana asks for it on import.
+Variables enter SQL as ``${var:sqlstring}`` (Grafana quotes the value and doubles its quotes),
+never between quotes of our own: a job id with a quote in it cannot change a query.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def prometheus_dashboard() -> dict[str, Any]:
 
 
 # Rows are rank ranges so a 10,000-rank job draws at most about 128 of them.
-_GROUP = "(intDiv((SELECT max(rank) FROM argus.steps WHERE job_id = '${job_id}'), 128) + 1)"
+_GROUP = "(intDiv((SELECT max(rank) FROM argus.steps WHERE job_id = ${job_id:sqlstring}), 128) + 1)"
 _ROW = f"intDiv(rank, {_GROUP}) * {_GROUP}"
 
 
@@ -220,11 +222,11 @@ def _heatmap_sql(per_step: str) -> str:
 
 _STEP = (
     "SELECT rank, step, min(start_ns) AS s, sum(dur_ns) AS d FROM argus.steps "
-    "WHERE job_id = '${job_id}' GROUP BY rank, step"
+    "WHERE job_id = ${job_id:sqlstring} GROUP BY rank, step"
 )
 _PHASE = (
     "SELECT rank, step, min(start_ns) AS s, sum(dur_ns) AS d FROM argus.phases "
-    "WHERE job_id = '${job_id}' AND phase = '${phase}' GROUP BY rank, step"
+    "WHERE job_id = ${job_id:sqlstring} AND phase = ${phase:sqlstring} GROUP BY rank, step"
 )
 _BUSY = (
     "SELECT st.rank AS rank, st.step AS step, st.s AS s, st.d - w.wait AS d FROM ("
@@ -232,9 +234,10 @@ _BUSY = (
     + ") AS st LEFT JOIN (SELECT c.rank AS rank, c.step AS step, "
     "sum(greatest(l.last_arrival - c.issue_ns, 0)) AS wait FROM argus.collectives AS c "
     "INNER JOIN (SELECT process_group, seq, max(issue_ns) AS last_arrival FROM argus.collectives "
-    "WHERE job_id = '${job_id}' GROUP BY process_group, seq) AS l "
+    "WHERE job_id = ${job_id:sqlstring} GROUP BY process_group, seq) AS l "
     "ON c.process_group = l.process_group AND c.seq = l.seq "
-    "WHERE c.job_id = '${job_id}' GROUP BY c.rank, c.step) AS w ON st.rank = w.rank AND st.step = w.step"
+    "WHERE c.job_id = ${job_id:sqlstring} GROUP BY c.rank, c.step) AS w "
+    "ON st.rank = w.rank AND st.step = w.step"
 )
 
 
@@ -298,14 +301,14 @@ def clickhouse_dashboard() -> dict[str, Any]:
     step_sql = (
         "SELECT $__timeInterval(t) AS time, max(ms) AS slowest_rank_ms, quantile(0.5)(ms) AS median_rank_ms\n"
         "FROM (SELECT fromUnixTimestamp64Nano(start_ns) AS t, dur_ns / 1e6 AS ms FROM argus.steps"
-        " WHERE job_id = '${job_id}')\nWHERE $__timeFilter(t)\nGROUP BY time\nORDER BY time"
+        " WHERE job_id = ${job_id:sqlstring})\nWHERE $__timeFilter(t)\nGROUP BY time\nORDER BY time"
     )
     diagnoses_sql = (
         "SELECT state, cause, rank, arrayStringConcat(arrayMap(r -> toString(r), ranks), ',') AS ranks,\n"
         "  process_group, phase, kernel, round(score, 2) AS score, round(slowdown_pct, 1) AS slowdown_pct,\n"
         "  fromUnixTimestamp64Nano(first_window_ns) AS first_seen, fromUnixTimestamp64Nano(last_window_ns)"
         " AS last_seen,\n  evidence, id\n"
-        "FROM argus.diagnoses FINAL\nWHERE job_id = '${job_id}'\n"
+        "FROM argus.diagnoses FINAL\nWHERE job_id = ${job_id:sqlstring}\n"
         "ORDER BY state = 'open' DESC, last_window_ns DESC\nLIMIT 500"
     )
     panels = [

@@ -1,7 +1,8 @@
 """A minimal in-memory ``argus.v1.Collector`` over real gRPC, for the agent's own tests.
 
 It decodes each batch's Arrow payload and keeps the rows per table, deduplicating
-by (agent id, seq) like the real collector; it can be told to reject batches.
+by (agent id, seq) like the real collector; it can be told to reject batches, or
+to end the stream on some (as a collector failing to store them does).
 End-to-end tests use the real ``argus server`` instead.
 """
 
@@ -27,6 +28,8 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
         self.tables: dict[str, list[pa.Table]] = defaultdict(list)
         self.batches: list[collector_pb2.Batch] = []
         self.reject: Any = None  # callable(batch) -> message or None
+        self.fail: Any = None  # callable(batch) -> message: end the stream with INTERNAL, or None
+        self.failed: list[int] = []  # seqs the stream ended on
         self.clock_skew_ns = 0
         self.received = 0
 
@@ -39,6 +42,10 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
                     yield collector_pb2.Ack(seq=batch.seq, status=collector_pb2.Ack.DUPLICATE)
                     continue
             name = collector_pb2.Table.Name(batch.table).lower()
+            broken = self.fail(batch) if self.fail else None
+            if broken is not None:
+                self.failed.append(batch.seq)
+                context.abort(grpc.StatusCode.INTERNAL, broken)
             reason = self.reject(batch) if self.reject else None
             if reason is None:
                 try:

@@ -105,7 +105,9 @@ def _grafana_sql(sql: str, job_id: str, from_s: int, to_s: int) -> str:
         r"\$__timeFilter\(([^)]+)\)", rf"(\1 >= toDateTime({from_s}) AND \1 <= toDateTime({to_s}))", sql
     )
     sql = re.sub(r"\$__timeInterval\(([^)]+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 1 second)", sql)
-    sql = sql.replace("${job_id}", job_id).replace("${phase}", "forward")
+    # ${var:sqlstring}: the value quoted, its quotes doubled (so a job id cannot end the string).
+    for name, value in (("job_id", job_id), ("phase", "forward")):
+        sql = sql.replace(f"${{{name}:sqlstring}}", "'" + value.replace("'", "''") + "'")
     assert "$" not in sql, sql
     return sql
 
