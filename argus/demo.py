@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from argus.config import DEFAULT_SERVER_URL
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
+from argus.summary import lines as summary_lines
 
 __all__ = ["WINDOW_S", "Service", "job_command", "local_service", "main"]
 
@@ -106,10 +106,6 @@ def _diagnoses(http: str, job_id: str) -> list[Diagnosis]:
     return [Diagnosis.from_dict(item) for item in body["items"]]
 
 
-#: Evidence keys the analyzer keeps for itself, not for a person reading the report.
-_BOOKKEEPING = frozenset({"analysed_to_ns", "subject"})
-
-
 def _any_open(diagnoses: list[Diagnosis]) -> bool:
     return any(d.state == "open" for d in diagnoses)
 
@@ -143,12 +139,9 @@ def _print_human(
             + (f" ({where})" if where else "")
             + f" — costs the job about {d.slowdown_pct:.0f}% of its throughput (score {d.score:.1f})"
         )
-        table = Table("evidence", "value", show_header=False, box=None, pad_edge=False)
-        for key, value in d.evidence.items():
-            if key in _BOOKKEEPING:
-                continue
-            table.add_row(f"  {key}", json.dumps(value) if not isinstance(value, str) else value)
-        console.print(table)
+        # The sentence first, then the few figures that carry it; the full evidence is in --json.
+        for text in summary_lines(d):
+            console.print(text, markup=False, highlight=False)
     console.print("\nWhere to look next:")
     whose = "rank 0" if slow_rank in (None, 0) else f"rank 0 and the slow rank {slow_rank}"
     console.print(f"  the timeline of {whose} (open it in https://ui.perfetto.dev): {trace}")

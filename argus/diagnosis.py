@@ -53,6 +53,9 @@ class Diagnosis:
         first_window_ns: Start of the first window the fault was seen in, ns since the epoch.
         last_window_ns: Start of the latest window it was seen in, ns since the epoch.
         state: ``open`` or ``resolved``.
+        summary: One sentence a person reads first (who, what, how much, how we know), written
+            from the evidence by :func:`argus.summary.summary` when the diagnosis is read (the
+            REST API fills it; it is not stored): ``""`` where nobody has filled it yet.
         evidence: The numbers a person would check (JSON-serialisable).
     """
 
@@ -69,6 +72,7 @@ class Diagnosis:
     first_window_ns: int
     last_window_ns: int
     state: str
+    summary: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,12 +1,14 @@
 """A job's diagnoses, read from the ``diagnoses`` table with FINAL (newest row per id).
 
-Each item is exactly :meth:`argus.diagnosis.Diagnosis.to_dict` (DESIGN §5).
+Each item is exactly :meth:`argus.diagnosis.Diagnosis.to_dict` (DESIGN §5), its ``summary``
+written here, when read (:func:`argus.summary.summary`, with the host and pid of the rank it names).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 from argus.collector.api_jobs import require_job
@@ -14,6 +16,7 @@ from argus.collector.api_params import INT64_MAX, decode_cursor, encode_cursor
 from argus.collector.store import Store
 from argus.diagnosis import Diagnosis
 from argus.errors import StoreError
+from argus.summary import Identity, summary
 
 __all__ = ["finite", "list_diagnoses"]
 
@@ -42,7 +45,20 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _diagnosis(row: dict[str, Any]) -> dict[str, Any]:
+def _identity(store: Store, job_id: str, ranks: list[int]) -> Identity:
+    """Host and pid of each of ``ranks`` of ``job_id`` (its newest attach), for the summaries."""
+    if not ranks:
+        return {}
+    rows = store.query(
+        "SELECT toInt64(rank) AS r, argMaxIf(host, time_ns, event = 'attach') AS h, "
+        "argMaxIf(pid, time_ns, event = 'attach') AS p FROM ranks WHERE job_id = {job:String} "
+        "AND toInt64(rank) IN {ids:Array(Int64)} GROUP BY r HAVING countIf(event = 'attach') > 0",
+        {"job": job_id, "ids": sorted(set(ranks))},
+    ).to_pylist()
+    return {int(r["r"]): (str(r["h"]), int(r["p"])) for r in rows}
+
+
+def _diagnosis(row: dict[str, Any], identity: Identity | None = None) -> dict[str, Any]:
     row["group"] = row.pop("process_group")
     try:
         evidence = json.loads(row["evidence"]) if row["evidence"] else {}
@@ -54,9 +70,10 @@ def _diagnosis(row: dict[str, Any]) -> dict[str, Any]:
         if not math.isfinite(row[key]):
             row[key] = 0.0 if math.isnan(row[key]) else math.copysign(1.7976931348623157e308, row[key])
     try:
-        return Diagnosis.from_dict(row).to_dict()
+        d = Diagnosis.from_dict(row)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"diagnosis {row.get('id')!r} in the store is malformed: {exc}") from exc
+    return replace(d, summary=summary(d, identity)).to_dict()
 
 
 def list_diagnoses(
@@ -88,6 +105,7 @@ def list_diagnoses(
             "limit": limit + 1,
         },
     ).to_pylist()
-    items = [_diagnosis(row) for row in rows[:limit]]
+    identity = _identity(store, job_id, [r["rank"] for r in rows[:limit] if r["rank"] is not None])
+    items = [_diagnosis(row, identity) for row in rows[:limit]]
     nxt = encode_cursor([items[-1]["first_window_ns"], items[-1]["id"]]) if len(rows) > limit else None
     return items, nxt

@@ -112,6 +112,10 @@ class DiagnosisModel(BaseModel):
     first_window_ns: int
     last_window_ns: int
     state: Literal["open", "resolved"]
+    summary: str = Field(
+        description="one sentence a person reads first: who (rank, host, pid), what, how much, how we "
+        "know; written from the evidence when read"
+    )
     evidence: dict[str, Any]
 
 

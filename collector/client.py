@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
+from argus.diagnosis import Diagnosis
 from argus.errors import (
     ArgusError,
     ConfigError,
@@ -30,6 +31,7 @@ from argus.errors import (
     TraceError,
     Unauthenticated,
 )
+from argus.summary import lines as summary_lines
 
 __all__ = ["ArgusClient", "diagnose_main", "render_diagnoses"]
 
@@ -154,14 +156,9 @@ def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _evidence(evidence: dict[str, Any], width: int = 80) -> str:
-    parts = [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in evidence.items()]
-    text = ", ".join(parts)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> Any:
-    """A rich renderable: the job's line and a table of its diagnoses (open first)."""
+    """A rich renderable: the job's line, a table of its diagnoses (open first), then each one's
+    summary and at most five evidence lines with units (:func:`argus.summary.lines`)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -194,7 +191,6 @@ def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> An
         ("lost", "right"),
         ("first seen", "left"),
         ("last seen", "left"),
-        ("evidence", "left"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     ordered = sorted(diagnoses, key=lambda d: (d["state"] != "open", -d["last_window_ns"]))
@@ -213,9 +209,19 @@ def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> An
             else "-",
             _time(d["first_window_ns"]),
             _time(d["last_window_ns"]),
-            _evidence(d["evidence"]),
         )
-    return Group(header, table)
+    # Under the table, each diagnosis's sentence and the figures that carry it (all of them: --json).
+    details: list[Any] = []
+    for d in ordered:
+        record = Diagnosis.from_dict(d)
+        who = (
+            f"rank {record.rank}" if record.rank is not None else f"ranks {','.join(map(str, record.ranks))}"
+        )
+        details.append(
+            Text.assemble("\n", (record.state.upper(), "bold"), f" {who}: ", (record.cause, "bold"))
+        )
+        details.extend(Text(line) for line in summary_lines(record))
+    return Group(header, table, *details)
 
 
 def diagnose_main(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -91,6 +93,14 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
     link_row = next(line for line in lines if "communication" in line)
     assert "resolved" in link_row and "0,1" in link_row and "12.5%" in link_row
     assert lines.index(open_row) < lines.index(link_row)  # open first
+    # Under the table, each diagnosis: its headline, the summary sentence (with the rank's host and
+    # pid), then at most 5 evidence lines with units.
+    assert objects[0]["summary"].startswith("Rank 3 (host node1, pid 1003) computes more slowly")
+    head = lines.index("OPEN rank 3: compute")
+    assert lines[head + 1] == "  " + objects[0]["summary"]
+    figures = list(itertools.takewhile(lambda line: line.startswith("    "), lines[head + 2 :]))
+    assert 1 <= len(figures) <= 5 and all(re.search(r"\d (ms|s|%)", f) for f in figures), figures
+    assert lines[head + 2 + len(figures) :][1] == "RESOLVED ranks 0,1: communication"
 
 
 @pytest.mark.slow
