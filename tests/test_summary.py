@@ -20,7 +20,9 @@ from argus.summary import MAX_EVIDENCE_LINES, key_evidence, lines, summary
 _UNIT = re.compile(r"\d (ms|µs|s|MHz|%)\b")
 
 
-def _diagnosed(kind: str, gpu: bool = False, ranks: tuple[int, ...] = (3,), magnitude: float = 0.2) -> Diagnosis:
+def _diagnosed(
+    kind: str, gpu: bool = False, ranks: tuple[int, ...] = (3,), magnitude: float = 0.2
+) -> Diagnosis:
     spec = JobSpec(
         world=64 if gpu else 8,
         gpu=gpu,
@@ -118,7 +120,9 @@ def test_many_ranks_and_job_level_diagnoses_have_sentences() -> None:
     ],
 )
 def test_missing_or_odd_evidence_still_reads(cause: str, rank: int | None, evidence: dict[str, Any]) -> None:
-    d = Diagnosis("i", "t", rank, [] if rank is None else [rank], None, cause, None, None, 1.0, 5.0, 0, 0, "open")
+    d = Diagnosis(
+        "i", "t", rank, [] if rank is None else [rank], None, cause, None, None, 1.0, 5.0, 0, 0, "open"
+    )
     d = replace(d, evidence=evidence)
     text = summary(d)
     assert text.endswith(".") and len(text) > 10
