@@ -51,9 +51,7 @@ def _diagnosed(
 def test_a_rank_diagnosis_reads_who_what_how_much_and_how_we_know(kind: str, gpu: bool, says: str) -> None:
     d = _diagnosed(kind, gpu, magnitude=0.15 if kind == "host_stall" else 0.2)
     text = summary(d, {3: ("node-a", 4121)})
-    assert text.startswith("Rank 3 (host node-a, pid 4121)") or text.startswith(
-        "The GPU of rank 3 (host node-a, pid 4121)"
-    ), text
+    assert text.startswith(("Rank 3 (host node-a, pid 4121)", "The GPU of rank 3 (host node-a, pid 4121)"))
     assert says in text and text.endswith(".") and "\n" not in text
     if kind == "hung":
         assert "collective" in text and "no progress for" in text
