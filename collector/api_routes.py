@@ -12,7 +12,7 @@ from argus.collector import importer
 from argus.collector.api_diagnoses import list_diagnoses
 from argus.collector.api_errors import ERROR_RESPONSES
 from argus.collector.api_heatmap import heatmap
-from argus.collector.api_jobs import list_jobs, list_ranks
+from argus.collector.api_jobs import list_jobs, list_ranks, require_ranks
 from argus.collector.api_models import (
     DiagnosisPage,
     Heatmap,
@@ -88,11 +88,14 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         "/jobs/{job_id}/ranks", response_model=RankPage, responses=_NOT_FOUND, summary="A job's ranks"
     )
     def get_ranks(job_id: JobId, ranks: RanksParam = None, limit: Limit = 100, cursor: Cursor = None) -> Any:
-        """Ranks in rank order with host, device, process groups, lifecycle and status."""
+        """Ranks in rank order with host, device, process groups, lifecycle and status; `ranks`
+        naming ranks beyond the job's world size answers 422 naming them."""
+        selected = _ranks(ranks)
+        require_ranks(store, job_id, selected)
         items, nxt = list_ranks(
             store,
             job_id,
-            ranks=_ranks(ranks),
+            ranks=selected,
             limit=limit,
             cursor=cursor,
             now_ns=time.time_ns(),
@@ -108,7 +111,10 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
     )
     def get_diagnoses(
         job_id: JobId,
-        state: Literal["open", "resolved"] | None = None,
+        state: Annotated[
+            Literal["open", "resolved", "all"] | None,
+            Query(description="`open`, `resolved`, or `all` (the default: both)"),
+        ] = None,
         cause: Literal[
             "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
         ]
@@ -117,7 +123,9 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         cursor: Cursor = None,
     ) -> Any:
         """Each item is the DESIGN §5 diagnosis object; filter by `state` and `cause`."""
-        items, nxt = list_diagnoses(store, job_id, state=state, cause=cause, limit=limit, cursor=cursor)
+        items, nxt = list_diagnoses(
+            store, job_id, state=None if state == "all" else state, cause=cause, limit=limit, cursor=cursor
+        )
         return {"items": items, "next": nxt}
 
     @router.get(
@@ -133,9 +141,12 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         ranks: RanksParam = None,
         max_events: Annotated[int, Query(ge=1, le=2_000_000, description="bound on events")] = 200_000,
     ) -> JSONResponse:
-        """Steps, phases, collectives and kernels overlapping [start, end], one process per rank."""
+        """Steps, phases, collectives and kernels overlapping [start, end], one process per rank; `ranks`
+        naming ranks beyond the job's world size answers 422 naming them."""
         lo, hi = _range(start, end)
-        doc = chrome_trace(store, job_id, start_ns=lo, end_ns=hi, ranks=_ranks(ranks), max_events=max_events)
+        selected = _ranks(ranks)
+        require_ranks(store, job_id, selected)
+        doc = chrome_trace(store, job_id, start_ns=lo, end_ns=hi, ranks=selected, max_events=max_events)
         return JSONResponse(
             doc, headers={"Content-Disposition": f'inline; filename="argus-{job_id[:64]}.json"'}
         )
