@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "import": "argus.collector.importer:main",
     "analyze": "argus.analyzer.service:main",
     "diagnose": "argus.collector.client:diagnose_main",
+    "jobs": "argus.collector.client:jobs_main",
 }
 
 
@@ -246,6 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="argus server (default %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print the diagnosis objects as JSON")
+    _add_auth(p, server=False)
+
+    p = sub.add_parser("jobs", help="list jobs: status, ranks, open diagnoses, last seen (newest first)")
+    p.add_argument(
+        "--server",
+        default=_env(config.ENV_SERVER, config.DEFAULT_SERVER_URL),
+        metavar="URL",
+        help="argus server (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the REST API's job objects as JSON")
     _add_auth(p, server=False)
     return parser
 

@@ -33,7 +33,7 @@ from argus.errors import (
 )
 from argus.summary import lines as summary_lines
 
-__all__ = ["ArgusClient", "diagnose_main", "render_diagnoses"]
+__all__ = ["ArgusClient", "diagnose_main", "jobs_main", "render_diagnoses", "render_jobs"]
 
 _ERRORS: dict[int, type[ArgusError]] = {
     401: Unauthenticated,
@@ -241,4 +241,51 @@ def diagnose_main(args: argparse.Namespace) -> int:
 
     # Piped output keeps whole cells (rich would wrap them at 80 columns).
     Console(width=None if sys.stdout.isatty() else 200).print(render_diagnoses(job, diagnoses))
+    return 0
+
+
+def render_jobs(jobs: list[dict[str, Any]]) -> Any:
+    """A rich table of REST job objects: id (whole), status, ranks, open diagnoses, last seen."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if not jobs:
+        return Text("no jobs yet: start one with argus run -- torchrun ...")
+    table = Table(header_style="bold")
+    for name, justify in (
+        ("job", "left"),
+        ("status", "left"),
+        ("ranks", "right"),
+        ("open diagnoses", "right"),
+        ("started", "left"),
+        ("last seen", "left"),
+    ):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for job in jobs:
+        table.add_row(
+            job["job_id"],
+            job["status"],
+            f"{job['ranks_attached']}/{job['world_size']}",
+            str(job["open_diagnoses"]),
+            _time(job["start_ns"]) if job.get("start_ns") else "-",
+            _time(job["last_seen_ns"]) if job.get("last_seen_ns") else "-",
+        )
+    return table
+
+
+def jobs_main(args: argparse.Namespace) -> int:
+    """`argus jobs [--server URL] [--json] [--token T] [--tls-cert F]`: every job, newest first.
+
+    Prints a table (times in the local zone, as `argus diagnose`), or with ``--json`` a JSON array
+    of the REST API's job objects. Returns 0; errors raise ArgusError (the CLI prints them).
+    """
+    with ArgusClient(args.server, token=args.token, tls_cert=getattr(args, "tls_cert", None)) as client:
+        jobs = list(client.items("/api/v1/jobs", {"limit": 1000}))
+    if args.json:
+        json.dump(jobs, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 200).print(render_jobs(jobs))
     return 0

@@ -103,6 +103,45 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
     assert lines[head + 2 + len(figures) :][1] == "RESOLVED ranks 0,1: communication"
 
 
+def _argus(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "argus.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_jobs_lists_status_ranks_open_diagnoses_and_last_seen(store: Store, live_app: LiveApp) -> None:
+    now = time.time_ns()
+    long_id = "a-training-job-whose-id-is-longer-than-any-column-" + "z" * 60
+    insert_direct(store, long_id, synthetic_job(world_size=4, steps=2))
+    insert_direct(store, "job-old", synthetic_job(world_size=2, steps=2, exited=True, start_ns=now - 10**12))
+    store.insert(
+        "diagnoses", diagnosis_row(long_id, "d1", state="open", updated_ns=now, first_ns=now - 10**10)
+    )
+    listed = _argus("jobs", "--server", live_app.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    objects = json.loads(listed.stdout)
+    assert [j["job_id"] for j in objects] == [long_id, "job-old"]  # newest first
+    table = _argus("jobs", "--server", live_app.url)
+    assert table.returncode == 0, table.stderr
+    text = table.stdout
+    assert "status" in text and "open diagnoses" in text and "last seen" in text
+    # The whole id, folded over lines if the column is narrow; never cut.
+    assert long_id in "".join(text.replace("│", " ").split())
+    newest = next(line for line in text.splitlines() if "running" in line)
+    assert "4/4" in newest and re.search(r"\b1\b", newest)
+    seen = time.strftime("%Y-%m-%d", time.localtime(objects[0]["last_seen_ns"] / 1e9))
+    assert seen in newest
+    old = next(line for line in text.splitlines() if "job-old" in line)
+    assert "finished" in old and "2/2" in old
+    empty = _argus("jobs", "--server", live_app.url + "/nowhere")
+    assert empty.returncode == 1 and "404" in empty.stderr
+
+
 @pytest.mark.slow
 def test_diagnose_over_tls(argus_server_factory: Callable[..., ArgusServer], tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
