@@ -21,6 +21,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request, Response, Security
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPBearer
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from argus import __version__
@@ -76,7 +77,9 @@ def create_app(
     # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
     bearer = HTTPBearer(auto_error=False, description="Only when the server runs with --token")
     secured = [Security(bearer)] if token else []
-    app = FastAPI(title="Argus", version=__version__, description=_DESCRIPTION)
+    # /docs and /redoc from Swagger UI and ReDoc assets the server serves itself (fastapi-offline):
+    # they work without internet, where FastAPI's own pages load them from a CDN.
+    app = FastAPIOffline(title="Argus", version=__version__, description=_DESCRIPTION)
     install_error_handlers(app)
 
     if token:

@@ -133,3 +133,14 @@ def test_a_finished_job_shows_its_resolved_diagnosis(store: Store, live_app: Liv
     assert "+50 % or more" in legend.group(1) and "no data" in legend.group(1)
     # The jobs table shows the whole id (wrapped, not cut), with the id as its tooltip too.
     assert f'<td title="{job_id}">{job_id}</td>' in html
+
+
+def test_docs_work_offline(store: Store, live_app: LiveApp, tmp_path: Path) -> None:
+    """/docs with every host but the server's unresolvable: Swagger UI's assets come from the server."""
+    offline = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+    dom = chromium(tmp_path / "profile-docs", f"{live_app.url}/docs", offline, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert "/static-offline-docs/swagger-ui-bundle.js" in html and "cdn." not in html
+    operations = set(re.findall(r'<span class="opblock-summary-path"[^>]*data-path="([^"]+)"', html))
+    assert {"/api/v1/jobs", "/api/v1/jobs/{job_id}/diagnoses", "/metrics"} <= operations, html[-3000:]
