@@ -6,8 +6,10 @@ one fault each, so the evidence keys are the ones the current analyzer writes, n
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,3 +128,22 @@ def test_missing_or_odd_evidence_still_reads(cause: str, rank: int | None, evide
     assert text.endswith(".") and len(text) > 10
     assert len(key_evidence(d)) <= MAX_EVIDENCE_LINES
     assert lines(d)[0] == "  " + text  # the summary first, then the figures
+
+
+def test_the_demo_report_prints_the_summary_first_then_at_most_five_figures(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from argus.demo import _print_human
+
+    found = [_diagnosed("compute"), replace(_diagnosed("hung"), state="resolved")]
+    console = Console(record=True, width=400)
+    _print_human(console, "job", 3, found, tmp_path / "t.json", tmp_path / "store", kept=False)
+    out = console.export_text().splitlines()
+    for d in found:
+        head = next(
+            i for i, line in enumerate(out) if line.startswith(f"{d.state.upper()} rank 3: {d.cause}")
+        )
+        assert out[head + 1] == "  " + summary(d)
+        figures = list(itertools.takewhile(lambda line: line.startswith("    "), out[head + 2 :]))
+        assert 1 <= len(figures) <= MAX_EVIDENCE_LINES and all(_UNIT.search(f) or "#" in f for f in figures)
+        assert out[head + 2 + len(figures)] == ""  # nothing else of the evidence
