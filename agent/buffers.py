@@ -1,9 +1,9 @@
 """Bounded, preallocated row buffers: the only thing the probe's hot path touches.
 
-A recording site appends one tuple of numbers to a :class:`RowBuffer` (a slot
-store into a preallocated list under an uncontended lock, ~0.1 µs). The
-shipper thread swaps the full list for its spare and turns the rows into
-Arrow columns off the hot path. When the shipper falls behind and the buffer
+A recording site appends one typed row (a NamedTuple of :mod:`argus.agent.rows`)
+to a :class:`RowBuffer` (a slot store into a preallocated list under an
+uncontended lock, ~0.1 µs). The shipper thread swaps the full list for its
+spare and turns the rows into Arrow columns off the hot path. When the shipper falls behind and the buffer
 is full, the row is dropped and counted, never blocking the caller.
 """
 

@@ -1,10 +1,12 @@
-"""Clock offset between a node and its collector, NTP-style (RFC 5905's offset estimate), and clock steps.
+"""Clock offset between a node and its collector (NTP-style, RFC 5905's estimate), clock steps, and their use.
 
 For one round trip with the agent's send time ``t0``, the collector's time ``ts``
 and the agent's receive time ``t1``, the offset is ``ts - (t0 + t1) / 2`` with
 error at most half the round trip. Of a few round trips the one with the
 shortest round trip wins. The agent *adds* the offset to every timestamp it
-forwards, so all nodes share the collector's clock.
+forwards (:func:`shift_times` for table rows, :func:`shift_spans` for capture spans), so all
+nodes share the collector's clock. Which columns are instants is said once, in the schema
+(:attr:`argus.schema.Column.epoch`).
 
 A node's wall clock can *step* (an NTP daemon or an operator setting it): every
 timestamp taken after the step is off by the step, while durations measured on
@@ -23,19 +25,40 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-__all__ = ["STEP_NS", "ClockEstimate", "ClockStep", "OffsetMap", "StepDetector", "estimate_offset"]
+from argus.schema import TABLES
+
+__all__ = [
+    "DURATIONS",
+    "STEP_NS",
+    "ClockEstimate",
+    "ClockStep",
+    "OffsetMap",
+    "StepDetector",
+    "estimate_offset",
+    "shift_spans",
+    "shift_times",
+]
 
 #: A change of ``wall − monotonic`` larger than this between two checks is a step of the wall clock, ns.
 STEP_NS = 10_000_000
 #: A wall-clock read bracketed by monotonic reads further apart than this is retried, ns.
 READ_SPAN_NS = 1_000_000
 READ_TRIES = 5
+#: (start, duration) column pairs: a duration spanning a clock step loses the step.
+DURATIONS: dict[str, tuple[str, str]] = {
+    "steps": ("start_ns", "dur_ns"),
+    "phases": ("start_ns", "dur_ns"),
+    "collectives": ("start_ns", "dur_ns"),
+    "kernel_events": ("start_ns", "dur_ns"),
+}
 
 log = logging.getLogger(__name__)
 
@@ -195,3 +218,55 @@ class OffsetMap:
     def segments(self) -> int:
         with self._lock:
             return len(self._starts)
+
+
+def shift_times(table: str, data: pa.Table, offset: int | OffsetMap) -> pa.Table:
+    """``data`` (rows of ``table``) with the clock offset added to every instant column.
+
+    Instant columns are those the schema marks ``epoch``; one marked ``zero_is_none`` keeps its
+    zeros. Other columns (durations, counts) are left alone, except that a (start, duration)
+    pair of :data:`DURATIONS` whose end falls in another epoch than its start loses the step.
+
+    Args:
+        table: A wire table.
+        data: Its rows, times on the node's clock.
+        offset: One offset for every row (ns), or an :class:`OffsetMap` giving each
+            timestamp its epoch's offset.
+
+    Raises:
+        KeyError: ``table`` is not a table of :mod:`argus.schema`.
+    """
+    instants = [c for c in TABLES[table].columns if c.epoch and c.name in data.column_names]
+    if isinstance(offset, int) or offset.segments == 1:
+        offset_ns = offset if isinstance(offset, int) else offset.current
+        if offset_ns == 0:
+            return data
+        shift = pa.scalar(offset_ns, pa.int64())
+        for column in instants:
+            values = data[column.name]
+            shifted = pc.add(values, shift)
+            if column.zero_is_none:
+                shifted = pc.if_else(pc.equal(values, pa.scalar(0, pa.int64())), values, shifted)
+            data = data.set_column(data.schema.get_field_index(column.name), column.name, shifted)
+        return data
+    stamps = {c.name: data[c.name].to_numpy() for c in instants}
+    pair = DURATIONS.get(table)
+    if pair is not None:
+        start, dur = data[pair[0]].to_numpy(), data[pair[1]].to_numpy()
+        lost = offset.at(start + dur) - offset.at(start)
+        if lost.any():
+            fixed = pa.array(np.maximum(dur + lost, 0), pa.int64())
+            data = data.set_column(data.schema.get_field_index(pair[1]), pair[1], fixed)
+    for column in instants:
+        local = stamps[column.name]
+        moved = local + offset.at(local)
+        if column.zero_is_none:
+            moved = np.where(local == 0, 0, moved)
+        i = data.schema.get_field_index(column.name)
+        data = data.set_column(i, column.name, pa.array(moved, pa.int64()))
+    return data
+
+
+def shift_spans(spans: Sequence[tuple[int, int]], offset_ns: int) -> list[tuple[int, int]]:
+    """``(start_ns, end_ns)`` spans moved by ``offset_ns`` (a probe's CUPTI capture spans)."""
+    return [(int(a) + offset_ns, int(b) + offset_ns) for a, b in spans]

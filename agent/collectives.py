@@ -41,12 +41,11 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from argus import config
+
 __all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "recorded_allreduce", "uninstall"]
 
 log = logging.getLogger(__name__)
-
-#: ``ARGUS_DDP_HOOK=0``: leave DDP on its built-in C++ all-reduce (its buckets are then not captured).
-ENV_DDP_HOOK = "ARGUS_DDP_HOOK"
 
 #: ProcessGroup method → (op name, index of the argument holding this rank's payload).
 PG_METHODS: dict[str, tuple[str, int]] = {
@@ -94,11 +93,11 @@ class CollectiveRecorder(Protocol):
 
     def collective(
         self,
-        pg: Any,
+        pg: object,
         op: str,
         nbytes: int,
         issue_ns: int,
-        work: Any,
+        work: object,
         uid: int = 0,
         peer: int = -1,
         overlapped: bool = False,
@@ -332,7 +331,8 @@ def _install_ddp() -> None:
     orig_register = ddp.register_comm_hook
     orig_builtin = ddp._register_builtin_comm_hook
     orig_forward = ddp.forward
-    hook_on = os.environ.get(ENV_DDP_HOOK, "1") != "0"  # read once: forward runs every step
+    # ARGUS_DDP_HOOK=0: leave DDP on its built-in C++ all-reduce (its buckets are then not captured).
+    hook_on = os.environ.get(config.ENV_DDP_HOOK, "1") != "0"  # read once: forward runs every step
 
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
         slot: _HookSlot | None = self.__dict__.get("_argus_hook_slot")
@@ -348,9 +348,10 @@ def _install_ddp() -> None:
 
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
         slot: _HookSlot | None = self.__dict__.get("_argus_hook_slot")
+        builtin = dist.BuiltinCommHookType  # type: ignore[attr-defined]  # torch exports it untyped
         python_equivalent = {
-            dist.BuiltinCommHookType.ALLREDUCE: recorded_allreduce,
-            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+            builtin.ALLREDUCE: recorded_allreduce,
+            builtin.FP16_COMPRESS: default_hooks.fp16_compress_hook,
         }.get(comm_hook_type)
         if slot is not None and python_equivalent is not None:
             slot.hook, slot.state = python_equivalent, getattr(self, "process_group", None)
@@ -407,7 +408,7 @@ def _install_default_hook(model: Any, orig_register: Callable[..., Any], hook: C
 
 def _make_delegate(inner: Callable[..., Any]) -> Callable[..., Any]:
     def argus_comm_hook(slot, bucket):  # type: ignore[no-untyped-def]  # DDP inspects the annotations
-        return _delegate(slot, bucket)
+        return _delegate(slot, bucket)  # type: ignore[no-untyped-call]
 
     argus_comm_hook.__qualname__ = getattr(inner, "__qualname__", "argus_comm_hook")
     return argus_comm_hook

@@ -76,11 +76,11 @@ from argus.agent.cupti_records import (
     MEMSET_NAME,
     Decoded,
 )
+from argus.agent.rows import CollectiveRow
+from argus.config import ENV_CUPTI_BACKEND, ENV_CUPTI_DUTY
 
 __all__ = [
     "DEFAULT_DUTY",
-    "ENV_CUPTI_BACKEND",
-    "ENV_CUPTI_DUTY",
     "KIND_CONCURRENT_KERNEL",
     "KIND_EXTERNAL_CORRELATION",
     "KIND_KERNEL",
@@ -98,17 +98,12 @@ __all__ = [
     "decode",
     "decode_records",
     "duty_from_env",
-    "is_collective_kernel",
 ]
 
 log = logging.getLogger(__name__)
 
 #: ``ARGUS_CUPTI_DUTY``: ``ON/PERIOD`` seconds of capture (``1/10``), or ``always``.
-ENV_CUPTI_DUTY = "ARGUS_CUPTI_DUTY"
 DEFAULT_DUTY = "1/10"
-#: ``ARGUS_CUPTI_BACKEND``: ``native`` (default; cupti-python where libcupti cannot be loaded) or
-#: ``cupti-python``.
-ENV_CUPTI_BACKEND = "ARGUS_CUPTI_BACKEND"
 #: Seconds between two forced flushes of partly filled activity buffers during a slice.
 FORCED_FLUSH_S = 2.0
 #: Bytes of each activity buffer cupti-python allocates (about 70,000 kernel records).
@@ -119,13 +114,6 @@ OBJECT_CAPACITY = 1 << 20
 CAPTURED_KINDS = (KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET)
 #: CUpti_ExternalCorrelationKind CUSTOM2: the kind of the ids the probe pushes around collectives.
 EXTERNAL_KIND = 5
-#: Name prefixes of NCCL's communication kernels, old and new.
-COLLECTIVE_PREFIXES = ("ncclKernel_", "ncclDevKernel_", "ncclDevFunc_", "nccl")
-
-
-def is_collective_kernel(name: str) -> bool:
-    """True for NCCL communication kernels (``ncclKernel_*``, ``ncclDevKernel_*``, ...)."""
-    return name.startswith(COLLECTIVE_PREFIXES)
 
 
 # --- duty cycle ----------------------------------------------------------------------------------
@@ -271,7 +259,9 @@ def _ints(values: Sequence[Any]) -> npt.NDArray[np.int64]:
     return np.fromiter(values, np.int64, len(values))
 
 
-def decode(batches: Sequence[Activity], offset_ns: int = 0) -> Decoded:
+def decode(  # noqa: C901  (one loop per record kind, as cupti-python hands them over)
+    batches: Sequence[Activity], offset_ns: int = 0
+) -> Decoded:
     """Columns of every row of ``batches`` (off the training thread; numpy after one zip per kind).
 
     Args:
@@ -354,21 +344,20 @@ class CollectiveJoin:
     :meth:`ready` once a kernel was seen for them, or after ``timeout_ns`` with
     their host-side times (the collective launched no kernel CUPTI reported).
 
-    Row layout (the probe's collectives buffer): ``(step, process_group, seq, op,
-    bytes, issue_ns, start_ns, dur_ns, ...)``: the join sets start_ns and dur_ns.
+    Rows are the probe's :class:`~argus.agent.rows.CollectiveRow`.
     """
 
     def __init__(self, timeout_ns: int = 10_000_000_000) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[int, list[Any]] = {}
+        self._pending: dict[int, CollectiveRow] = {}
         self._span: dict[int, list[int]] = {}
         self._corr: dict[int, int] = {}
         self.timeout_ns = timeout_ns
 
-    def expect(self, uid: int, row: tuple[Any, ...]) -> None:
+    def expect(self, uid: int, row: CollectiveRow) -> None:
         """Hold ``row`` (host times) until kernels for external id ``uid`` arrive."""
         with self._lock:
-            self._pending[uid] = list(row)
+            self._pending[uid] = row
 
     def feed(self, decoded: Decoded) -> None:
         """Match kernel rows to held collectives through their correlation ids."""
@@ -397,21 +386,21 @@ class CollectiveJoin:
                 for key in list(self._corr)[:50_000]:
                     del self._corr[key]
 
-    def ready(self, now_ns: int) -> list[tuple[Any, ...]]:
+    def ready(self, now_ns: int) -> list[CollectiveRow]:
         """Rows whose kernels were seen (device times) or whose wait timed out (host times)."""
-        out: list[tuple[Any, ...]] = []
+        out: list[CollectiveRow] = []
         with self._lock:
-            for uid, row in list(self._pending.items()):
+            for uid, held in list(self._pending.items()):
                 span = self._span.pop(uid, None)
-                if span is not None:
-                    row[6], row[7] = span[0], span[1] - span[0]
-                elif now_ns - row[5] < self.timeout_ns:
+                if span is None and now_ns - held.issue_ns < self.timeout_ns:
                     continue
                 del self._pending[uid]
-                out.append(tuple(row))
+                out.append(
+                    held if span is None else held._replace(start_ns=span[0], dur_ns=span[1] - span[0])
+                )
         return out
 
-    def drain(self) -> list[tuple[Any, ...]]:
+    def drain(self) -> list[CollectiveRow]:
         """Every held row (at exit), device times where known."""
         return self.ready(1 << 62)
 

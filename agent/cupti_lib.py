@@ -38,11 +38,11 @@ import numpy as np
 
 from argus.agent.cupti_native import NativeDecoder
 from argus.agent.cupti_records import Decoded
+from argus.config import ENV_LIBCUPTI
 
 __all__ = [
     "BUFFERS",
     "BUFFER_BYTES",
-    "ENV_LIBCUPTI",
     "BufferPool",
     "CuptiBusy",
     "CuptiError",
@@ -53,8 +53,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``ARGUS_LIBCUPTI``: path of the libcupti to load (default: see :func:`find_libcupti`).
-ENV_LIBCUPTI = "ARGUS_LIBCUPTI"
 #: Bytes of each activity buffer (about 18,000 kernel records).
 BUFFER_BYTES = 4 << 20
 #: Buffers in the pool: 128 MiB at most, touched only as CUPTI fills them.
@@ -96,7 +94,9 @@ def _mapped(fragment: str) -> str | None:
     return None
 
 
-def find_libcupti(environ: Mapping[str, str] | None = None) -> str | None:
+def find_libcupti(  # noqa: C901, PLR0911  (the places the docstring lists, tried in its order)
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
     """The libcupti to load, in this order (None when there is none).
 
     ``$ARGUS_LIBCUPTI``; a libcupti already mapped into the process (PyTorch's); the one

@@ -233,7 +233,9 @@ class _Walk:
         self.walk_steps = np.where(steps > 0, steps, 1)  # unknown words: one word on
         self.mark = mark  # one byte per word of the memory, all 0 between walks
 
-    def run(self, starts: _I64, ends: _I64) -> tuple[list[tuple[_I64, _I64]], _I64]:
+    def run(  # noqa: PLR0915  (one vectorised walk of the buffers; its steps share the arrays)
+        self, starts: _I64, ends: _I64
+    ) -> tuple[list[tuple[_I64, _I64]], _I64]:
         """Records of each buffer ``[starts[b], ends[b])`` (in words), and where each one stopped.
 
         Returns:

@@ -14,12 +14,11 @@ from typing import Any
 
 from argus import config
 
-__all__ = ["ENV_COMMAND", "Identity", "command_line", "hostname", "new_job_id", "rank_info", "resolve_job_id"]
+__all__ = ["Identity", "command_line", "hostname", "identify", "new_job_id", "rank_info", "resolve_job_id"]
 
 log = logging.getLogger(__name__)
 
 #: Set by ``argus run``: the command line of the job, for the ``jobs`` row.
-ENV_COMMAND = "ARGUS_COMMAND"
 _STORE_KEY = "argus/job_id"
 
 
@@ -107,8 +106,43 @@ def rank_info(dist: Any = None) -> tuple[int, int, int] | None:
 
 def command_line() -> str:
     """The job's command: ``$ARGUS_COMMAND`` (set by ``argus run``) or this process's argv."""
-    return os.environ.get(ENV_COMMAND) or " ".join([sys.executable, *sys.argv])
+    return os.environ.get(config.ENV_COMMAND) or " ".join([sys.executable, *sys.argv])
 
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def identify(
+    explicit_job_id: str | None,
+    *,
+    pid: int,
+    device: str,
+    attach_ns: int,
+    steps_done: int,
+    final: bool = False,
+    dist: Any = None,
+) -> Identity | None:
+    """This process's identity as a rank, or None while it cannot be known yet.
+
+    A process in ``torch.distributed`` (or under torchrun) is its rank; one that is not
+    becomes rank 0 of a world of 1 once it has done a step, or at exit (``final``): a
+    single-process job. Until then, None (distributed may still be initialised).
+    """
+    info = rank_info(dist)
+    if info is None:
+        if not final and steps_done < 1:
+            return None
+        info = (0, 0, 1)
+    rank, local_rank, world_size = info
+    return Identity(
+        job_id=resolve_job_id(explicit_job_id, dist),
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        host=hostname(),
+        pid=pid,
+        device=device,
+        command=command_line(),
+        attach_ns=attach_ns,
+    )

@@ -1,21 +1,28 @@
-"""Kernel windows on the node: KDE compression per window and a bounded ring of raw events.
+"""Kernel windows on the node: events held until their window is due, and a bounded raw ring.
 
-Kernel events from the probes (times already on the collector's clock) are
-grouped into windows aligned to epoch multiples of ``window_s``. When a window
-has been closed for ``grace_s`` (CUPTI hands records over in buffers, late),
-each (rank, kind, kernel, stream, graph_id) group of durations is compressed with
-:func:`argus.kde.compress` into ``kernel_summaries`` rows: kernels a CUDA graph
-launched are summarised apart from the same kernels launched eagerly, and a
-group's ``graph_node_id`` names its graph node when all of them ran at one. Events for a window
-already compressed are counted as dropped, never summarised twice.
+Kernel events from the probes (times already on the collector's clock) wait here with the
+steps the same probes reported, and leave as ``kernel_summaries`` rows made by
+:func:`argus.kernels.summarize`: the one summary, with the one window rule (a kernel belongs
+to the window in which its step ends; see :mod:`argus.kernels`), that trace import uses too.
+Kernels a CUDA graph launched are summarised apart from the same kernels launched eagerly
+(groups by ``graph_id``), and a group's ``graph_node_id`` names its graph node when all of
+them ran at one.
+
+When a window is due. A window closes ``grace_s`` after its end (CUPTI hands records over
+in buffers, late; a probe ships its steps every half second): every step that ended in it
+has arrived by then. A kernel whose rank has not yet reported the end of its step waits for
+it, and holds back the window of its start while it waits; after ``step_wait_s`` more (a
+step longer than that, or a rank that marks no steps) it is taken as outside every step and
+summarised in the window of its start. Events for a window already summarised are counted
+in :attr:`KernelWindows.late_events` and dropped, never summarised twice.
 
 Probes with duty-cycled CUPTI capture report the spans they captured
-(:meth:`KernelWindows.cover`); each summary row carries ``covered_ns``, the
-part of its window its rank captured (``window_ns`` when the rank reported no
-spans: capture ran throughout).
+(:meth:`KernelWindows.cover`); each summary row carries ``covered_ns``, the part of its
+window its rank captured (``window_ns`` when the rank reported no spans: capture ran
+throughout).
 
-Raw events also go to a ring bounded by rows; they leave the node only when
-asked for (:meth:`KernelWindows.raw`), as ``kernel_events`` rows.
+Raw events also go to a ring bounded by rows; they leave the node only when asked for
+(:meth:`KernelWindows.raw`), as ``kernel_events`` rows.
 """
 
 from __future__ import annotations
@@ -25,124 +32,85 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from argus.agent.cupti import is_collective_kernel
-from argus.kde import compress
+from argus.kernels import KernelEvents, StepSpans, summarize, summary_window
 from argus.schema import wire_schema
 
-__all__ = ["KernelWindows", "summarize"]
+__all__ = ["KernelWindows"]
 
 #: CUPTI timestamps are integer ns.
 RESOLUTION_NS = 1
-
-
-def summarize(
-    events: pa.Table, window_start_ns: int, window_ns: int, covered_ns: dict[int, int] | None = None
-) -> pa.Table:
-    """Compress one window's kernel events into ``kernel_summaries`` rows.
-
-    Args:
-        events: ``kernel_events`` wire rows of one window (any ranks).
-        window_start_ns: Start of the window, ns since the epoch.
-        window_ns: Window length, ns.
-        covered_ns: rank → ns of the window its capture ran; a rank not in it: ``window_ns``.
-
-    Returns:
-        A table of :func:`argus.schema.wire_schema` ``("kernel_summaries")``, one row
-        per cluster, groups in (rank, kind, kernel, stream, graph_id) order.
-    """
-    schema = wire_schema("kernel_summaries")
-    if events.num_rows == 0:
-        return schema.empty_table()
-    keys = ["rank", "kind", "kernel", "stream", "graph_id"]
-    grouped = events.group_by(keys).aggregate(
-        [("dur_ns", "list"), ("graph_node_id", "min"), ("graph_node_id", "max")]
-    )
-    grouped = grouped.sort_by([(k, "ascending") for k in keys])
-    cols: dict[str, list[object]] = {f.name: [] for f in schema}
-    ranks = grouped["rank"].to_pylist()
-    kinds = grouped["kind"].to_pylist()
-    names = grouped["kernel"].to_pylist()
-    streams = grouped["stream"].to_pylist()
-    graphs = grouped["graph_id"].to_pylist()
-    lo, hi = grouped["graph_node_id_min"].to_pylist(), grouped["graph_node_id_max"].to_pylist()
-    durs = grouped["dur_ns_list"]
-    covered = covered_ns or {}
-    for i in range(grouped.num_rows):
-        d = np.asarray(durs[i].values, dtype=np.float64)
-        clusters = compress(d, RESOLUTION_NS)
-        name = names[i]
-        flag = 1 if kinds[i] == "kernel" and is_collective_kernel(name) else 0
-        node = lo[i] if lo[i] == hi[i] else 0
-        for k in range(clusters.size):
-            c = clusters[k]
-            cols["rank"].append(ranks[i])
-            cols["window_start_ns"].append(window_start_ns)
-            cols["window_ns"].append(window_ns)
-            cols["kind"].append(kinds[i])
-            cols["kernel"].append(name)
-            cols["stream"].append(streams[i])
-            cols["collective"].append(flag)
-            cols["cluster"].append(k)
-            cols["count"].append(int(c["count"]))
-            cols["p50_ns"].append(float(c["p50_ns"]))
-            cols["p99_ns"].append(float(c["p99_ns"]))
-            cols["log_lo"].append(float(c["log_lo"]))
-            cols["log_hi"].append(float(c["log_hi"]))
-            cols["sum_ns"].append(float(c["sum_ns"]))
-            cols["resolution_ns"].append(RESOLUTION_NS)
-            cols["covered_ns"].append(covered.get(int(ranks[i] or 0), window_ns))
-            cols["graph_id"].append(graphs[i])
-            cols["graph_node_id"].append(node)
-    return pa.Table.from_pydict(cols, schema=schema)
+#: Open at the start of time: no window of a job was summarised yet.
+_NONE_CLOSED = -(1 << 62)
 
 
 class KernelWindows:
-    """Per-job kernel windows awaiting compression, and the raw-event ring.
+    """Per-job kernel events and steps awaiting their windows, and the raw-event ring.
 
     Args:
         window_s: Window length, seconds (windows start at epoch multiples of it).
-        grace_s: How long after its end a window waits for late events.
+        grace_s: How long after its end a window waits for late events and steps.
         ring_rows: Bound on raw events kept for on-demand upload.
+        step_wait_s: How much longer a kernel waits for the end of its step (default: one window).
+
+    Raises:
+        ValueError: ``window_s`` <= 0.
     """
 
-    def __init__(self, window_s: float, grace_s: float = 5.0, ring_rows: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        window_s: float,
+        grace_s: float = 5.0,
+        ring_rows: int = 1_000_000,
+        step_wait_s: float | None = None,
+    ) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
         self.window_ns = int(window_s * 1e9)
         self.grace_ns = int(grace_s * 1e9)
+        self.step_wait_ns = self.window_ns if step_wait_s is None else int(step_wait_s * 1e9)
         self.ring_rows = ring_rows
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, int], list[pa.Table]] = {}
+        self._held: dict[str, list[pa.Table]] = {}
+        self._steps: dict[str, list[tuple[int, int, int]]] = {}
         self._closed_upto: dict[str, int] = {}
         self._spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._ring: deque[tuple[str, pa.Table]] = deque()
         self._ring_size = 0
-        #: Events that arrived after their window was compressed (monotonic).
+        self._first_window: dict[str, int] = {}
+        self._now_ns = _NONE_CLOSED
+        self._next_prune_ns = _NONE_CLOSED
+        #: Events that arrived after their window was summarised (monotonic).
         self.late_events = 0
 
     def add(self, job_id: str, events: pa.Table) -> None:
         """Take ``kernel_events`` wire rows of ``job_id``."""
         if events.num_rows == 0:
             return
-        w = self.window_ns
-        starts = events["start_ns"].to_numpy()
-        wins = (starts // w) * w
         with self._lock:
             self._ring.append((job_id, events))
             self._ring_size += events.num_rows
             while self._ring_size > self.ring_rows and len(self._ring) > 1:
                 _, old = self._ring.popleft()
                 self._ring_size -= old.num_rows
-            closed = self._closed_upto.get(job_id, -(1 << 62))
-            for win in np.unique(wins):
-                part = (
-                    events if wins.size == 1 or (wins == win).all() else events.filter(pa.array(wins == win))
-                )
-                if win < closed:
-                    self.late_events += part.num_rows
-                    continue
-                self._open.setdefault((job_id, int(win)), []).append(part)
+            closed = self._closed_upto.get(job_id, _NONE_CLOSED)
+            if pc.min(events["start_ns"]).as_py() < closed:
+                events = self._drop_late(job_id, events, closed)
+            if events.num_rows:
+                self._hold(job_id, [events])
+
+    def steps(self, job_id: str, steps: pa.Table) -> None:
+        """Take ``steps`` wire rows of ``job_id``: they place its kernels in windows."""
+        if steps.num_rows == 0:
+            return
+        rank = steps["rank"].to_numpy().tolist()
+        start = steps["start_ns"].to_numpy().tolist()
+        dur = steps["dur_ns"].to_numpy().tolist()
+        with self._lock:
+            self._steps.setdefault(job_id, []).extend(
+                (int(r), int(s), int(s) + int(d)) for r, s, d in zip(rank, start, dur, strict=True)
+            )
 
     def cover(self, job_id: str, rank: int, spans: list[tuple[int, int]]) -> None:
         """Note that ``rank`` of ``job_id`` captured kernels during ``spans`` (``(start_ns, end_ns)``)."""
@@ -150,42 +118,25 @@ class KernelWindows:
             with self._lock:
                 self._spans.setdefault((job_id, rank), []).extend(spans)
 
-    def _covered(self, job_id: str, win: int) -> dict[int, int]:
-        """rank → ns of window ``win`` its capture spans cover (ranks that reported spans only)."""
-        end = win + self.window_ns
-        out: dict[int, int] = {}
-        for (job, rank), spans in self._spans.items():
-            if job == job_id:
-                out[rank] = sum(max(0, min(b, end) - max(a, win)) for a, b in spans)
-        return out
-
     def ready(self, now_ns: int) -> list[tuple[str, pa.Table]]:
-        """Compress every window that ended more than ``grace_s`` ago: ``(job_id, summaries)``."""
+        """Summarise every window that is due at ``now_ns`` (module doc): ``(job_id, summaries)``."""
         out: list[tuple[str, pa.Table]] = []
         with self._lock:
-            due = sorted(
-                (k for k in self._open if k[1] + self.window_ns + self.grace_ns <= now_ns), key=lambda k: k[1]
-            )
-            parts = [(k, self._open.pop(k), self._covered(*k)) for k in due]
-            for job_id, win in due:
-                self._closed_upto[job_id] = max(self._closed_upto.get(job_id, win), win + self.window_ns)
-            self._prune_spans(now_ns)
-        for (job_id, win), tables, covered in parts:
-            out.append((job_id, summarize(pa.concat_tables(tables), win, self.window_ns, covered)))
+            self._now_ns = max(self._now_ns, now_ns)
+            closing = (now_ns - self.grace_ns) // self.window_ns * self.window_ns
+            for job_id in list(self._held):
+                if closing <= self._first_window[job_id]:
+                    continue  # no held event can be in a window that is due
+                summaries = self._due(job_id, now_ns)
+                if summaries is not None and summaries.num_rows:
+                    out.append((job_id, summaries))
+            if now_ns >= self._next_prune_ns:
+                self._next_prune_ns = now_ns + self.window_ns
+                self._prune(now_ns)
         return out
 
-    def _prune_spans(self, now_ns: int) -> None:
-        """Forget spans that only cover windows already compressed (or long past)."""
-        for key, spans in list(self._spans.items()):
-            floor = self._closed_upto.get(key[0], now_ns - 2 * (self.window_ns + self.grace_ns))
-            keep = [(a, b) for a, b in spans if b > floor]
-            if keep:
-                self._spans[key] = keep
-            else:
-                del self._spans[key]
-
     def flush_all(self) -> list[tuple[str, pa.Table]]:
-        """Compress every open window now (at shutdown)."""
+        """Summarise every held event now (at shutdown)."""
         return self.ready(1 << 62)
 
     def raw(self, job_id: str, start_ns: int, end_ns: int) -> pa.Table:
@@ -197,3 +148,108 @@ class KernelWindows:
         data = pa.concat_tables(tables)
         starts = data["start_ns"].to_numpy()
         return data.filter(pa.array((starts >= start_ns) & (starts < end_ns)))
+
+    # --- internals (under the lock) --------------------------------------------------------------
+
+    def _hold(self, job_id: str, tables: list[pa.Table]) -> None:
+        """Keep ``tables`` of ``job_id`` for later; note the earliest window they start in."""
+        first = min(pc.min(t["start_ns"]).as_py() for t in tables) // self.window_ns * self.window_ns
+        self._held.setdefault(job_id, []).extend(tables)
+        self._first_window[job_id] = min(self._first_window.get(job_id, first), first)
+
+    def _step_spans(self, job_id: str) -> StepSpans:
+        rows = self._steps.get(job_id, [])
+        if not rows:
+            return StepSpans.none()
+        r, s, e = (np.fromiter((row[i] for row in rows), np.int64, len(rows)) for i in range(3))
+        return StepSpans.of(r, s, e - s)
+
+    def _place(
+        self, job_id: str, events: KernelEvents, now_ns: int
+    ) -> tuple[StepSpans, np.ndarray, np.ndarray]:
+        """Each event's window, and whether it still waits for the end of its step."""
+        steps = self._step_spans(job_id)
+        window = summary_window(events, steps, self.window_ns)
+        waiting = np.zeros(len(events), bool)
+        for rank in np.unique(events.rank).tolist():
+            mine = events.rank == rank
+            last = steps.last_end(rank)
+            waiting[mine] = True if last is None else events.when_ns[mine] >= last
+        own = events.start_ns // self.window_ns * self.window_ns
+        waiting &= own + self.window_ns + self.grace_ns + self.step_wait_ns > now_ns
+        return steps, window, waiting
+
+    def _drop_late(self, job_id: str, events: pa.Table, closed: int) -> pa.Table:
+        placed = KernelEvents.from_wire(events)
+        _, window, waiting = self._place(job_id, placed, self._now_ns)
+        late = ~waiting & (window < closed)
+        self.late_events += int(late.sum())
+        return events.filter(pa.array(~late))
+
+    def _due(self, job_id: str, now_ns: int) -> pa.Table | None:
+        tables = self._held.pop(job_id)
+        del self._first_window[job_id]
+        data = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        events = KernelEvents.from_wire(data)
+        steps, window, waiting = self._place(job_id, events, now_ns)
+        own = events.start_ns // self.window_ns * self.window_ns
+        # Windows end when their grace has passed, but not past one a waiting kernel may still join.
+        closing = (now_ns - self.grace_ns) // self.window_ns * self.window_ns
+        closed = self._closed_upto.get(job_id, _NONE_CLOSED)
+        # A waiting kernel may be outside every step: its own window stays open until it is
+        # placed (one whose own window is summarised already would be late there anyway).
+        hold = waiting & (own >= closed)
+        if hold.any():
+            closing = min(closing, int(own[hold].min()))
+        done = ~waiting & (window < closing)
+        late = done & (window < closed)
+        self.late_events += int(late.sum())
+        self._closed_upto[job_id] = max(closed, closing)
+        keep = ~done
+        if keep.any():
+            self._hold(job_id, [data.filter(pa.array(keep))])
+        take = done & ~late
+        if not take.any():
+            return None
+        chosen = events.take(take)
+        windows = np.unique(window[take]).tolist()
+        return summarize(
+            chosen,
+            self.window_ns,
+            steps=steps,
+            resolution_ns=RESOLUTION_NS,
+            covered_ns=self._covered(job_id, windows),
+        )
+
+    def _covered(self, job_id: str, windows: list[int]) -> dict[tuple[int, int], int]:
+        """(rank, window) → ns of the window its capture spans cover (ranks that reported spans only)."""
+        out: dict[tuple[int, int], int] = {}
+        for (job, rank), spans in self._spans.items():
+            if job != job_id:
+                continue
+            for win in windows:
+                end = win + self.window_ns
+                out[(rank, win)] = sum(max(0, min(b, end) - max(a, win)) for a, b in spans)
+        return out
+
+    def _prune(self, now_ns: int) -> None:
+        """Forget spans and steps that only concern windows already summarised (or long past)."""
+        horizon = now_ns - 2 * (self.window_ns + self.grace_ns + self.step_wait_ns)
+        for key, spans in list(self._spans.items()):
+            floor = self._closed_upto.get(key[0], horizon)
+            keep = [(a, b) for a, b in spans if b > floor]
+            if keep:
+                self._spans[key] = keep
+            else:
+                del self._spans[key]
+        for job_id, rows in list(self._steps.items()):
+            floor = self._closed_upto.get(job_id, horizon) - self.window_ns
+            last: dict[int, tuple[int, int, int]] = {}
+            for row in rows:
+                if row[0] not in last or row[2] > last[row[0]][2]:
+                    last[row[0]] = row
+            kept = [row for row in rows if row[2] > floor or last[row[0]] is row]
+            if kept:
+                self._steps[job_id] = kept
+            else:
+                del self._steps[job_id]

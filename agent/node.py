@@ -41,13 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus import config
-from argus.agent.clock import OffsetMap, StepDetector
+from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
 from argus.agent.protocol import (
@@ -60,33 +58,14 @@ from argus.agent.protocol import (
 )
 from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader
+from argus.config import AgentConfig
 from argus.errors import ConfigError
 from argus.schema import wire_schema
 
-__all__ = ["TIME_COLUMNS", "NodeAgent", "main", "new_agent_id", "shift_times"]
+__all__ = ["NodeAgent", "main", "new_agent_id"]
 
 log = logging.getLogger(__name__)
 
-#: Timestamp columns of each wire table: the agent adds its clock offset to these.
-TIME_COLUMNS: dict[str, tuple[str, ...]] = {
-    "jobs": ("start_ns",),
-    "ranks": ("time_ns",),
-    "steps": ("start_ns",),
-    "phases": ("start_ns",),
-    "collectives": ("issue_ns", "start_ns"),
-    "kernel_summaries": ("window_start_ns",),
-    "kernel_events": ("start_ns",),
-    "host_samples": ("time_ns", "pending_issue_ns"),
-}
-#: Timestamp columns where 0 means "none" and stays 0.
-ZERO_IS_NONE = frozenset({"pending_issue_ns"})
-#: (start, duration) column pairs: a duration spanning a clock step loses the step.
-DURATIONS: dict[str, tuple[str, str]] = {
-    "steps": ("start_ns", "dur_ns"),
-    "phases": ("start_ns", "dur_ns"),
-    "collectives": ("start_ns", "dur_ns"),
-    "kernel_events": ("start_ns", "dur_ns"),
-}
 #: Seconds between clock offset estimates once one succeeded.
 CLOCK_EVERY_S = 300.0
 #: Seconds between two checks for a step of the wall clock.
@@ -102,44 +81,6 @@ STATS_EVERY_S = 60.0
 def new_agent_id() -> str:
     """``<host>-<pid>-<start ns>``: unique per agent process, never reused with a reset sequence."""
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
-
-
-def shift_times(table: str, data: pa.Table, offset: int | OffsetMap) -> pa.Table:
-    """``data`` with the clock offset added to the timestamp columns of ``table``.
-
-    Args:
-        table: A wire table.
-        data: Its rows, times on the node's clock.
-        offset: One offset for every row (ns), or an :class:`OffsetMap` giving each
-            timestamp its epoch's offset; a (start, duration) pair of :data:`DURATIONS`
-            whose end falls in another epoch than its start has its duration corrected too.
-    """
-    if isinstance(offset, int) or offset.segments == 1:
-        offset_ns = offset if isinstance(offset, int) else offset.current
-        if offset_ns == 0:
-            return data
-        shift = pa.scalar(offset_ns, pa.int64())
-        for name in TIME_COLUMNS.get(table, ()):
-            col = data[name]
-            shifted = pc.add(col, shift)
-            if name in ZERO_IS_NONE:
-                shifted = pc.if_else(pc.equal(col, pa.scalar(0, pa.int64())), col, shifted)
-            data = data.set_column(data.schema.get_field_index(name), name, shifted)
-        return data
-    columns = {name: data[name].to_numpy() for name in TIME_COLUMNS.get(table, ())}
-    pair = DURATIONS.get(table)
-    if pair is not None:
-        start, dur = data[pair[0]].to_numpy(), data[pair[1]].to_numpy()
-        lost = offset.at(start + dur) - offset.at(start)
-        if lost.any():
-            fixed = pa.array(np.maximum(dur + lost, 0), pa.int64())
-            data = data.set_column(data.schema.get_field_index(pair[1]), pair[1], fixed)
-    for name, stamps in columns.items():
-        moved = stamps + offset.at(stamps)
-        if name in ZERO_IS_NONE:
-            moved = np.where(stamps == 0, 0, moved)
-        data = data.set_column(data.schema.get_field_index(name), name, pa.array(moved, pa.int64()))
-    return data
 
 
 def _pid_gone(pid: int) -> bool:
@@ -302,45 +243,19 @@ class NodeAgent:
         hello: dict[str, Any] | None = None
         clean = False
         try:
-            while True:
-                frame = read_frame(conn)
-                if frame is None:
-                    break
+            while (frame := read_frame(conn)) is not None:
                 kind, seq, payload = frame
                 if kind == FrameType.HELLO:
                     hello = decode_json(payload)
                     with self._lock:
                         self._hellos[conn] = hello
                     self._on_hello(hello)
-                elif kind == FrameType.BATCH:
-                    if hello is None:
-                        raise ProtocolError("BATCH before HELLO")
-                    table, data = decode_batch(payload)
-                    with self._intake:
-                        if self._closing:
-                            break  # not acknowledged: the probe sends it to the next agent
-                        self._ack_later(conn, seq, self._ingest(str(hello["job_id"]), table, data))
-                elif kind == FrameType.CAPTURE:
-                    if hello is None:
-                        raise ProtocolError("CAPTURE before HELLO")
-                    spans = [(int(a), int(b)) for a, b in decode_json(payload)["spans"]]
-                    off = self.offset_ns
-                    with self._intake:
-                        if self._closing:
-                            break
-                        self.windows.cover(
-                            str(hello["job_id"]), int(hello["rank"]), [(a + off, b + off) for a, b in spans]
-                        )
-                        self._ack_later(conn, seq, self.uploader.generation)
                 elif kind == FrameType.BYE:
                     clean = True
                 elif kind == FrameType.DUMP:
-                    doc = decode_json(payload)
-                    rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
-                    with self._ack_lock:
-                        conn.sendall(encode_frame(FrameType.ACK, rows))
-                else:
-                    raise ProtocolError(f"unexpected frame {kind.name} from a probe")
+                    self._on_dump(conn, decode_json(payload))
+                elif not self._take(conn, kind, seq, payload, hello):
+                    break  # closing: not acknowledged, the probe sends it to the next agent
         except (ProtocolError, OSError, KeyError, ValueError, TypeError) as exc:
             if not self._stop.is_set():
                 log.warning("argus agent: dropping a probe connection: %s", exc)
@@ -353,6 +268,40 @@ class NodeAgent:
                 conn.close()
         if hello is not None and not clean and not self._stop.is_set():
             self._maybe_lost(hello)
+
+    def _take(
+        self, conn: socket.socket, kind: FrameType, seq: int, payload: bytes, hello: dict[str, Any] | None
+    ) -> bool:
+        """Take a BATCH or CAPTURE frame and acknowledge it once spooled; False when closing.
+
+        Raises:
+            ProtocolError: another kind of frame, or one before HELLO.
+        """
+        if kind not in (FrameType.BATCH, FrameType.CAPTURE):
+            raise ProtocolError(f"unexpected frame {kind.name} from a probe")
+        if hello is None:
+            raise ProtocolError(f"{kind.name} before HELLO")
+        job_id = str(hello["job_id"])
+        if kind == FrameType.BATCH:
+            table, data = decode_batch(payload)
+            with self._intake:
+                if self._closing:
+                    return False
+                self._ack_later(conn, seq, self._ingest(job_id, table, data))
+            return True
+        spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
+        with self._intake:
+            if self._closing:
+                return False
+            self.windows.cover(job_id, int(hello["rank"]), spans)
+            self._ack_later(conn, seq, self.uploader.generation)
+        return True
+
+    def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+        """A DUMP request: queue the raw events asked for; the ACK carries how many."""
+        rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
+        with self._ack_lock:
+            conn.sendall(encode_frame(FrameType.ACK, rows))
 
     def _on_hello(self, hello: dict[str, Any]) -> None:
         job_id = str(hello["job_id"])
@@ -401,6 +350,7 @@ class NodeAgent:
         data = shift_times(table, data, self.clock)
         offset = self.clock.current
         if table == "ranks":
+            assert local_time is not None
             n = data.num_rows
             data = data.set_column(
                 data.schema.get_field_index("agent_id"),
@@ -420,6 +370,8 @@ class NodeAgent:
         elif table == "kernel_events":
             self.windows.add(job_id, data)
             return self.uploader.generation
+        elif table == "steps":
+            self.windows.steps(job_id, data)  # they place the job's kernels in windows
         return self.uploader.add(job_id, table, data, offset)
 
     def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:
@@ -575,15 +527,20 @@ def _bind(path: str) -> socket.socket:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`argus agent`: run until SIGINT/SIGTERM, then drain to the collector for a few seconds."""
+    """`argus agent`: run until SIGINT/SIGTERM, then drain to the collector for a few seconds.
+
+    Raises:
+        ConfigError: a bad option, or another agent listens on the socket.
+    """
+    settings = AgentConfig.from_args(args)
     agent = NodeAgent(
-        args.socket,
-        args.collector,
-        args.spool or str(config.spool_dir_for(args.collector)),
-        args.spool_max_bytes,
-        args.window_s,
-        token=args.token,
-        tls_cert=args.tls_cert,
+        settings.socket,
+        settings.collector,
+        settings.spool_dir,
+        settings.spool_max_bytes,
+        settings.window_s,
+        token=settings.token,
+        tls_cert=settings.tls_cert,
     )
     agent.start()
 
@@ -594,5 +551,5 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     agent.wait()
-    agent.stop(drain_s=float(os.environ.get("ARGUS_AGENT_DRAIN_S", "10")))
+    agent.stop(drain_s=settings.drain_s)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["GpuReader", "cuda_present"]
@@ -49,7 +50,7 @@ class GpuReader:
         """``(sm_clock_mhz, temp_c, power_w, util_pct, throttle_reasons)``; zeros for what fails."""
         nv, h = self._nvml, self._handle
         out: list[Any] = [0, 0.0, 0.0, 0.0, 0]
-        calls = (
+        calls: tuple[Callable[[], float], ...] = (
             lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
             lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
             lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0,

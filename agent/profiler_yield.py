@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def wants_gpu(prof: Any) -> bool:
     """True when a profiler instance asks for CUDA activity (so it needs CUPTI)."""
-    from torch.autograd import ProfilerActivity
+    from torch.profiler import ProfilerActivity
 
     return ProfilerActivity.CUDA in (getattr(prof, "kineto_activities", None) or ())
 
@@ -41,8 +41,8 @@ def install(
     import torch.autograd.profiler as autograd_profiler
 
     cls = autograd_profiler.profile
-    orig_prepare = cls._prepare_trace
-    orig_exit = cls.__exit__
+    orig_prepare: Callable[..., Any] = cls._prepare_trace
+    orig_exit: Callable[..., Any] = cls.__exit__
     lock = threading.Lock()
     active: set[int] = set()
 

@@ -69,11 +69,13 @@ class ProtocolError(Exception):
     """A peer sent bytes that are not a valid frame (the connection is dropped)."""
 
 
-_CODES: dict[str, int] = {name: collector_pb2.Table.Value(name.upper()) for name in WIRE_TABLES}
-_NAMES: dict[int, str] = {code: name for name, code in _CODES.items()}
+_CODES: dict[str, collector_pb2.Table.ValueType] = {
+    name: collector_pb2.Table.Value(name.upper()) for name in WIRE_TABLES
+}
+_NAMES: dict[int, str] = {int(code): name for name, code in _CODES.items()}
 
 
-def table_code(name: str) -> int:
+def table_code(name: str) -> collector_pb2.Table.ValueType:
     """``argus.v1.Table`` enum value of a wire table name (``"steps"`` → 3)."""
     return _CODES[name]
 

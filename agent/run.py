@@ -30,14 +30,13 @@ from typing import Any
 
 from argus import config
 from argus.agent import _bootstrap
-from argus.agent.identity import ENV_COMMAND, new_job_id
+from argus.agent.identity import new_job_id
+from argus.config import ENV_AGENT_LOG, ENV_AUTOATTACH, ENV_COMMAND
 
 __all__ = ["agent_listening", "bootstrap_dir", "main"]
 
 log = logging.getLogger(__name__)
 
-ENV_AUTOATTACH = "ARGUS_AUTOATTACH"
-ENV_AGENT_LOG = "ARGUS_AGENT_LOG"
 #: Seconds to wait for a started agent to listen.
 AGENT_START_S = 15.0
 #: Seconds a started agent may take to drain after the job.
@@ -126,6 +125,17 @@ def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _attach_env(args: argparse.Namespace, cmd: list[str], pythonpath: str) -> dict[str, str]:
+    """The environment variables that make every Python process of ``cmd`` attach the probe."""
+    return {
+        config.ENV_JOB_ID: _job_id(args),
+        config.ENV_SOCKET: args.socket,
+        ENV_COMMAND: shlex.join(cmd),
+        ENV_AUTOATTACH: "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (bootstrap_dir(), pythonpath) if p),
+    }
+
+
 def main(args: argparse.Namespace) -> int:
     """Run COMMAND with automatic attach; returns its exit status."""
     cmd = list(args.cmd)
@@ -137,21 +147,23 @@ def main(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     agent: subprocess.Popen[bytes] | None = None
     if not config.env_flag(config.ENV_DISABLE):
-        job_id = _job_id(args)
-        env[config.ENV_JOB_ID] = job_id
-        env[config.ENV_SOCKET] = args.socket
-        env[ENV_COMMAND] = shlex.join(cmd)
-        env[ENV_AUTOATTACH] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap_dir(), env.get("PYTHONPATH", "")) if p)
+        env.update(_attach_env(args, cmd, env.get("PYTHONPATH", "")))
         if not agent_listening(args.socket):
             agent = _start_agent(args)
-        print(f"argus: job {job_id}", file=sys.stderr)
+        print(f"argus: job {env[config.ENV_JOB_ID]}", file=sys.stderr)
+    try:
+        return _run_child(cmd, env)
+    finally:
+        if agent is not None:
+            _stop_agent(agent)
+
+
+def _run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` passing SIGINT and SIGTERM on to it; its exit status (127: it cannot run)."""
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         print(f"argus run: cannot run {cmd[0]}: {exc}", file=sys.stderr)
-        if agent is not None:
-            _stop_agent(agent)
         return 127
 
     def forward(signum: int, _frame: Any) -> None:
@@ -164,6 +176,4 @@ def main(args: argparse.Namespace) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if agent is not None:
-            _stop_agent(agent)
     return 128 - rc if rc < 0 else rc

@@ -17,8 +17,8 @@ Semantics (the analyzer relies on them; see ``argus.schema``):
 - Step numbers count from 0 per rank.
 
 Rows go to two :class:`~argus.agent.buffers.RowBuffer`: steps as
-``(step, start_ns, dur_ns)`` and phases as ``(step, phase_code, start_ns,
-dur_ns)`` where ``phase_code`` indexes :data:`argus.schema.PHASES`.
+:class:`~argus.agent.rows.StepRow` and phases as :class:`~argus.agent.rows.PhaseRow`
+(``phase_code`` indexes :data:`argus.schema.PHASES`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 
 from argus.agent.buffers import RowBuffer
+from argus.agent.rows import PhaseRow, StepRow
 
 __all__ = ["BACKWARD", "DATA", "FORWARD", "OPTIMIZER", "StepTracker"]
 
@@ -36,8 +37,8 @@ class StepTracker:
     """Turns phase begin/end events into step and phase rows.
 
     Args:
-        steps: Buffer of ``(step, start_ns, dur_ns)`` rows.
-        phases: Buffer of ``(step, phase_code, start_ns, dur_ns)`` rows.
+        steps: Buffer of :class:`~argus.agent.rows.StepRow`.
+        phases: Buffer of :class:`~argus.agent.rows.PhaseRow`.
         attach_ns: When the probe attached; the first step starts here if no
             phase was recorded before it ended.
     """
@@ -119,14 +120,14 @@ class StepTracker:
 
     def _emit_phase(self, row: list[int]) -> None:
         code, start, end = row
-        self._phases.append((self.step, code, start, max(end - start, 0)))
+        self._phases.append(PhaseRow(self.step, code, start, max(end - start, 0)))
 
     def _close_step(self, end_ns: int) -> None:
         if self._last is not None:
             self._emit_phase(self._last)
             self._last = None
         start = self._start_ns if self._start_ns is not None else self._attach_ns
-        self._steps.append((self.step, start, max(end_ns - start, 0)))
+        self._steps.append(StepRow(self.step, start, max(end_ns - start, 0)))
         self.step += 1
         self._start_ns = end_ns
         self._pending_end_ns = None

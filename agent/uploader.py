@@ -358,7 +358,7 @@ class _Sender:
                     got_ack = True
                     self._on_ack(ack)
                     if not self.own and not len(self._queue) and not self._inflight:
-                        call.cancel()
+                        call.cancel()  # type: ignore[no-untyped-call]  # grpc's stubs leave it bare
                         break
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None

@@ -12,6 +12,7 @@ Modules, in the order data flows through them:
 - :mod:`~argus.analyzer.causes` — one cause per finding; :mod:`~argus.analyzer.lifecycle` —
   findings become diagnoses that open, update and resolve;
 - :mod:`~argus.analyzer.pipeline` — one job's analysis, window after window, without I/O;
-- :mod:`~argus.analyzer.service` — :class:`~argus.analyzer.service.Analyzer` and `argus analyze`;
-- :mod:`~argus.analyzer.synthetic` — labelled synthetic jobs for the benchmarks and tests.
+- :mod:`~argus.analyzer.service` — :class:`~argus.analyzer.service.Analyzer` and `argus analyze`.
+
+Labelled synthetic jobs for its tests and benchmarks live outside the package, in ``synthetic/``.
 """

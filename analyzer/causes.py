@@ -443,7 +443,7 @@ def _link_waited(w: Window, l2: PhaseResult, group: str, link: LinkFinding) -> t
 
 
 def _links(
-    w: Window, l2: PhaseResult, links: list[LinkFinding], l1: IterationResult, stragglers: set[int]
+    w: Window, l2: PhaseResult, links: list[LinkFinding], l1: IterationResult, stragglers: dict[int, float]
 ) -> list[Finding]:
     out = []
     for link in links:
@@ -455,8 +455,8 @@ def _links(
             g = c.group_names.index(link.group)
             members = np.unique(c.rank[c.group == g])
         ranks = tuple(int(r) for r in np.sort(members))
-        if stragglers & set(ranks):
-            continue  # a late rank, not the link
+        if any(stragglers.get(r, 0.0) >= link.score for r in ranks):
+            continue  # a late rank that stands out more than the link: the rank, not the link
         out.append(
             Finding(
                 cause=Cause.COMMUNICATION.value,
@@ -563,7 +563,7 @@ def attribute(
             f.evidence.update(l1.evidence())
             found.append(f)
     out.extend(_merge_many(found, l2))
-    stragglers = {f.rank for f in found if f.rank is not None and f.score >= 1.0}
+    stragglers = {f.rank: f.score for f in found if f.rank is not None and f.score >= 1.0}
     comm = [_with_link_kernel(ctx, f) for f in _links(w, l2, links, l1, stragglers)]
     out.extend(comm)
     if not stragglers and w.collectives.rank.size == 0:

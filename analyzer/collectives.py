@@ -107,7 +107,7 @@ class Decomposition:
         return np.asarray(self.inst_sender >= 0)
 
 
-def decompose(
+def decompose(  # noqa: PLR0915  (one pass of array steps; its pieces share the arrays)
     coll: Collectives,
     *,
     group_sizes: dict[str, int] | None = None,
@@ -255,6 +255,12 @@ def _instance_keys(d: Decomposition) -> NDArray[np.int64]:
     return ((d.inst_op * 64 + size_class) * 64 + frequency) * 4096 + width
 
 
+def _history_key(key: NDArray[np.int64] | int) -> NDArray[np.int64] | int:
+    """An instance key without its frequency: one group against its own past (a slow link makes
+    its group's instances rarer, and that must not hide the group's history)."""
+    return key - ((key // 4096) % 64) * 4096
+
+
 def slow_links(
     d: Decomposition,
     group_names: tuple[str, ...],
@@ -305,7 +311,7 @@ def slow_links(
             score[sel], ref[sel], basis[sel] = res.score, res.centre, "peers"
             continue
         for i in sel:
-            base = history.get((group_names[pairs[i, 1]], int(key)))
+            base = history.get((group_names[pairs[i, 1]], int(_history_key(int(key)))))
             if base is not None and base > 0:
                 ref[i] = np.log(base)
                 score[i] = (pair_median[i] - ref[i]) / np.log1p(min_increase)
@@ -342,7 +348,7 @@ def transfer_medians(d: Decomposition, group_names: tuple[str, ...]) -> dict[tup
     if not np.any(ok):
         return {}
     pairs, pair_idx = np.unique(
-        np.stack([_instance_keys(d)[ok], d.inst_group[ok]], axis=1), axis=0, return_inverse=True
+        np.stack([_history_key(_instance_keys(d)[ok]), d.inst_group[ok]], axis=1), axis=0, return_inverse=True
     )
     med = grouped_median(pair_idx.ravel(), d.inst_transfer_ns[ok], len(pairs))
     return {(group_names[g], int(k)): float(m) for (k, g), m in zip(pairs, med, strict=True)}

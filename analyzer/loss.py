@@ -8,8 +8,9 @@ Definitions (one of each, used everywhere):
 * Its **lost time** is that wall time minus what the same steps take at the
   job's **healthy pace** — the *mean* step time of its recent healthy windows
   (means, so that rare long steps count) — and at least the time the job waited
-  per step for the ranks behind (what the job would have saved without them,
-  even when a rank was slow from the start and the pace never saw it healthy).
+  per step for the ranks behind (what it would have saved without them, even
+  when a rank was slow from the start and the pace never saw it healthy); once
+  a pace is known, only for a finding repeated from the previous window.
 * The findings of the window **share** it: each claims the time the job waited
   for it (``Finding.waited_ns``, per step: the slowest of its ranks, as the job
   waits for the slowest); a fault without per-step evidence (a slow link, a
@@ -46,13 +47,11 @@ from argus.analyzer.findings import JOB_SUBJECT, Finding
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.phase import COMPONENTS, REL_FLOOR, PhaseResult
 from argus.analyzer.waits import StepTimes
+from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
 __all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "job_profile"]
 
-#: Sustained loss (percent of wall time over the confirmation span) below which nothing opens.
-#: Chosen from the clean runs of ``bench/detection_live.py`` on a 2-core machine (README).
-DEFAULT_MIN_LOSS_PCT = 5.0
 #: A component explains the job's loss when its growth covers at least this share of it.
 GROWTH_SHARE = 1 / 3
 #: A job-level loss must exceed this many standard errors of a window's mean step time.
@@ -121,6 +120,7 @@ def account(
     profile: JobProfile | None,
     healthy_profile: JobProfile | None,
     min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
+    repeated: frozenset[str] = frozenset(),
 ) -> tuple[list[Finding], Accounting]:
     """Share the window's lost time among ``findings`` and add the job-level finding (module doc).
 
@@ -133,18 +133,25 @@ def account(
         profile: This window's :class:`JobProfile`.
         healthy_profile: The job's profile in recent healthy windows (None before one is known).
         min_loss_pct: The loss threshold (percent of wall time) of a job-level finding's score.
+        repeated: Subjects of the previous window's findings at the opening score.
 
     Returns:
         ``(findings with lost_ns and wall_ns set, plus the job-level finding if any; accounting)``.
     """
     wall = float(np.sum(l1.step_ns)) if l1.step_ns.size else 0.0
     n = int(l1.step_ns.size)
-    lost_pace = wall - n * pace_ns if pace_ns is not None and n else 0.0
-    # Sub-threshold findings share the loss but do not make it: a healthy job waits each step for
-    # whichever rank is slowest by noise, and that is part of its pace.
-    waited = [np.asarray(f.waited_ns) for f in findings if f.waited_ns and f.score >= 1.0]
+    # At least the time the job waited for the ranks behind (what it would have saved without
+    # them: a window's mean step time is noisier than that). Sub-threshold findings share the loss
+    # but do not make it: a healthy job waits each step for whichever rank is slowest by noise,
+    # and that is part of its pace; once a pace is known, only a finding repeated from the
+    # previous window makes it (noise does not pick the same rank twice).
+    waited = [
+        np.asarray(f.waited_ns)
+        for f in findings
+        if f.waited_ns and f.score >= 1.0 and (pace_ns is None or f.subject in repeated)
+    ]
     waited_union = float(np.sum(np.max(np.stack(waited), axis=0))) if waited else 0.0
-    lost = max(lost_pace, waited_union, 0.0)
+    lost = max(wall - n * pace_ns if pace_ns is not None else 0.0, waited_union, 0.0)
     claims = [_claim(f, wall) for f in findings]
     # Findings past the threshold are served first; weaker ones share what is left.
     shares = [0.0] * len(findings)

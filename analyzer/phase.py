@@ -94,8 +94,8 @@ class RankBaseline:
         comp_ns: Mean self time per step of each of :data:`COMPONENTS`, ns, shape ``(5,)``.
         step_ns: Median step time, ns.
         drift_ns: Standard deviation, between those windows, of the rank's mean self time about
-            the other ranks' of its role, ns (0 before enough windows): how much a window's mean
-            moves on this host with nothing wrong.
+            the other ranks' of its role, ns: how much a window's mean moves on this host with
+            nothing wrong (0 while unknown).
         comp_drift_ns: The same per component, ns, shape ``(5,)``.
     """
 
@@ -288,7 +288,7 @@ def compare_phases(
         return _compare(w, roles, baseline or {}, recent_spikes or {}, d)
 
 
-def _compare(
+def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
     w: Window,
     roles: Roles | None,
     baseline: Mapping[int, RankBaseline],

@@ -108,6 +108,8 @@ class JobAnalysis:
         self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
         self._spikes: dict[int, deque[int]] = {}
         self._suspects: list[tuple[int, float]] = []
+        #: Subjects of the last window's findings at the opening score.
+        self._strong: frozenset[str] = frozenset()
         self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
         self._last_end: tuple[int, int] | None = None
@@ -135,23 +137,32 @@ class JobAnalysis:
         return float(np.std(self._steps)) if len(self._steps) >= CONFIDENT_STEPS else 0.0
 
     def _baselines(self) -> dict[int, RankBaseline]:
+        """Each rank's own past (:class:`RankBaseline`) from its healthy windows.
+
+        A window's mean moves from window to window with nothing wrong (a shared host's
+        scheduler): that drift is part of the noise of an own-past comparison. It is the spread
+        of each rank's means about its role's, pooled over the ranks with two windows or more
+        (the rank's own once it has :data:`DRIFT_WINDOWS`, if larger); 0 before any two windows.
+        """
+        devs = {
+            r: np.array([[x.self_dev_ns, *x.comp_dev_ns] for x in w]) for r, w in self._ranks.items() if w
+        }
+        spread = [np.var(d, axis=0, ddof=1) for d in devs.values() if len(d) >= 2]
+        pooled = np.sqrt(np.mean(spread, axis=0)) if spread else np.zeros(1 + len(COMPONENTS))
         out = {}
         for r, windows in self._ranks.items():
             if not windows:
                 continue
-            # A window's mean against the mean of past windows' means; the rank's drift is the
-            # spread of its means about the other ranks' between its healthy windows (what a
-            # shared, oversubscribed host does to one rank from window to window).
-            enough = len(windows) >= DRIFT_WINDOWS
+            d = devs[r]
+            own = np.std(d, axis=0, ddof=1) if len(d) >= DRIFT_WINDOWS else np.zeros(d.shape[1])
+            drift = np.fmax(own, pooled)
             out[r] = RankBaseline(
                 float(np.mean([x.self_ns for x in windows])),
                 float(np.median([x.sigma_ns for x in windows])),
                 np.mean(np.stack([x.comp_ns for x in windows]), axis=0),
                 float(np.median([x.step_ns for x in windows])),
-                float(np.std([x.self_dev_ns for x in windows], ddof=1)) if enough else 0.0,
-                np.std(np.stack([x.comp_dev_ns for x in windows]), axis=0, ddof=1)
-                if enough
-                else np.zeros(len(COMPONENTS)),
+                float(drift[0]),
+                drift[1:],
             )
         return out
 
@@ -211,14 +222,18 @@ class JobAnalysis:
             profile=profile,
             healthy_profile=self._healthy_profile(),
             min_loss_pct=self.min_loss_pct,
+            repeated=self._strong,
         )
+        strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
+        repeated = bool(self._strong & strong)
+        self._strong = strong
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
         lossy = acc.wall_ns > 0 and 100.0 * acc.lost_ns >= self.min_loss_pct * acc.wall_ns
-        self._remember(w, d, l2, step_ns, findings, profile, lossy)
+        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
@@ -233,16 +248,20 @@ class JobAnalysis:
         findings: list[Finding],
         profile: JobProfile | None,
         lossy: bool,
+        repeated: bool,
     ) -> None:
         """Keep what later windows compare with: only a healthy window's numbers become references.
 
-        Healthy: nothing open, no finding at the opening score, and no loss at the threshold
-        (a loss nobody explained yet must not become the pace that hides it).
+        Healthy: nothing open, no loss at the threshold (a loss nobody explained yet must not
+        become the pace that hides it) and no finding at the opening score repeated from the
+        previous window. A rank with a finding at the opening score keeps its window out of its
+        own past; the others' references grow (one rank's noise in one window must not keep
+        every reference from growing).
         """
         for i, r in enumerate(l2.rank.tolist()):
             self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))
         # A fault's windows would make its own slowdown the reference (and hide it from the evidence).
-        healthy = not self.tracker.open and not any(f.score >= OPEN_SCORE for f in findings) and not lossy
+        healthy = not self.tracker.open and not lossy and not repeated
         if not healthy:
             return
         self._steps.extend(step_ns.tolist())
@@ -264,9 +283,10 @@ class JobAnalysis:
                 if np.any(members):
                     typical[roles == g] = np.median(means[members])
                     comp_typical[:, roles == g] = np.median(comp_means[:, members], axis=1)[:, None]
+            flagged = {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks}
             for i, r in enumerate(t.rank.tolist()):
                 own = t.self_ns[i][np.isfinite(t.self_ns[i])]
-                if own.size < CONFIDENT_STEPS:
+                if own.size < CONFIDENT_STEPS or r in flagged:
                     continue
                 med = float(np.median(own))
                 entry = _RankWindow(

@@ -84,7 +84,7 @@ def one_role(ranks: NDArray[np.int64]) -> Roles:
     return Roles(ranks, zeros, zeros.copy(), ("all",))
 
 
-def _stages(ranks: NDArray[np.int64], d: Decomposition) -> NDArray[np.int64]:
+def _stages(ranks: NDArray[np.int64], d: Decomposition) -> NDArray[np.int64]:  # noqa: C901  (the chain walk)
     """Pipeline stage of each rank from the point-to-point instances (0 outside chains)."""
     stage = np.zeros(ranks.size, np.int64)
     p2p = d.inst_p2p & d.inst_complete

@@ -36,7 +36,7 @@ was opened, updated or resolved as a new version of its row in ``diagnoses``
 (a ReplacingMergeTree on ``updated_ns``: read it with ``FINAL``), the window's
 lost-time accounting in ``analysis_windows`` and the ranks' roles in ``roles``
 when they change, and updates ``argus_straggler_score`` (the
-:data:`~argus.collector.metrics.TOP_SUSPECTS` highest-scoring ranks per job),
+:data:`~argus.metrics.TOP_SUSPECTS` highest-scoring ranks per job),
 ``argus_diagnosis_active``, ``argus_lost_time_seconds_total``,
 ``argus_unexplained_loss_ratio`` and ``argus_analysis_lag_seconds``.
 
@@ -63,27 +63,32 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from argus import render
 from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.store_io import (
     JobSpan,
     Liveness,
-    StoredState,
     list_jobs,
-    read_diagnoses,
     read_liveness,
-    read_states,
     read_watermark,
     read_window,
-    write_diagnoses,
     write_roles,
     write_window,
 )
-from argus.collector.metrics import TOP_SUSPECTS, Metrics
-from argus.collector.store import Store, open_store
-from argus.diagnosis import Cause, Diagnosis, State
+from argus.diagnosis import (
+    Cause,
+    Diagnosis,
+    State,
+    StoredState,
+    read_diagnoses,
+    read_states,
+    write_diagnoses,
+)
 from argus.errors import ArgusError, ConfigError
+from argus.metrics import TOP_SUSPECTS, Metrics
+from argus.store import Store, open_store
 
 __all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
 
@@ -266,7 +271,9 @@ class Analyzer:
         # Nothing of the job is written during a replay.
         job.analysis.tracker.load(job.stored_open, job.stored_states)
 
-    def _analyze_window(self, job: _Job, w0: int) -> list[Diagnosis]:
+    def _analyze_window(  # noqa: C901  (one window, step after step: read, replay, analyse, write)
+        self, job: _Job, w0: int
+    ) -> list[Diagnosis]:
         w1 = w0 + self.window_ns
         live = read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1)
         for r, t in live.last_seen.items():
@@ -304,17 +311,7 @@ class Analyzer:
             raise
         job.suspects = result.suspects
         for d in changed:
-            log.info(
-                "%s diagnosis %s job=%s cause=%s rank=%s phase=%s score=%.2f slowdown=%.1f%%",
-                d.state,
-                d.id,
-                d.job_id,
-                d.cause,
-                d.rank if d.rank is not None else ",".join(map(str, d.ranks[:8])),
-                d.phase,
-                d.score,
-                d.slowdown_pct,
-            )
+            log.info("diagnosis %s", render.line(d))
         return changed
 
     def _account(self, job: _Job, w0: int, acc: Accounting, status: str = "analysed") -> None:
@@ -409,18 +406,7 @@ def main(args: argparse.Namespace) -> int:
     analyzer.run_once()
     stored = read_diagnoses(store, args.job)
     for d in sorted(stored, key=lambda d: (d.job_id, d.first_window_ns)):
-        who = f"rank {d.rank}" if d.rank is not None else f"ranks {_ranks(d.ranks)}"
-        where = f" phase={d.phase}" if d.phase else ""
-        where += f" kernel={d.kernel}" if d.kernel else ""
-        where += f" group={d.group}" if d.group else ""
-        print(
-            f"{d.job_id} {d.id} {d.state} {d.cause} {who}{where} "
-            f"score={d.score:.2f} slowdown={d.slowdown_pct:.1f}%"
-        )
+        print(render.line(d))
     if not stored:
         print("no diagnoses")
     return 0
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks[:16])) + (f",... ({len(ranks)} ranks)" if len(ranks) > 16 else "")

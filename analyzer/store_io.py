@@ -1,7 +1,8 @@
-"""Reading analysis windows from the store and writing diagnoses back (the analyzer's only I/O).
+"""Reading analysis windows from the store, writing the analyzer's accounting back (its I/O;
+diagnoses are read and written by :mod:`argus.diagnosis`).
 
 Every query names tables bare and binds ``{name:Type}`` parameters, so it runs
-unchanged on chDB and on a ClickHouse server (:mod:`argus.collector.store`).
+unchanged on chDB and on a ClickHouse server (:mod:`argus.store`).
 Arrow results become NumPy columns here, once; nothing past this module sees
 Arrow or SQL.
 
@@ -21,7 +22,6 @@ Which rows belong to a window ``[w0, w1)``:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,21 +40,16 @@ from argus.analyzer.window import (
     Steps,
     Window,
 )
-from argus.collector.store import Store
-from argus.diagnosis import Diagnosis
-from argus.schema import PHASES, TABLES, wire_table
+from argus.schema import PHASES, wire_table
+from argus.store import Store
 
 __all__ = [
     "JobSpan",
     "Liveness",
-    "StoredState",
     "list_jobs",
-    "read_diagnoses",
     "read_liveness",
-    "read_states",
     "read_watermark",
     "read_window",
-    "write_diagnoses",
     "write_roles",
     "write_window",
 ]
@@ -115,9 +110,9 @@ def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
         JobSpan(str(j), int(a), int(b), bool(i))
         for j, a, b, i in zip(
             t.column("job_id").to_pylist(),
-            t.column("first_ns").to_pylist(),
-            t.column("last_ns").to_pylist(),
-            t.column("imported").to_pylist(),
+            _col(t, "first_ns"),
+            _col(t, "last_ns"),
+            _col(t, "imported", bool),
             strict=True,
         )
     ]
@@ -415,96 +410,6 @@ def _links(store: Store, p: dict[str, Any], rt: pa.Table) -> LinkSamples:
     )
 
 
-def write_diagnoses(
-    store: Store,
-    diagnoses: list[Diagnosis],
-    updated_ns: int,
-    *,
-    analysed_to_ns: int = 0,
-    states: dict[str, dict[str, Any]] | None = None,
-) -> None:
-    """Insert one row per diagnosis (a new version of each id: ``diagnoses`` keeps the newest).
-
-    Args:
-        store: The store.
-        diagnoses: Versions to write.
-        updated_ns: Their version, ns (larger than any earlier version of the same ids).
-        analysed_to_ns: End of the window whose analysis wrote them, ns (where a restart resumes).
-        states: The tracker's bookkeeping per diagnosis id (:meth:`Tracker.state`).
-
-    Raises:
-        StoreError: the insert failed.
-    """
-    if not diagnoses:
-        return
-    names = ("job_id", *TABLES["diagnoses"].column_names)
-    rows: dict[str, list[Any]] = {n: [] for n in names}
-    for d in diagnoses:
-        rows["job_id"].append(d.job_id)
-        rows["id"].append(d.id)
-        rows["rank"].append(d.rank)
-        rows["ranks"].append([int(r) for r in d.ranks])
-        rows["process_group"].append(d.group)
-        rows["cause"].append(d.cause)
-        rows["phase"].append(d.phase)
-        rows["kernel"].append(d.kernel)
-        rows["score"].append(float(d.score))
-        rows["slowdown_pct"].append(float(d.slowdown_pct))
-        rows["first_window_ns"].append(int(d.first_window_ns))
-        rows["last_window_ns"].append(int(d.last_window_ns))
-        rows["state"].append(d.state)
-        rows["evidence"].append(_json(d.evidence))
-        rows["updated_ns"].append(int(updated_ns))
-        rows["analysed_to_ns"].append(int(analysed_to_ns))
-        state = (states or {}).get(d.id)
-        rows["tracker"].append(_json(state) if state else "")
-    schema = pa.schema(
-        [pa.field("job_id", pa.string())]
-        + [pa.field(c.name, c.arrow_type) for c in TABLES["diagnoses"].columns]
-    )
-    store.insert("diagnoses", pa.table(rows, schema=schema))
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=_json_default)
-
-
-@dataclass(frozen=True)
-class StoredState:
-    """What the analyzer kept with a stored diagnosis version (see :func:`write_diagnoses`)."""
-
-    analysed_to_ns: int
-    tracker: dict[str, Any]
-
-
-def read_states(store: Store, job_id: str) -> dict[str, StoredState]:
-    """Per diagnosis id of ``job_id``, the analyzer's state stored with its newest version.
-
-    Rows written before these columns existed read ``analysed_to_ns = 0`` and no state: the
-    caller falls back to what their evidence kept.
-
-    Raises:
-        StoreError: the query failed.
-    """
-    t = store.query(
-        "SELECT id, analysed_to_ns, tracker FROM diagnoses FINAL WHERE job_id = {job:String}",
-        {"job": job_id},
-    )
-    out = {}
-    for i, to, tracker in zip(
-        t.column("id").to_pylist(),
-        t.column("analysed_to_ns").to_pylist(),
-        t.column("tracker").to_pylist(),
-        strict=True,
-    ):
-        try:
-            state = json.loads(tracker) if tracker else {}
-        except ValueError:
-            state = {}
-        out[str(i)] = StoredState(int(to), state if isinstance(state, dict) else {})
-    return out
-
-
 def write_window(
     store: Store,
     job_id: str,
@@ -551,36 +456,3 @@ def write_roles(store: Store, job_id: str, roles: Roles, updated_ns: int) -> Non
         "updated_ns": [int(updated_ns)] * roles.rank.size,
     }
     store.insert("roles", wire_table("roles", row, job_id))
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
-
-
-def read_diagnoses(store: Store, job_id: str | None = None, *, state: str | None = None) -> list[Diagnosis]:
-    """The newest version of every diagnosis (``FINAL``), oldest first; filter by job and state."""
-    where = ["1 = 1"]
-    params: dict[str, Any] = {}
-    if job_id is not None:
-        where.append("job_id = {job:String}")
-        params["job"] = job_id
-    if state is not None:
-        where.append("state = {state:String}")
-        params["state"] = state
-    t = store.query(
-        f"""SELECT job_id, id, rank, ranks, process_group, cause, phase, kernel, score, slowdown_pct,
-                   first_window_ns, last_window_ns, state, evidence
-            FROM diagnoses FINAL WHERE {" AND ".join(where)} ORDER BY first_window_ns, id""",
-        params,
-    )
-    out = []
-    for row in t.to_pylist():
-        row["group"] = row.pop("process_group")
-        out.append(Diagnosis.from_dict(row))
-    return out

@@ -102,7 +102,7 @@ def _event_keys(ri: NDArray[np.int64], t: NDArray[np.int64], t0: int) -> NDArray
     return (ri << _TIME_BITS) | rel
 
 
-def blocking_rows(
+def blocking_rows(  # noqa: PLR0915  (one pass of array steps; its pieces share the arrays)
     w: Window, ranks: NDArray[np.int64], instance: NDArray[np.int64] | None = None
 ) -> NDArray[np.bool_]:
     """Per collective row of ``w``: True when it blocked its rank from :func:`block_start` to its end.
@@ -193,7 +193,8 @@ def blocking_rows(
         waited_for = has_next & same_rank & (gap <= RESUME_NS)
         blocking[idx] = False
         blocking[cand] = waited_for & ~busy[cand] & (end[cand] > c.issue_ns[cand])
-    return blocking & c_ok
+    out: NDArray[np.bool_] = blocking & c_ok
+    return out
 
 
 def block_start(c: Collectives) -> NDArray[np.int64]:

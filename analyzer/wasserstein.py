@@ -135,11 +135,19 @@ def _single_quantiles(
 ) -> NDArray[np.float64]:
     """``exp(clip(mu + sigma·z_u, lo, hi))`` per cluster, computed in place: shape ``(m, |U|)``."""
     mu, sigma = component_params(p50, p99)
-    x = np.multiply.outer(sigma, _Z)
-    x += mu[:, None]
-    np.maximum(x, lo[:, None], out=x)
-    np.minimum(x, hi[:, None], out=x)
-    return np.exp(x, out=x)
+    x: NDArray[np.float64] = np.multiply.outer(sigma, _Z)
+    return _to_ns(x, mu[:, None], lo[:, None], hi[:, None])
+
+
+def _to_ns(
+    x: NDArray[np.float64], mu: NDArray[np.float64], lo: NDArray[np.float64], hi: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """``exp(clip(mu + x, lo, hi))``, in place in ``x``: log-space offsets (``sigma·z``) to ns."""
+    x += mu
+    np.maximum(x, lo, out=x)
+    np.minimum(x, hi, out=x)
+    np.exp(x, out=x)
+    return x
 
 
 def _disjoint_quantiles(
@@ -175,14 +183,11 @@ def _disjoint_quantiles(
     v /= w_j
     np.clip(v, 0.0, 1.0, out=v)
     mu, sigma = component_params(p50, p99)  # per cluster, then gathered
-    x = ndtri(v)
+    x: NDArray[np.float64] = ndtri(v)
     with np.errstate(invalid="ignore"):  # 0 * inf where a cluster has no spread: its median
         x *= sigma[j]
     np.nan_to_num(x, copy=False, nan=0.0)
-    x += mu[j]
-    np.maximum(x, lo[j], out=x)
-    np.minimum(x, hi[j], out=x)
-    return np.exp(x, out=x)
+    return _to_ns(x, mu[j], lo[j], hi[j])
 
 
 def _invert_mixtures(

@@ -1,7 +1,7 @@
 """What one analysis window of one job holds: NumPy columns, parsed once (STYLE §7).
 
 The store reader (:mod:`argus.analyzer.store_io`) and the synthetic generator
-(:mod:`argus.analyzer.synthetic`) both build a :class:`Window`; the levels
+(:mod:`synthetic.jobs`) both build a :class:`Window`; the levels
 (L1/L2/L3), liveness and cause attribution only read it. Times are int64 ns
 since the epoch, durations int64 ns. Ranks are global ranks. Categorical
 columns (phase, process group, op, kernel) are small ints indexing a names tuple.

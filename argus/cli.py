@@ -22,14 +22,14 @@ __all__ = ["build_parser", "main"]
 
 #: Subcommand → "module:function" that runs it.
 COMMANDS: dict[str, str] = {
-    "server": "argus.collector.server:main",
+    "server": "argus.server:main",
     "agent": "argus.agent.node:main",
     "run": "argus.agent.run:main",
     "demo": "argus.demo:main",
     "import": "argus.collector.importer:main",
     "analyze": "argus.analyzer.service:main",
-    "diagnose": "argus.collector.client:diagnose_main",
-    "jobs": "argus.collector.client:jobs_main",
+    "diagnose": "argus.client:diagnose_main",
+    "jobs": "argus.client:jobs_main",
 }
 
 
@@ -37,7 +37,51 @@ def _env(name: str, default: str | None) -> str | None:
     return os.environ.get(name) or default
 
 
-def _add_auth(p: argparse.ArgumentParser, *, server: bool) -> None:
+# --- option groups: each declared once, used by every command that takes it ----------------------
+
+#: A parser or a group of one (argparse's common base).
+_Options = argparse._ActionsContainer
+
+
+def _store(p: _Options, *, default: str | None = config.DEFAULT_STORE_URL) -> None:
+    """``--store URL`` (``$ARGUS_STORE``): the ClickHouse store, embedded or a server."""
+    p.add_argument(
+        "--store",
+        default=_env(config.ENV_STORE, default) if default is not None else None,
+        metavar="URL",
+        help="store URL, chdb://DIR or clickhouse://user:pass@host:port/db"
+        + (" (default %(default)s)" if default is not None else " (offline)"),
+    )
+
+
+def _collector(p: argparse.ArgumentParser) -> None:
+    """``--collector HOST:PORT`` (``$ARGUS_COLLECTOR``) and ``--socket PATH`` (``$ARGUS_SOCKET``)."""
+    p.add_argument(
+        "--collector",
+        default=_env(config.ENV_COLLECTOR, config.DEFAULT_COLLECTOR),
+        metavar="HOST:PORT",
+        help="collector address (default %(default)s)",
+    )
+    p.add_argument(
+        "--socket",
+        default=_env(config.ENV_SOCKET, config.DEFAULT_SOCKET),
+        metavar="PATH",
+        help="the node agent's unix socket for probes (default %(default)s)",
+    )
+
+
+def _server_url(p: _Options, *, default: str | None = config.DEFAULT_SERVER_URL) -> None:
+    """``--server URL`` (``$ARGUS_SERVER``): a running `argus server`'s REST API."""
+    p.add_argument(
+        "--server",
+        default=_env(config.ENV_SERVER, default) if default is not None else None,
+        metavar="URL",
+        help=f"a running argus server (default {config.DEFAULT_SERVER_URL})",
+    )
+
+
+def _auth(p: argparse.ArgumentParser, *, server: bool) -> None:
+    """``--token`` (``$ARGUS_TOKEN``) and ``--tls-cert`` (with ``--tls-key`` on the server side)."""
     p.add_argument(
         "--token",
         default=_env(config.ENV_TOKEN, None),
@@ -50,35 +94,33 @@ def _add_auth(p: argparse.ArgumentParser, *, server: bool) -> None:
         p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate of the server to trust: use TLS")
 
 
-def _add_min_loss(p: argparse.ArgumentParser) -> None:
-    from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
-
+def _min_loss(p: argparse.ArgumentParser) -> None:
+    """``--min-loss-pct PCT``: the analyzer's loss threshold."""
     p.add_argument(
         "--min-loss-pct",
         type=float,
-        default=DEFAULT_MIN_LOSS_PCT,
+        default=config.DEFAULT_MIN_LOSS_PCT,
         metavar="PCT",
         help="loss threshold: a fault opens only when it costs the job at least this share of its time "
         "over the confirmation span (default %(default)s)",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full `argus` parser; each subparser sets ``args.command``."""
-    parser = argparse.ArgumentParser(
-        prog="argus",
-        description="Always-on tracing and fail-slow diagnosis for distributed PyTorch training.",
-    )
-    parser.add_argument("--version", action="version", version=f"argus {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = sub.add_parser("server", help="collector + analyzer + REST API + /metrics in one process")
+def _window(p: argparse.ArgumentParser, what: str) -> None:
+    """``--window-s S``: the analysis window (and the node agent's compression window)."""
     p.add_argument(
-        "--store",
-        default=_env(config.ENV_STORE, config.DEFAULT_STORE_URL),
-        help="store URL (default %(default)s)",
+        "--window-s",
+        type=float,
+        default=config.DEFAULT_WINDOW_S,
+        metavar="S",
+        help=f"{what}, seconds (default %(default)s)",
     )
+
+
+def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus server` and its options."""
+    p = sub.add_parser("server", help="collector + analyzer + REST API + /metrics in one process")
+    _store(p)
     p.add_argument(
         "--grpc-listen",
         default=config.DEFAULT_GRPC_LISTEN,
@@ -91,14 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="REST API and /metrics address (default %(default)s)",
     )
-    _add_auth(p, server=True)
-    p.add_argument(
-        "--window-s",
-        type=float,
-        default=config.DEFAULT_WINDOW_S,
-        help="analysis window, seconds (default %(default)s)",
-    )
-    _add_min_loss(p)
+    _auth(p, server=True)
+    _window(p, "analysis window")
+    _min_loss(p)
     p.add_argument(
         "--retention-days",
         type=int,
@@ -112,19 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-analyzer", action="store_true", help="run ingest and API only")
 
+
+def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus agent` and its options."""
     p = sub.add_parser("agent", help="node agent: takes probe buffers, compresses, streams to the collector")
-    p.add_argument(
-        "--collector",
-        default=_env(config.ENV_COLLECTOR, config.DEFAULT_COLLECTOR),
-        metavar="HOST:PORT",
-        help="collector address (default %(default)s)",
-    )
-    p.add_argument(
-        "--socket",
-        default=_env(config.ENV_SOCKET, config.DEFAULT_SOCKET),
-        metavar="PATH",
-        help="unix socket for probes (default %(default)s)",
-    )
+    _collector(p)
     p.add_argument(
         "--spool",
         default=None,
@@ -137,43 +166,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=config.DEFAULT_SPOOL_MAX_BYTES,
         help="spool bound (default %(default)s)",
     )
-    p.add_argument(
-        "--window-s",
-        type=float,
-        default=config.DEFAULT_WINDOW_S,
-        help="kernel compression window, seconds (default %(default)s)",
-    )
-    _add_auth(p, server=False)
+    _window(p, "kernel compression window")
+    _auth(p, server=False)
 
+
+def _run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus run` and its options."""
     p = sub.add_parser(
         "run", help="run COMMAND (e.g. torchrun ...) with the probe attached to every Python rank"
     )
-    p.add_argument(
-        "--collector",
-        default=_env(config.ENV_COLLECTOR, config.DEFAULT_COLLECTOR),
-        metavar="HOST:PORT",
-        help="collector address (default %(default)s)",
-    )
+    _collector(p)
     p.add_argument(
         "--job-id",
         default=_env(config.ENV_JOB_ID, None),
         help="job id (default: $TORCHELASTIC_RUN_ID, else a new one)",
     )
-    p.add_argument(
-        "--socket",
-        default=_env(config.ENV_SOCKET, config.DEFAULT_SOCKET),
-        metavar="PATH",
-        help="node agent socket (default %(default)s)",
-    )
-    p.add_argument(
-        "--window-s",
-        type=float,
-        default=config.DEFAULT_WINDOW_S,
-        help="kernel compression window of a node agent started for the job (default %(default)s)",
-    )
-    _add_auth(p, server=False)
+    _window(p, "kernel compression window of a node agent started for the job")
+    _auth(p, server=False)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command to run")
 
+
+def _demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus demo` and its options."""
     p = sub.add_parser(
         "demo",
         help="the whole system on one machine against a real training job with a fault injected",
@@ -206,58 +220,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="store data dir (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
+
+def _import_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus import` and its options."""
     p = sub.add_parser("import", help="load PyTorch profiler (Kineto) traces, one file per rank")
     where = p.add_mutually_exclusive_group()
-    where.add_argument(
-        "--server",
-        default=None,
-        metavar="URL",
-        help=f"a running argus server (default {config.DEFAULT_SERVER_URL})",
-    )
-    where.add_argument("--store", default=None, metavar="URL", help="write to a store directly (offline)")
+    _server_url(where)
+    _store(where, default=None)
     p.add_argument("--job-id", default=None, help="job id (default: from the traces)")
     p.add_argument(
         "--rank", type=int, default=None, help="rank of a single file without distributedInfo.rank"
     )
-    _add_auth(p, server=False)
+    _auth(p, server=False)
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files (.json or .json.gz)")
 
+
+def _analyze_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus analyze` and its options."""
     p = sub.add_parser("analyze", help="the analyzer on its own")
-    p.add_argument(
-        "--store",
-        default=_env(config.ENV_STORE, config.DEFAULT_STORE_URL),
-        help="store URL (default %(default)s)",
-    )
-    p.add_argument(
-        "--window-s",
-        type=float,
-        default=config.DEFAULT_WINDOW_S,
-        help="analysis window, seconds (default %(default)s)",
-    )
-    _add_min_loss(p)
+    _store(p)
+    _window(p, "analysis window")
+    _min_loss(p)
     p.add_argument("--once", action="store_true", help="analyze what is stored, then exit")
     p.add_argument("--job", default=None, help="only this job")
 
+
+def _diagnose_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus diagnose` and its options."""
     p = sub.add_parser("diagnose", help="print a job's diagnoses")
     p.add_argument("--job", "--job-id", dest="job", required=True, help="job id")
-    p.add_argument(
-        "--server",
-        default=_env(config.ENV_SERVER, config.DEFAULT_SERVER_URL),
-        metavar="URL",
-        help="argus server (default %(default)s)",
-    )
+    _server_url(p)
     p.add_argument("--json", action="store_true", help="print the diagnosis objects as JSON")
-    _add_auth(p, server=False)
+    _auth(p, server=False)
 
+
+def _jobs_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus jobs` and its options."""
     p = sub.add_parser("jobs", help="list jobs: status, ranks, open diagnoses, last seen (newest first)")
-    p.add_argument(
-        "--server",
-        default=_env(config.ENV_SERVER, config.DEFAULT_SERVER_URL),
-        metavar="URL",
-        help="argus server (default %(default)s)",
-    )
+    _server_url(p)
     p.add_argument("--json", action="store_true", help="print the REST API's job objects as JSON")
-    _add_auth(p, server=False)
+    _auth(p, server=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full `argus` parser; each subparser sets ``args.command``."""
+    parser = argparse.ArgumentParser(
+        prog="argus",
+        description="Always-on tracing and fail-slow diagnosis for distributed PyTorch training.",
+    )
+    parser.add_argument("--version", action="version", version=f"argus {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    _server_command(sub)
+    _agent_command(sub)
+    _run_command(sub)
+    _demo_command(sub)
+    _import_command(sub)
+    _analyze_command(sub)
+    _diagnose_command(sub)
+    _jobs_command(sub)
     return parser
 
 

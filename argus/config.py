@@ -1,35 +1,60 @@
-"""Defaults shared by every part: addresses, paths, the analysis window, environment variables.
+"""Settings shared by every part: defaults, environment variables, and the typed settings of commands.
 
-Each default is chosen once here; the CLI, the probe and the README read it from here.
+Each default is chosen once here, every ``ARGUS_*`` environment variable is declared here
+(:data:`ENVIRONMENT` says what each does), and each setting is checked once: a
+:class:`ServerConfig` or :class:`AgentConfig` that exists is valid, built from the command's
+flags (which fall back to the environment, :mod:`argus.cli`). The CLI, the probe and the README
+read them from here.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+from argus.errors import ConfigError
 
 __all__ = [
     "DATABASE",
+    "DEFAULT_AGENT_DRAIN_S",
     "DEFAULT_COLLECTOR",
     "DEFAULT_GRPC_LISTEN",
     "DEFAULT_HTTP_LISTEN",
+    "DEFAULT_MIN_LOSS_PCT",
     "DEFAULT_RETENTION_DAYS",
     "DEFAULT_SERVER_URL",
     "DEFAULT_SOCKET",
     "DEFAULT_SPOOL_MAX_BYTES",
     "DEFAULT_STORE_URL",
     "DEFAULT_WINDOW_S",
+    "ENVIRONMENT",
+    "ENV_AGENT_DRAIN_S",
+    "ENV_AGENT_LOG",
+    "ENV_AUTOATTACH",
     "ENV_COLLECTOR",
+    "ENV_COMMAND",
+    "ENV_CUPTI",
+    "ENV_CUPTI_BACKEND",
+    "ENV_CUPTI_DUTY",
+    "ENV_DDP_HOOK",
     "ENV_DISABLE",
     "ENV_JOB_ID",
+    "ENV_LIBCUPTI",
     "ENV_SERVER",
     "ENV_SOCKET",
     "ENV_STORE",
     "ENV_TOKEN",
     "MAX_MESSAGE_BYTES",
+    "AgentConfig",
+    "ServerConfig",
+    "TlsFiles",
     "default_spool_dir",
     "env_flag",
+    "parse_listen",
     "spool_dir_for",
 ]
 
@@ -47,10 +72,16 @@ DEFAULT_STORE_URL = "chdb://./argus-data"
 DEFAULT_SOCKET = "/tmp/argus/agent.sock"
 #: Analysis window and node-side compression window, seconds.
 DEFAULT_WINDOW_S = 10.0
+#: Sustained loss (percent of wall time over the confirmation span) below which no diagnosis opens
+#: (:mod:`argus.analyzer.loss`). Chosen from the clean runs of ``bench/detection_live.py`` on a
+#: 2-core machine (README).
+DEFAULT_MIN_LOSS_PCT = 5.0
 #: Rows are dropped this many days after they were stored.
 DEFAULT_RETENTION_DAYS = 30
 #: Bound on the node agent's on-disk spool of unacknowledged batches.
 DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
+#: Seconds a stopping node agent keeps sending what it spooled.
+DEFAULT_AGENT_DRAIN_S = 10.0
 #: gRPC message size limit, both directions; larger batches are split by the agent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: ClickHouse database holding the tables of argus.schema.
@@ -63,6 +94,35 @@ ENV_DISABLE = "ARGUS_DISABLE"
 ENV_TOKEN = "ARGUS_TOKEN"
 ENV_SERVER = "ARGUS_SERVER"
 ENV_STORE = "ARGUS_STORE"
+ENV_CUPTI = "ARGUS_CUPTI"
+ENV_CUPTI_DUTY = "ARGUS_CUPTI_DUTY"
+ENV_CUPTI_BACKEND = "ARGUS_CUPTI_BACKEND"
+ENV_LIBCUPTI = "ARGUS_LIBCUPTI"
+ENV_DDP_HOOK = "ARGUS_DDP_HOOK"
+ENV_AGENT_DRAIN_S = "ARGUS_AGENT_DRAIN_S"
+ENV_AGENT_LOG = "ARGUS_AGENT_LOG"
+ENV_AUTOATTACH = "ARGUS_AUTOATTACH"
+ENV_COMMAND = "ARGUS_COMMAND"
+
+#: Every environment variable Argus reads, and what it does.
+ENVIRONMENT: dict[str, str] = {
+    ENV_COLLECTOR: "collector address (HOST:PORT) of `argus agent` and `argus run`",
+    ENV_SOCKET: "the node agent's unix socket, for the agent, `argus run` and the probe",
+    ENV_JOB_ID: "the job id the probe reports (set by `argus run`)",
+    ENV_DISABLE: "1: the probe and `argus run`'s automatic attach do nothing",
+    ENV_TOKEN: "bearer token of every command that takes --token",
+    ENV_SERVER: "server URL of `argus diagnose` and `argus import`",
+    ENV_STORE: "store URL of `argus server` and `argus analyze`",
+    ENV_CUPTI: "0: no GPU kernel capture (CUPTI)",
+    ENV_CUPTI_DUTY: "GPU kernel capture duty cycle: ON/PERIOD seconds (default 1/10) or `always`",
+    ENV_CUPTI_BACKEND: "how CUPTI is read: `native` (default; libcupti through ctypes) or `cupti-python`",
+    ENV_LIBCUPTI: "libcupti the native backend loads (default: the one torch loaded, else searched for)",
+    ENV_DDP_HOOK: "0: leave DDP's C++ all-reduce alone (no bucket capture)",
+    ENV_AGENT_DRAIN_S: "seconds a stopping node agent keeps sending what it spooled (default 10)",
+    ENV_AGENT_LOG: "log file of a node agent `argus run` starts (default next to the spool)",
+    ENV_AUTOATTACH: "set by `argus run` for its processes: attach the probe at start-up",
+    ENV_COMMAND: "set by `argus run`: the job's command line, as the probe reports it",
+}
 
 
 def default_spool_dir() -> Path:
@@ -81,6 +141,158 @@ def spool_dir_for(collector: str) -> Path:
     return default_spool_dir() / slug
 
 
-def env_flag(name: str) -> bool:
+def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """True when environment variable ``name`` is set to 1/true/yes/on (any case)."""
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    env = os.environ if environ is None else environ
+    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def parse_listen(value: str, option: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6) into host and port.
+
+    Raises:
+        ConfigError: no port, or a port outside 0..65535 (the message names ``option``).
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{option} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:7470")
+    return host.strip("[]"), int(port)
+
+
+def _positive(option: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{option} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server's TLS certificate and private key, PEM files (both or neither: ``--tls-cert/--tls-key``)."""
+
+    cert: str
+    key: str
+
+    @classmethod
+    def of(cls, cert: str | None, key: str | None) -> TlsFiles | None:
+        """The pair, or None when neither is given.
+
+        Raises:
+            ConfigError: only one of them is given.
+        """
+        if (cert is None) != (key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        return cls(cert, key) if cert is not None and key is not None else None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The settings of `argus server`; checked when built (:class:`~argus.errors.ConfigError`).
+
+    Attributes:
+        store: Store URL (:func:`argus.store.open_store`).
+        grpc_listen: gRPC ingest address, ``HOST:PORT`` (port 0: a free one).
+        http_listen: REST API and /metrics address, ``HOST:PORT``.
+        window_s: Analysis window, seconds (> 0).
+        min_loss_pct: A fault opens only when it costs the job at least this share of its time (>= 0).
+        retention_days: Rows are dropped this many days after storing them (>= 1).
+        cluster: ClickHouse cluster name (replicated and distributed tables), or None.
+        token: Bearer token clients must send, or None.
+        tls: Certificate and key to serve TLS with, or None.
+        analyzer: Run the analyzer in the server.
+    """
+
+    store: str = DEFAULT_STORE_URL
+    grpc_listen: str = DEFAULT_GRPC_LISTEN
+    http_listen: str = DEFAULT_HTTP_LISTEN
+    window_s: float = DEFAULT_WINDOW_S
+    min_loss_pct: float = DEFAULT_MIN_LOSS_PCT
+    retention_days: int = DEFAULT_RETENTION_DAYS
+    cluster: str | None = None
+    token: str | None = None
+    tls: TlsFiles | None = None
+    analyzer: bool = True
+
+    def __post_init__(self) -> None:
+        parse_listen(self.grpc_listen, "--grpc-listen")
+        parse_listen(self.http_listen, "--http-listen")
+        _positive("--window-s", self.window_s)
+        if self.min_loss_pct < 0:
+            raise ConfigError(f"--min-loss-pct must be >= 0, got {self.min_loss_pct}")
+        if self.retention_days < 1:
+            raise ConfigError(f"--retention-days must be >= 1, got {self.retention_days}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        """The settings of `argus server`'s flags (:func:`argus.cli.build_parser`).
+
+        Raises:
+            ConfigError: a bad value (the message names the flag).
+        """
+        return cls(
+            store=args.store,
+            grpc_listen=args.grpc_listen,
+            http_listen=args.http_listen,
+            window_s=args.window_s,
+            min_loss_pct=args.min_loss_pct,
+            retention_days=args.retention_days,
+            cluster=args.cluster,
+            token=args.token,
+            tls=TlsFiles.of(args.tls_cert, args.tls_key),
+            analyzer=not args.no_analyzer,
+        )
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The settings of `argus agent`; checked when built (:class:`~argus.errors.ConfigError`).
+
+    Attributes:
+        socket: Unix socket the node's probes connect to.
+        collector: Collector address, ``HOST:PORT``.
+        spool_dir: Spool of unacknowledged batches (default: one per collector, :func:`spool_dir_for`).
+        spool_max_bytes: Bound on the spool, bytes (> 0).
+        window_s: Kernel compression window, seconds (> 0).
+        token: Bearer token sent to the collector, or None.
+        tls_cert: PEM certificate (or CA) of the collector to trust: use TLS; None for plaintext.
+        drain_s: Seconds a stopping agent keeps sending (``$ARGUS_AGENT_DRAIN_S``).
+    """
+
+    socket: str = DEFAULT_SOCKET
+    collector: str = DEFAULT_COLLECTOR
+    spool_dir: str = ""
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    window_s: float = DEFAULT_WINDOW_S
+    token: str | None = None
+    tls_cert: str | None = None
+    drain_s: float = DEFAULT_AGENT_DRAIN_S
+
+    def __post_init__(self) -> None:
+        _positive("--window-s", self.window_s)
+        _positive("--spool-max-bytes", self.spool_max_bytes)
+        if self.drain_s < 0:
+            raise ConfigError(f"{ENV_AGENT_DRAIN_S} must be >= 0, got {self.drain_s}")
+        if not self.spool_dir:
+            object.__setattr__(self, "spool_dir", str(spool_dir_for(self.collector)))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AgentConfig:
+        """The settings of `argus agent`'s flags and ``$ARGUS_AGENT_DRAIN_S``.
+
+        Raises:
+            ConfigError: a bad value (the message names the flag or variable).
+        """
+        env = os.environ if environ is None else environ
+        drain = env.get(ENV_AGENT_DRAIN_S, "").strip()
+        try:
+            drain_s = float(drain) if drain else DEFAULT_AGENT_DRAIN_S
+        except ValueError:
+            raise ConfigError(f"{ENV_AGENT_DRAIN_S}={drain!r} is not a number of seconds") from None
+        return cls(
+            socket=args.socket,
+            collector=args.collector,
+            spool_dir=args.spool or "",
+            spool_max_bytes=args.spool_max_bytes,
+            window_s=args.window_s,
+            token=args.token,
+            tls_cert=args.tls_cert,
+            drain_s=drain_s,
+        )

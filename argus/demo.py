@@ -32,10 +32,10 @@ from typing import Any
 
 from rich.console import Console
 
+from argus import render
 from argus.config import DEFAULT_SERVER_URL
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
-from argus.summary import lines as summary_lines
 
 __all__ = ["WINDOW_S", "Service", "job_command", "local_service", "main"]
 
@@ -123,25 +123,7 @@ def _print_human(
         console.print(f"\n[bold green]No diagnosis[/]: the ranks of job {job_id} ran like their peers.")
     else:
         console.print("\nDiagnoses while the job ran (Argus resolves them once the job has finished):")
-    for d in diagnoses:
-        where = ", ".join(
-            part
-            for part in (
-                f"phase {d.phase}" if d.phase else "",
-                f"kernel {d.kernel}" if d.kernel else "",
-                f"group {d.group}" if d.group else "",
-            )
-            if part
-        )
-        who = f"rank {d.rank}" if d.rank is not None else f"ranks {d.ranks}"
-        console.print(
-            f"\n[bold red]{d.state.upper()}[/] {who}: [bold]{d.cause}[/]"
-            + (f" ({where})" if where else "")
-            + f" — costs the job about {d.slowdown_pct:.0f}% of its throughput (score {d.score:.1f})"
-        )
-        # The sentence first, then the few figures that carry it; the full evidence is in --json.
-        for text in summary_lines(d):
-            console.print(text, markup=False, highlight=False)
+    console.print(render.report(diagnoses))
     console.print("\nWhere to look next:")
     whose = "rank 0" if slow_rank in (None, 0) else f"rank 0 and the slow rank {slow_rank}"
     console.print(f"  the timeline of {whose} (open it in https://ui.perfetto.dev): {trace}")
@@ -160,7 +142,8 @@ def _default_slow_rank(args: argparse.Namespace) -> int:
     """``--slow-rank``, else the last rank (pp dataloader: the last rank of stage 0, which reads data)."""
     if args.slow_rank is not None:
         return int(args.slow_rank)
-    return args.ranks // 2 - 1 if (args.layout, args.scenario) == ("pp", "dataloader") else args.ranks - 1
+    ranks = int(args.ranks)
+    return ranks // 2 - 1 if (args.layout, args.scenario) == ("pp", "dataloader") else ranks - 1
 
 
 @dataclass(frozen=True)
@@ -214,7 +197,9 @@ def job_command(service: Service, job_id: str, ranks: int, job_args: list[str]) 
     )  # fmt: skip
 
 
-def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
+def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader follows it)
+    args: argparse.Namespace, console: Console, work: Path, keep_data: bool
+) -> dict[str, Any]:
     scenario: str = args.scenario
     slow_rank = None if scenario == "none" else _default_slow_rank(args)
     layout: str = args.layout

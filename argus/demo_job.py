@@ -85,6 +85,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
+__all__ = [
+    "LAYOUTS",
+    "MICRO_BATCHES",
+    "SCENARIOS",
+    "SYNC_POINTS",
+    "Fault",
+    "TinyLM",
+    "Tokens",
+    "extra_passes",
+    "main",
+    "parse_args",
+    "shutdown",
+]
+
 SCENARIOS = ("none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work")
 LAYOUTS = ("dp", "pp", "tp")
 SYNC_POINTS = ("none", "barrier", "broadcast")
@@ -173,7 +187,8 @@ class TinyLM(nn.Module):
         if self.fault.active("compute"):
             # Extra work that changes no result: the same activations, recomputed.
             extra_passes(self.encoder, x, self.compute_repeat)
-        return self.head(x)
+        logits: torch.Tensor = self.head(x)
+        return logits
 
 
 # --- pipeline stages ------------------------------------------------------------------------------
@@ -190,7 +205,7 @@ class FirstStage(nn.Module):
         self.compute_repeat = compute_repeat
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.encoder(self.embed(tokens))
+        x: torch.Tensor = self.encoder(self.embed(tokens))
         if self.fault.active("compute"):
             extra_passes(self.encoder, x, self.compute_repeat)
         return x
@@ -209,7 +224,8 @@ class LastStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fault.active("compute"):
             extra_passes(self.encoder, x, self.compute_repeat)
-        return self.head(self.encoder(x))
+        logits: torch.Tensor = self.head(self.encoder(x))
+        return logits
 
 
 # --- tensor-parallel layers (Megatron-LM's f and g operators) -------------------------------------
@@ -242,6 +258,16 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
+
+
+def _copy_to_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
+    out: torch.Tensor = _CopyToTP.apply(x, group)  # type: ignore[no-untyped-call]  # torch: untyped
+    return out
+
+
+def _reduce_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
+    out: torch.Tensor = _ReduceFromTP.apply(x, group)  # type: ignore[no-untyped-call]  # torch: untyped
+    return out
 
 
 def _shard(in_features: int, out_features: int, seed: int, bias: bool = True) -> nn.Linear:
@@ -280,21 +306,23 @@ class TPBlock(nn.Module):
         b, n, _ = h.shape
         q, k, v = self.qkv(h).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(a.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        out: torch.Tensor = self.proj(a.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        return out
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         """This rank's hidden units: ``(B, L, dim)`` → partial output ``(B, L, dim)``."""
-        return self.fc2(F.gelu(self.fc1(h)))
+        out: torch.Tensor = self.fc2(F.gelu(self.fc1(h)))
+        return out
 
     def local(self, x: torch.Tensor) -> None:
         """The block's own compute without its all-reduces (the compute fault's extra pass)."""
         self.mlp(self.ln2(x + self.attention(self.ln1(x))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = _CopyToTP.apply(self.ln1(x), self.group)
-        x = x + _ReduceFromTP.apply(self.attention(h), self.group) + self.proj_bias
-        h = _CopyToTP.apply(self.ln2(x), self.group)
-        return x + _ReduceFromTP.apply(self.mlp(h), self.group) + self.fc2_bias
+        h = _copy_to_tp(self.ln1(x), self.group)
+        x = x + _reduce_from_tp(self.attention(h), self.group) + self.proj_bias
+        h = _copy_to_tp(self.ln2(x), self.group)
+        return x + _reduce_from_tp(self.mlp(h), self.group) + self.fc2_bias
 
 
 class TPLM(nn.Module):
@@ -318,7 +346,8 @@ class TPLM(nn.Module):
             if self.fault.active("compute"):
                 extra_passes(block.local, x, self.compute_repeat)
             x = block(x)
-        return self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
 
 
 # --- the layouts' training steps ------------------------------------------------------------------
@@ -413,7 +442,7 @@ def pp_job(args: argparse.Namespace, fault: Fault) -> Job:
         tokens, targets = batch
         sends = [_isend(targets.contiguous(), peer, group=pp_group)]
         outputs = []
-        for chunk in tokens.split(mb):
+        for chunk in torch.split(tokens, mb):
             out = model(chunk)
             sends.append(_isend(out.detach(), peer, group=pp_group))
             outputs.append(out)
@@ -433,12 +462,12 @@ def pp_job(args: argparse.Namespace, fault: Fault) -> Job:
         dist.recv(targets, peer, group=pp_group)
         sends = []
         total = 0.0
-        for chunk_targets in targets.split(mb):
+        for chunk_targets in torch.split(targets, mb):
             x = torch.empty(shape)
             dist.recv(x, peer, group=pp_group)
             x.requires_grad_()
             loss = _ce(model(x), chunk_targets) / MICRO_BATCHES
-            loss.backward()
+            torch.autograd.backward(loss)
             assert x.grad is not None
             sends.append(_isend(x.grad, peer, group=pp_group))
             total += float(loss.detach())
@@ -469,7 +498,7 @@ def tp_job(args: argparse.Namespace, fault: Fault) -> Job:
         tokens, targets = batch
         loss = _ce(model(tokens), targets)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)
         optimizer.step()
         return float(loss.detach())
 

@@ -55,6 +55,9 @@ class Column:
 
     ``default`` is set on columns added after their table first shipped (see the module
     docstring): the value an older agent's batch, or an older store's rows, stand for.
+    ``epoch`` marks an instant (ns since the epoch) read on the recording host's clock: the
+    node agent moves it onto the collector's clock (:func:`argus.agent.clock.shift_times`);
+    with ``zero_is_none``, 0 means "none" and stays 0.
     """
 
     name: str
@@ -62,6 +65,8 @@ class Column:
     arrow_type: pa.DataType
     doc: str = ""
     default: Any = None
+    epoch: bool = False
+    zero_is_none: bool = False
 
     @property
     def ddl(self) -> str:
@@ -101,20 +106,29 @@ class TableDef:
         return tuple(c.name for c in self.columns)
 
 
-def _c(name: str, ch_type: str, arrow_type: pa.DataType, doc: str = "", default: Any = None) -> Column:
-    return Column(name, ch_type, arrow_type, doc, default)
+def _c(
+    name: str,
+    ch_type: str,
+    arrow_type: pa.DataType,
+    doc: str = "",
+    default: Any = None,
+    *,
+    epoch: bool = False,
+    zero_is_none: bool = False,
+) -> Column:
+    return Column(name, ch_type, arrow_type, doc, default, epoch, zero_is_none)
 
 
 _RANK = _c("rank", "UInt32", pa.uint32(), "global rank")
 _STEP = _c("step", "UInt64", pa.uint64(), "training step number, per rank from 0")
-_START = _c("start_ns", "Int64", pa.int64(), "start, ns since the epoch")
+_START = _c("start_ns", "Int64", pa.int64(), "start, ns since the epoch", epoch=True)
 _DUR = _c("dur_ns", "Int64", pa.int64(), "duration, ns (>= 0)")
 
 JOBS = TableDef(
     "jobs",
     (
         _c("world_size", "UInt32", pa.uint32()),
-        _c("start_ns", "Int64", pa.int64(), "when the first rank attached (or trace start)"),
+        _c("start_ns", "Int64", pa.int64(), "when the first rank attached (or trace start)", epoch=True),
         _c("command", "String", pa.string(), "the command line of the job, if known"),
         _c("source", "LowCardinality(String)", pa.string(), "'live' or 'import'"),
     ),
@@ -132,7 +146,7 @@ RANKS = TableDef(
             pa.string(),
             "'attach', 'group', 'exit', or 'clock' (the node agent's offset for the rank changed)",
         ),
-        _c("time_ns", "Int64", pa.int64()),
+        _c("time_ns", "Int64", pa.int64(), epoch=True),
         _c("local_rank", "Int32", pa.int32()),
         _c("world_size", "UInt32", pa.uint32()),
         _c("host", "LowCardinality(String)", pa.string()),
@@ -183,8 +197,8 @@ COLLECTIVES = TableDef(
         _c("seq", "UInt64", pa.uint64(), "per (rank, process_group) sequence number from 0"),
         _c("op", "LowCardinality(String)", pa.string(), "'allreduce', 'broadcast', ..."),
         _c("bytes", "UInt64", pa.uint64(), "message size in bytes"),
-        _c("issue_ns", "Int64", pa.int64(), "when the rank called the collective"),
-        _c("start_ns", "Int64", pa.int64(), "when the transfer started (issue_ns if unknown)"),
+        _c("issue_ns", "Int64", pa.int64(), "when the rank called the collective", epoch=True),
+        _c("start_ns", "Int64", pa.int64(), "when the transfer started (issue_ns if unknown)", epoch=True),
         _c("dur_ns", "Int64", pa.int64(), "start to end"),
         _c(
             "peer",
@@ -208,6 +222,8 @@ COLLECTIVES = TableDef(
             "when the rank began waiting for an asynchronous call (its later wait(); point-to-point "
             "isend/irecv): it blocked from then to the end; 0 when unknown or waited from the issue",
             default=0,
+            epoch=True,
+            zero_is_none=True,
         ),
     ),
     ("job_id", "process_group", "seq", "rank"),
@@ -220,7 +236,7 @@ KERNEL_SUMMARIES = TableDef(
     "kernel_summaries",
     (
         _RANK,
-        _c("window_start_ns", "Int64", pa.int64()),
+        _c("window_start_ns", "Int64", pa.int64(), epoch=True),
         _c("window_ns", "Int64", pa.int64()),
         _c("kind", "LowCardinality(String)", pa.string(), "'kernel', 'memcpy' or 'memset'"),
         _c("kernel", "LowCardinality(String)", pa.string(), "kernel name"),
@@ -295,7 +311,7 @@ HOST_SAMPLES = TableDef(
     (
         _c("rank", "Int32", pa.int32(), "-1 for node-level samples"),
         _c("host", "LowCardinality(String)", pa.string()),
-        _c("time_ns", "Int64", pa.int64(), "end of the sampling interval"),
+        _c("time_ns", "Int64", pa.int64(), "end of the sampling interval", epoch=True),
         _c("interval_ns", "Int64", pa.int64()),
         _c("proc_cpu_ns", "Int64", pa.int64(), "process CPU time (user+system) in the interval"),
         _c("host_cpu_pct", "Float32", pa.float32(), "host CPU use, 0-100 x cores"),
@@ -326,6 +342,8 @@ HOST_SAMPLES = TableDef(
             "Int64",
             pa.int64(),
             "when the rank issued it, ns since the epoch; 0 when none",
+            epoch=True,
+            zero_is_none=True,
         ),
         # Link telemetry: node-level rows (rank -1), one per network interface per interval,
         # written by the node agent (argus.agent.links). Counts are over the interval.

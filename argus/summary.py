@@ -127,52 +127,50 @@ def _cost(d: Diagnosis) -> str:
     return text
 
 
+def _host_stall(who: str, ev: Mapping[str, Any], excess: str) -> str:
+    what = f"{who} stalls on the host"
+    peak = ev.get("stall_ms")
+    if ev.get("spiky") is True and isinstance(ev.get("stalls"), int):
+        top = (
+            max((v for v in peak if isinstance(v, int | float)), default=None)
+            if isinstance(peak, list)
+            else None
+        )
+        what += f" in {ev['stalls']} stall(s)" + (f" of up to {_ms(float(top))}" if top is not None else "")
+    untracked = _top_phases(ev, ("untracked",))
+    if untracked:
+        return what + f", +{_ms(untracked[0][1])} per step outside the tracked phases"
+    return what + (f": its step's own work takes {excess}" if excess else "")
+
+
+def _throttled(who: str, ev: Mapping[str, Any], excess: str) -> str:
+    clock, ref = _num(ev, "sm_clock_mhz"), _num(ev, "peer_sm_clock_mhz")
+    what = f"the GPU of {who} is throttled"
+    if clock is not None and ref is not None:
+        what += f": its SM clock runs at {clock:.0f} MHz against its peers' {ref:.0f} MHz"
+    return what + (f", and its compute takes {excess}" if excess else "")
+
+
 def _straggler(d: Diagnosis, who: str, ev: Mapping[str, Any]) -> list[str]:
     """Clauses of a one-rank finding of L2/L3 (compute, host_stall, dataloader, throttling)."""
     excess = _excess(ev)
-    phases = _top_phases(ev)
     if d.cause == "dataloader":
         data = _top_phases(ev, ("data",))
         what = f"{who} waits for its input batches"
         if data:
             what += f": its data phase takes +{_ms(data[0][1])} per step against {_basis(ev)}"
     elif d.cause == "host_stall":
-        untracked = _top_phases(ev, ("untracked",))
-        what = f"{who} stalls on the host"
-        if ev.get("spiky") is True and isinstance(ev.get("stalls"), int):
-            peak = ev.get("stall_ms")
-            top = (
-                max((v for v in peak if isinstance(v, int | float)), default=None)
-                if isinstance(peak, list)
-                else None
-            )
-            what += f" in {ev['stalls']} stall(s)" + (
-                f" of up to {_ms(float(top))}" if top is not None else ""
-            )
-        if untracked:
-            what += f", +{_ms(untracked[0][1])} per step outside the tracked phases"
-        elif excess:
-            what += f": its step's own work takes {excess}"
+        what = _host_stall(who, ev, excess)
     elif d.cause == "throttling":
-        clock, ref = _num(ev, "sm_clock_mhz"), _num(ev, "peer_sm_clock_mhz")
-        what = f"the GPU of {who} is throttled"
-        if clock is not None and ref is not None:
-            what += f": its SM clock runs at {clock:.0f} MHz against its peers' {ref:.0f} MHz"
-        if excess:
-            what += f", and its compute takes {excess}"
+        what = _throttled(who, ev, excess)
     else:
+        phases = _top_phases(ev)
         phase = d.phase or (phases[0][0] if phases else None)
         what = f"{who} computes more slowly" + (f", most in {phase}" if phase else "")
         if excess:
             what += f": its own work per step takes {excess}"
-    clauses = [what]
-    kernel = _kernel(ev)
-    if kernel and d.cause in ("compute", "throttling"):
-        clauses.append(kernel)
-    wait = _waits(ev)
-    if wait:
-        clauses.append(wait)
-    return clauses
+    kernel = _kernel(ev) if d.cause in ("compute", "throttling") else ""
+    return [c for c in (what, kernel, _waits(ev)) if c]
 
 
 def _unresponsive(who: str, ev: Mapping[str, Any]) -> list[str]:

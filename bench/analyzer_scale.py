@@ -40,15 +40,19 @@ from __future__ import annotations
 import argparse
 import copy
 import resource
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # synthetic/ lives at the root
+
 from argus.analyzer.kernels import score_kernels
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.synthetic3d import Layout3D, windows
 from argus.analyzer.wasserstein import U_WEIGHTS, mixture_quantiles
 from argus.analyzer.window import KernelClusters
+from synthetic.layout3d import Layout3D, windows
 
 #: The all-pairs reference must finish within this, seconds.
 ALLPAIRS_BUDGET_S = 60.0

@@ -2,7 +2,7 @@
 
     python bench/api.py [--ranks 10000] [--steps 20] [--repeats 3]
 
-Fills a fresh chDB store (a temporary dir) with a synthetic job (tests/api/jobdata.py: steps,
+Fills a fresh chDB store (a temporary dir) with a synthetic job (synthetic/wire.py: steps,
 phases, collectives, kernels, host samples) and times each endpoint in-process (FastAPI's
 TestClient, no network), median of ``--repeats``. The last line is key=value pairs, seconds:
 jobs_s, job_s, ranks_page_s (1,000 ranks), heatmap_busy_s, heatmap_phase_s, trace_10_ranks_s,
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fastapi.testclient import TestClient
 
 from argus.collector.api import create_app
-from argus.collector.metrics import Metrics
-from argus.collector.store import open_store
-from tests.api.jobdata import insert_direct, synthetic_job
+from argus.metrics import Metrics
+from argus.store import open_store
+from synthetic.wire import insert_direct, synthetic_job
 
 
 def main() -> None:

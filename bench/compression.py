@@ -32,9 +32,10 @@ import ijson
 import numpy as np
 import pyarrow as pa
 
-from argus.collector.kineto import parse_trace
-from argus.collector.trace_tables import RankTrace, kernel_summaries_table, summary_window
+from argus.collector.importer.kineto import parse_trace
+from argus.collector.importer.tables import RankTrace, kernel_summaries_table
 from argus.kde import compress, fidelity
+from argus.kernels import summary_window
 
 KINETO_DIR = Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto"))
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -62,7 +63,7 @@ def ipc_bytes(table: pa.Table) -> int:
 def group_fidelities(rt: RankTrace, window_ns: int) -> tuple[list[float], float]:
     """Fidelity of every (window, kind, kernel, stream) group, and the seconds compression took."""
     t = rt.trace
-    window = summary_window(t, window_ns)  # the windows kernel_summaries_table uses
+    window = summary_window(t.kernel_events(rt.rank), t.step_spans(rt.rank), window_ns)  # as summarised
     keys = np.stack([window, t.kind, t.kernel_code, t.stream])
     _, inverse = np.unique(keys, axis=1, return_inverse=True)
     out: list[float] = []
@@ -80,11 +81,11 @@ def full_window(window_ns: int) -> None:
     """The same measure over one whole window of steps (the traces hold 2-6 steps each).
 
     One rank of a job resampled from ``diff_control``'s real kernels
-    (``tests/importer/synthetic_job.py``) for as many steps as fill ``window_ns``;
+    (``synthetic/kineto.py``) for as many steps as fill ``window_ns``;
     raw = its GPU events as compact Kineto JSON.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.importer.synthetic_job import resample_job, write_kineto
+    from synthetic.kineto import resample_job, write_kineto
 
     template = parse_trace(KINETO_DIR / "diff_control_rank3_of8.json.gz")
     steps = int(window_ns / np.median(template.step_dur_ns))

@@ -1,6 +1,6 @@
 """Labelled detection benchmark of the analyzer over synthetic windows (issue 4, "Must show" 1).
 
-Every scenario is a synthetic job (:mod:`argus.analyzer.synthetic`) played for
+Every scenario is a synthetic job (:mod:`synthetic.jobs`) played for
 six 10-second windows: healthy jitter throughout (log-normal noise on every
 phase, all ranks slower together every 7 steps, a checkpoint on all ranks every
 40 steps, slow warm-up steps, per-node clock offsets of a few ms, jobs starting
@@ -46,14 +46,18 @@ Run: ``python bench/detection.py`` (``--quick`` skips the 10,000-rank jobs).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # synthetic/ lives at the root
+
 from argus.analyzer.iteration import job_step_times
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.synthetic import Fault, JobSpec, Simulation, simulate
+from synthetic.jobs import Fault, JobSpec, Simulation, simulate
 
 ONSET_S = 23.0
 

@@ -192,7 +192,7 @@ def record(
     runs: list[Run], work: Path, console: Console
 ) -> tuple[list[Run], dict[str, list[dict[str, Any]]]]:
     """Run every job under one live server; return the runs (with timelines) and each job's diagnoses."""
-    from argus.collector.client import ArgusClient
+    from argus.client import ArgusClient
     from argus.errors import NotFound
 
     timelines = work / "timelines"
@@ -253,8 +253,8 @@ def _wait_for_analysis(service: Service, runs: list[Run], console: Console) -> N
 def reanalyse(kept: Path, runs: list[Run], window_s: float) -> dict[str, list[dict[str, Any]]]:
     """Today's analyzer over a copy of the kept store (its stored diagnoses dropped), job by job."""
     from argus.analyzer.service import Analyzer
-    from argus.analyzer.store_io import read_diagnoses
-    from argus.collector.store import open_store
+    from argus.diagnosis import read_diagnoses
+    from argus.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="argus-rescore-") as tmp:
         copy = Path(tmp) / "store"

@@ -86,7 +86,7 @@ def child(mode: str, path: str, store_url: str) -> None:
     """Run one measured step in this process; print ``seconds= cpu_s= peak_rss_mb=``."""
     store = None
     if mode != "json.load":
-        from argus.collector.store import open_store
+        from argus.store import open_store
 
         store = open_store(store_url)
     started, cpu = time.perf_counter(), time.process_time()
@@ -98,7 +98,7 @@ def child(mode: str, path: str, store_url: str) -> None:
         print(f"events={len(events)}")
     elif mode == "import" and store is not None:
         from argus.collector.importer import import_traces
-        from argus.collector.kineto import BACKEND
+        from argus.collector.importer.kineto import BACKEND
 
         result = import_traces(store, [Path(path)], job_id="bench")
         print(

@@ -119,7 +119,7 @@ def engine_ceiling(data_dir: Path, tables: list[pa.Table], threads: int, seconds
 
     Returns (rows, elapsed s). Prints the CPU time per million rows (all threads, chDB's own included).
     """
-    from argus.collector.store import open_store
+    from argus.store import open_store
 
     store = open_store(f"chdb://{data_dir}")
     rows = [0] * threads

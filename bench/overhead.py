@@ -233,7 +233,7 @@ def measure(args: argparse.Namespace) -> None:
     opt = job.optimizer(ddp.parameters())
 
     def capturing() -> bool:
-        source = getattr(probe, "_cupti", None) if probe is not None else None
+        source = probe.gpu.source if probe is not None and probe.gpu is not None else None
         return bool(getattr(source, "capturing", False))
 
     def one_step(model: Any, opt: Any) -> None:

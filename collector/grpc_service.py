@@ -28,10 +28,8 @@ from typing import Any, NoReturn
 import grpc
 
 from argus.collector import ingest
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
-from argus.config import MAX_MESSAGE_BYTES
+from argus.config import MAX_MESSAGE_BYTES, TlsFiles
 from argus.errors import (
     ArgusError,
     ConfigError,
@@ -40,8 +38,10 @@ from argus.errors import (
     StoreError,
     Unauthenticated,
 )
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
+from argus.store import Store
 
 __all__ = ["GRPC_CODES", "CollectorServer", "CollectorServicer", "grpc_code", "start_collector"]
 
@@ -146,7 +146,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         return self.writer.close(timeout) and drained
 
 
-class _BearerToken(grpc.ServerInterceptor):
+class _BearerToken(grpc.ServerInterceptor):  # type: ignore[type-arg]  # generic only in the stubs
     """Ends every call without ``authorization: Bearer TOKEN`` metadata with UNAUTHENTICATED."""
 
     def __init__(self, token: str) -> None:
@@ -154,9 +154,9 @@ class _BearerToken(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         metadata = dict(handler_call_details.invocation_metadata or ())
         sent = metadata.get("authorization", "")
         sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)
@@ -221,18 +221,16 @@ def start_collector(
     listen: str,
     *,
     token: str | None = None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
+    tls: TlsFiles | None = None,
     max_workers: int = DEFAULT_MAX_WORKERS,
 ) -> CollectorServer:
     """Start serving ``argus.v1.Collector`` on ``listen`` (``host:port``; port 0 picks a free one).
 
+    Serves TLS with ``tls``; with ``token``, every call needs ``authorization: Bearer TOKEN``.
+
     Raises:
-        ConfigError: only one of ``tls_cert``/``tls_key``, an unreadable file, or
-            the address cannot be bound (in use, bad host).
+        ConfigError: an unreadable TLS file, or the address cannot be bound (in use, bad host).
     """
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
     host, _, _ = listen.rpartition(":")
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [_BearerToken(token)] if token else []
     server = grpc.server(
@@ -256,9 +254,9 @@ def start_collector(
     servicer = CollectorServicer(store, metrics)
     pb_grpc.add_CollectorServicer_to_server(servicer, server)
     try:
-        if tls_cert is not None and tls_key is not None:
+        if tls is not None:
             credentials = grpc.ssl_server_credentials(
-                [(_read(tls_key, "key"), _read(tls_cert, "certificate"))]
+                [(_read(tls.key, "key"), _read(tls.cert, "certificate"))]
             )
             port = server.add_secure_port(listen, credentials)
         else:
@@ -268,4 +266,4 @@ def start_collector(
     if port == 0:
         raise ConfigError(f"cannot listen for gRPC on {listen}: address in use or not local")
     server.start()
-    return CollectorServer(server, servicer, host, port, tls=tls_cert is not None)
+    return CollectorServer(server, servicer, host, port, tls=tls is not None)

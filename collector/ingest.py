@@ -27,11 +27,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.errors import InvalidBatch, StoreError
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
+from argus.store import Store
 
 __all__ = [
     "TABLE_BY_ENUM",
@@ -91,7 +91,7 @@ def _read_ipc(payload: bytes) -> pa.Table:
         raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
 
 
-def validate_columns(table: str, data: pa.Table) -> pa.Table:
+def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (the checks below, in order)
     """Check ``data`` against the wire schema of ``table``; return it in schema column order.
 
     Checks, each naming the column: every wire column present and no other (a column
@@ -148,7 +148,7 @@ def decode(batch: pb.Batch) -> Decoded:
         raise InvalidBatch("job_id: empty; every batch names its job")
     table = TABLE_BY_ENUM.get(batch.table)
     if table is None:
-        known = ", ".join(pb.Table.Name(v) for v in TABLE_BY_ENUM)
+        known = ", ".join(TABLE_BY_ENUM.values()).upper()
         raise InvalidBatch(f"table: unknown or unspecified table {batch.table} (expected one of {known})")
     data = validate_columns(table, _read_ipc(batch.arrow_ipc))
     # One dictionary entry, not num_rows copies of the string: job_id is LowCardinality.

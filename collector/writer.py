@@ -16,10 +16,10 @@ import threading
 from concurrent.futures import Future
 
 from argus.collector import ingest
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.errors import StoreError
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
+from argus.store import Store
 
 __all__ = ["BatchWriter"]
 

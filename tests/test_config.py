@@ -12,3 +12,44 @@ def test_each_collector_has_its_own_spool(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert a.parent == b.parent == tmp_path / "argus" / "spool"
     assert a != b and a.name == "127.0.0.1_7470" and b.name == "collector.example_443"
     assert config.spool_dir_for("unix:///run/x.sock").name == "unix_run_x.sock"
+
+
+def test_every_argus_variable_read_anywhere_is_declared_in_config() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    named: set[str] = set()
+    for part in ("argus", "agent", "collector", "analyzer"):
+        for path in (root / part).rglob("*.py"):
+            named |= set(re.findall(r"\bARGUS_[A-Z0-9_]+\b", path.read_text(encoding="utf-8")))
+    assert named <= set(config.ENVIRONMENT), sorted(named - set(config.ENVIRONMENT))
+    assert all(getattr(config, n) in config.ENVIRONMENT for n in config.__all__ if n.startswith("ENV_"))
+
+
+def test_server_settings_are_checked_once_when_built() -> None:
+    from argus.errors import ConfigError
+
+    assert config.ServerConfig().retention_days == config.DEFAULT_RETENTION_DAYS
+    for bad, message in [
+        ({"grpc_listen": "nowhere"}, "--grpc-listen 'nowhere': expected HOST:PORT"),
+        ({"window_s": 0.0}, "--window-s must be > 0"),
+        ({"retention_days": 0}, "--retention-days must be >= 1"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            config.ServerConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="go together"):
+        config.TlsFiles.of("cert.pem", None)
+    assert config.TlsFiles.of(None, None) is None
+
+
+def test_agent_settings_take_the_drain_time_from_the_environment(tmp_path: Path) -> None:
+    import argparse
+
+    from argus.cli import build_parser
+    from argus.errors import ConfigError
+
+    args: argparse.Namespace = build_parser().parse_args(["agent", "--spool", str(tmp_path)])
+    settings = config.AgentConfig.from_args(args, {config.ENV_AGENT_DRAIN_S: "2.5"})
+    assert (settings.drain_s, settings.spool_dir) == (2.5, str(tmp_path))
+    with pytest.raises(ConfigError, match=config.ENV_AGENT_DRAIN_S):
+        config.AgentConfig.from_args(args, {config.ENV_AGENT_DRAIN_S: "soon"})

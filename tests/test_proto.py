@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GENERATED = ["collector_pb2.py", "collector_pb2.pyi", "collector_pb2_grpc.py"]
+GENERATED = ["collector_pb2.py", "collector_pb2.pyi", "collector_pb2_grpc.py", "collector_pb2_grpc.pyi"]
 
 
 def test_regenerating_changes_nothing(tmp_path: Path) -> None:

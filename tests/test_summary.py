@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.synthetic import Fault, JobSpec, simulate
 from argus.diagnosis import Cause, Diagnosis
 from argus.summary import MAX_EVIDENCE_LINES, key_evidence, lines, summary
+from synthetic.jobs import Fault, JobSpec, simulate
 
 _UNIT = re.compile(r"\d (ms|µs|s|MHz|%)\b")
 

@@ -27,12 +27,14 @@ def _chain_previous() -> None:
 
 
 def _main() -> None:
-    disabled = os.environ.get("ARGUS_DISABLE", "").strip().lower() in {"1", "true", "yes", "on"}
-    if os.environ.get("ARGUS_AUTOATTACH") == "1" and not disabled:
+    if os.environ.get("ARGUS_AUTOATTACH") == "1":  # argus.config.ENV_AUTOATTACH, set by `argus run`
         try:
-            from argus.agent import autoattach
+            from argus.config import ENV_DISABLE, env_flag
 
-            autoattach.install()
+            if not env_flag(ENV_DISABLE):
+                from argus.agent import autoattach
+
+                autoattach.install()
         except Exception as exc:  # never stop the job
             print(f"argus: automatic attach unavailable: {exc}", file=sys.stderr)
     try:

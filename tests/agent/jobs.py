@@ -77,7 +77,7 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess
 
 def read_tables(store_url: str, job_id: str, tables: list[str]) -> dict[str, pa.Table]:
     """Rows of ``tables`` for ``job_id`` from a stopped server's store."""
-    from argus.collector.store import open_store
+    from argus.store import open_store
 
     store = open_store(store_url, create=False)
     try:

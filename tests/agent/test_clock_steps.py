@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from argus.agent.clock import STEP_NS, ClockStep, OffsetMap, StepDetector
-from argus.agent.node import shift_times
+from argus.agent.clock import STEP_NS, ClockStep, OffsetMap, StepDetector, shift_times
 from argus.schema import wire_schema
 
 

@@ -22,10 +22,11 @@ from argus.agent.cupti import (
     decode,
     decode_records,
     duty_from_env,
-    is_collective_kernel,
 )
-from argus.agent.kernels import KernelWindows, summarize
+from argus.agent.kernels import KernelWindows
+from argus.agent.rows import CollectiveRow
 from argus.kde import CLUSTER_DTYPE, fidelity
+from argus.kernels import KernelEvents, is_collective_kernel, summarize
 from argus.schema import wire_schema, wire_table
 
 
@@ -105,9 +106,9 @@ def test_both_nccl_kernel_families_are_collectives() -> None:
 
 def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
     join = CollectiveJoin(timeout_ns=1_000)
-    host_row = (3, "0", 17, "allreduce", 4096, 100, 100, 50)
+    host_row = CollectiveRow(3, "0", 17, "allreduce", 4096, 100, 100, 50, -1, 0)
     join.expect(5, host_row)
-    join.expect(6, (3, "0", 18, "allreduce", 4096, 200, 200, 40))
+    join.expect(6, CollectiveRow(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1, 0))
     decoded = decode_records(
         [
             SimpleNamespace(
@@ -118,9 +119,9 @@ def test_collective_takes_its_device_times_from_correlated_kernels() -> None:
     )
     join.feed(decoded)
     rows = join.ready(now_ns=150)
-    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500)]
+    assert rows == [(3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500, -1, 0, 0)]
     # No kernel ever came for uid 6: after the timeout it leaves with its host times.
-    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40)]
+    assert join.ready(now_ns=5_000) == [(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1, 0, 0)]
 
 
 def _events(rows: list[tuple], rank: int = 0) -> pa.Table:
@@ -170,7 +171,7 @@ def test_summary_rebuilds_within_five_percent() -> None:
     rng = np.random.default_rng(5)
     durs = rng.lognormal(np.log(120_000), 0.2, 20_000).astype(np.int64)
     rows = [("kernel", "k", 1, 0, 0, 1_000_000 + i, int(d), 0, 0) for i, d in enumerate(durs)]
-    s = summarize(_events(rows), 0, 10**10)
+    s = summarize(KernelEvents.from_wire(_events(rows)), 10**10)
     clusters = np.array(
         list(
             zip(

@@ -28,7 +28,9 @@ from argus.agent.cupti_records import (
     LAYOUTS,
     Decoded,
 )
-from argus.agent.kernels import KernelWindows, summarize
+from argus.agent.kernels import KernelWindows
+from argus.agent.rows import CollectiveRow
+from argus.kernels import KernelEvents, summarize
 from argus.schema import wire_schema
 from tests.agent import cupti_buffers as cb
 
@@ -211,12 +213,12 @@ def test_nccl_kernels_of_both_families_join_their_collectives_by_external_correl
     got = native(bufs)
     same(got, cb.object_path(bufs))
     join = CollectiveJoin(timeout_ns=1_000_000)
-    join.expect(5, (3, "0", 17, "allreduce", 4096, 100, 100, 50))
-    join.expect(6, (3, "0", 18, "allreduce", 4096, 200, 200, 40))
+    join.expect(5, CollectiveRow(3, "0", 17, "allreduce", 4096, 100, 100, 50, -1, 0))
+    join.expect(6, CollectiveRow(3, "0", 18, "allreduce", 4096, 200, 200, 40, -1, 0))
     join.feed(got)
     assert join.ready(now_ns=300) == [
-        (3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500),
-        (3, "0", 18, "allreduce", 4096, 200, 4_000, 900),
+        (3, "0", 17, "allreduce", 4096, 100, 1_000, 2_500, -1, 0, 0),
+        (3, "0", 18, "allreduce", 4096, 200, 4_000, 900, -1, 0, 0),
     ]
 
 
@@ -240,7 +242,7 @@ def test_graph_launched_kernels_are_captured_named_and_summarised_by_graph() -> 
     table = got.table(rank=2)
     assert table.schema == wire_schema("kernel_events")
     assert table["graph_node_id"].to_pylist()[1:3] == [node, node]
-    s = summarize(table, 0, 10_000).to_pandas()
+    s = summarize(KernelEvents.from_wire(table), 10_000).to_pandas()
     gemm = s[s.kernel == "gemm"].sort_values("graph_id")
     assert gemm.graph_id.tolist() == [0, 7] and gemm.graph_node_id.tolist() == [0, node]
     assert gemm["count"].tolist() == [1, 2]

@@ -8,8 +8,7 @@ import pyarrow as pa
 import pytest
 
 from argus.agent.buffers import RowBuffer
-from argus.agent.clock import estimate_offset
-from argus.agent.node import shift_times
+from argus.agent.clock import estimate_offset, shift_times
 from argus.agent.protocol import (
     FrameType,
     ProtocolError,
@@ -161,9 +160,9 @@ class _Group:
 
 
 def test_oldest_pending_collective_is_the_earliest_issued_not_completed() -> None:
-    from argus.agent import probe as probe_module
+    from argus.agent.recorder import Recorder
 
-    probe = probe_module.Probe(socket_path="/nonexistent/argus.sock")
+    probe = Recorder(attach_ns=0)
     world, pair = _Group("0"), _Group("1")
     assert probe.oldest_pending() == ("", -1, "", 0)
     a = probe.open_collective(world, "allreduce", 64, 100)
@@ -187,14 +186,14 @@ def test_oldest_pending_collective_is_the_earliest_issued_not_completed() -> Non
 
 
 def test_pending_collectives_are_bounded_and_the_excess_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    from argus.agent import probe as probe_module
+    from argus.agent import recorder as recorder_module
 
-    monkeypatch.setattr(probe_module, "MAX_PENDING", 3)
-    probe = probe_module.Probe(socket_path="/nonexistent/argus.sock")
+    monkeypatch.setattr(recorder_module, "MAX_PENDING", 3)
+    probe = recorder_module.Recorder(attach_ns=0)
     world = _Group("0")
     keys = [probe.open_collective(world, "allreduce", 4, t) for t in range(5)]
     assert keys[3:] == [0, 0] and all(keys[:3])
-    assert probe._take_dropped() == 2
+    assert probe.dropped() == 2
     probe.active = False
     assert probe.open_collective(world, "allreduce", 4, 9) == 0
 

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from argus.analyzer.synthetic import Simulation
-from argus.collector.store import Store, open_store
+from argus.store import Store, open_store
+from synthetic.jobs import Simulation
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import pytest
 from argus.analyzer.collectives import decompose
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.roles import infer_roles
-from argus.analyzer.synthetic import Fault, JobSpec, simulate
-from argus.analyzer.synthetic3d import Layout3D, windows
 from argus.analyzer.waits import blocking_rows, step_times
 from argus.analyzer.window import Collectives, Phases, Steps, Window
+from synthetic.jobs import Fault, JobSpec, simulate
+from synthetic.layout3d import Layout3D, windows
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000

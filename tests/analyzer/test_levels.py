@@ -12,8 +12,8 @@ from argus.analyzer.iteration import compare_iterations, job_step_times
 from argus.analyzer.liveness import find_unresponsive
 from argus.analyzer.phase import compare_phases
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.synthetic import Fault, JobSpec, Simulation, simulate
 from argus.analyzer.window import Collectives, RankStatus, Steps
+from synthetic.jobs import Fault, JobSpec, Simulation, simulate
 
 MS = 1_000_000
 

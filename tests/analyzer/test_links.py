@@ -11,8 +11,8 @@ from argus.agent.links import LinkSample, link_rows
 from argus.analyzer.links import BUSY_SHARE, attribute_links
 from argus.analyzer.store_io import read_liveness, read_window
 from argus.analyzer.window import LinkSamples
-from argus.collector.store import Store
 from argus.schema import wire_table
+from argus.store import Store
 
 S = 1_000_000_000
 

@@ -1,16 +1,23 @@
-"""The analyzer on real data: a 4-rank gloo DDP job (argus.demo_job) under `argus run`, recorded by the agent.
+"""The analyzer on real data: 4-rank gloo jobs (argus.demo_job) under `argus run`, recorded by the agent.
 
-One recording per scenario, made once per test session (session fixture): a real
+One recording per job, made once per test session (session fixture): a real
 `argus server` with its analyzer off stores what the node agent streams; then the
 server stops and the analyzer runs offline over the store (`argus analyze --once`
-semantics, 6 s windows: see ANALYSIS_WINDOW_S). Rank 3 is slowed for real after a healthy warm-up:
+semantics, 6 s windows: see ANALYSIS_WINDOW_S). The faulty ranks are slowed for real
+after a healthy warm-up (:data:`JOBS`):
 
-- ``compute``: extra encoder passes in its forward (more CPU work);
-- ``host_stall``: a 0.15 s blocking sleep every 4 steps, outside the model and loader;
-- ``dataloader``: its Dataset sleeps 4 ms per sample.
+- data parallel (``dp``): rank 3 with extra encoder passes in its forward
+  (``compute``), a 0.15 s blocking sleep every 4 steps outside the model and loader
+  (``host_stall``), a Dataset sleeping 4 ms per sample (``dataloader``), one 1 s stop
+  every 40 steps (``spiky_stall``: rare but long), CPU work before a barrier it then
+  waits in (``host_work``); ranks 1-3 with extra passes (three of four slow);
+- pipeline x data parallel (``pp``: two unequal stages, GPipe over send/recv):
+  rank 3 (stage 1) with extra passes; its pipeline neighbour is rank 1;
+- tensor x data parallel (``tp``): rank 3 with extra passes;
+- and a clean job of each layout.
 
-The analyzer must name rank 3 with the right cause and nobody else, and find
-nothing in the clean run.
+The analyzer must name the faulty ranks with the right cause and nobody else, and
+find nothing in the clean jobs.
 """
 
 from __future__ import annotations
@@ -24,15 +31,27 @@ from pathlib import Path
 import pytest
 
 from argus.analyzer.service import Analyzer
-from argus.analyzer.store_io import read_diagnoses
-from argus.collector.store import open_store
-from argus.diagnosis import Diagnosis
+from argus.diagnosis import Diagnosis, read_diagnoses
+from argus.store import open_store
 from tests.agent.jobs import argus_run, job_env, short_dir
 from tests.conftest import ArgusServer
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = ("none", "compute", "host_stall", "dataloader")
+#: Each recorded job: its name, and its demo_job arguments (layout, fault, who).
+JOBS = {
+    "none": ["--layout=dp", "--scenario=none"],
+    "compute": ["--layout=dp", "--scenario=compute", "--slow-rank=3"],
+    "host_stall": ["--layout=dp", "--scenario=host_stall", "--slow-rank=3"],
+    "dataloader": ["--layout=dp", "--scenario=dataloader", "--slow-rank=3"],
+    "spiky_stall": ["--layout=dp", "--scenario=spiky_stall", "--slow-rank=3", "--spike-s=1.0"],
+    "host_work": ["--layout=dp", "--scenario=host_work", "--slow-rank=3", "--sync=barrier"],
+    "three_of_four": ["--layout=dp", "--scenario=compute", "--slow-ranks=1,2,3"],
+    "pp_none": ["--layout=pp", "--scenario=none"],
+    "pp_compute": ["--layout=pp", "--scenario=compute", "--slow-rank=3"],
+    "tp_none": ["--layout=tp", "--scenario=none"],
+    "tp_compute": ["--layout=tp", "--scenario=compute", "--slow-rank=3"],
+}
 SLOW_RANK = 3
 #: The node agent's compression window, seconds.
 WINDOW_S = 2.0
@@ -42,18 +61,17 @@ WINDOW_S = 2.0
 ANALYSIS_WINDOW_S = 6.0
 #: Healthy training before the fault, then training with it, seconds.
 WARMUP_S = 8.0
-FAULT_S = 30.0
+FAULT_S = 24.0
 
 
-def _record(server: ArgusServer, work: Path, scenario: str) -> None:
-    stop = work / f"stop-{scenario}"
+def _record(server: ArgusServer, work: Path, name: str) -> None:
+    stop = work / f"stop-{name}"
     job = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "argus.demo_job", f"--scenario={scenario}", f"--slow-rank={SLOW_RANK}",
-        f"--fault-after-s={WARMUP_S}", f"--stop-file={stop}",
+        "-m", "argus.demo_job", *JOBS[name], f"--fault-after-s={WARMUP_S}", f"--stop-file={stop}",
     ]  # fmt: skip
-    cmd = argus_run(work, server.grpc_target, f"real-{scenario}", job, window_s=WINDOW_S)
-    log_path = work / f"{scenario}.log"
+    cmd = argus_run(work, server.grpc_target, f"real-{name}", job, window_s=WINDOW_S)
+    log_path = work / f"{name}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, env=job_env(work), stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -81,19 +99,19 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
     server.start()
     try:
         with short_dir() as work:
-            for scenario in SCENARIOS:
-                _record(server, work, scenario)
+            for name in JOBS:
+                _record(server, work, name)
     finally:
         assert server.stop() == 0, server.logs()
     # chDB allows one open data dir per process: analyse, read back and close before yielding.
     store = open_store(server.store_url)
     try:
         out = {}
-        for scenario in SCENARIOS:
-            job = f"real-{scenario}"
+        for name in JOBS:
+            job = f"real-{name}"
             analyzer = Analyzer(store, window_s=ANALYSIS_WINDOW_S, job=job, backlog_s=None)
             analyzer.run_once(now_ns=time.time_ns() + 60 * 10**9)
-            out[scenario] = read_diagnoses(store, job)
+            out[name] = read_diagnoses(store, job)
     finally:
         store.close()
     yield out
@@ -106,23 +124,47 @@ def _describe(diagnoses: list[Diagnosis]) -> str:
     )
 
 
-def test_clean_run_has_no_diagnosis(recorded: dict[str, list[Diagnosis]]) -> None:
-    assert recorded["none"] == [], _describe(recorded["none"])
+@pytest.mark.parametrize("name", ["none", "pp_none", "tp_none"])
+def test_a_clean_job_of_each_layout_opens_nothing(recorded: dict[str, list[Diagnosis]], name: str) -> None:
+    assert recorded[name] == [], _describe(recorded[name])
 
 
 @pytest.mark.parametrize(
-    ("scenario", "phases"),
+    ("name", "cause", "phases"),
     [
-        ("compute", {"forward", "backward"}),
-        ("host_stall", {None, "forward", "data"}),
-        ("dataloader", {"data"}),
+        ("compute", "compute", {"forward", "backward"}),
+        ("host_stall", "host_stall", {None, "forward", "data"}),
+        ("dataloader", "dataloader", {"data"}),
+        # CPU work before a barrier: the others wait in the barrier, not in the all-reduce.
+        ("host_work", "host_stall", {None, "forward", "data"}),
+        ("pp_compute", "compute", {"forward", "backward"}),
+        ("tp_compute", "compute", {"forward", "backward"}),
     ],
 )
 def test_slow_rank_and_cause_are_named(
-    recorded: dict[str, list[Diagnosis]], scenario: str, phases: set[str | None]
+    recorded: dict[str, list[Diagnosis]], name: str, cause: str, phases: set[str | None]
 ) -> None:
-    found = recorded[scenario]
-    assert [(d.rank, d.cause) for d in found] == [(SLOW_RANK, scenario)], _describe(found)
+    # In the pipeline job, rank 3's neighbour (rank 1, stage 0) waits on its receives for rank 3
+    # and its data-parallel peer (rank 2) in the all-reduce: neither may be named.
+    found = recorded[name]
+    assert [(d.rank, d.cause) for d in found] == [(SLOW_RANK, cause)], _describe(found)
     d = found[0]
     assert d.phase in phases, _describe(found)
     assert d.slowdown_pct > 5 and d.evidence["windows"] >= 2, _describe(found)
+    assert d.evidence["lost_s"] > 0, _describe(found)
+
+
+def test_a_rare_long_stall_is_named_spiky(recorded: dict[str, list[Diagnosis]]) -> None:
+    found = recorded["spiky_stall"]
+    assert [(d.rank, d.cause) for d in found] == [(SLOW_RANK, "host_stall")], _describe(found)
+    e = found[0].evidence
+    assert e["spiky"] is True and e["stalls"] >= 1 and max(e["stall_ms"]) > 500, _describe(found)
+
+
+def test_three_of_four_slow_open_one_diagnosis_that_never_names_the_fast_rank(
+    recorded: dict[str, list[Diagnosis]],
+) -> None:
+    found = recorded["three_of_four"]
+    assert len(found) == 1, _describe(found)
+    assert 0 not in found[0].ranks and found[0].rank != 0, _describe(found)
+    assert found[0].cause == "compute", _describe(found)

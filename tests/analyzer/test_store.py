@@ -11,12 +11,12 @@ from prometheus_client import generate_latest
 
 from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.service import WAIT_WINDOWS, Analyzer, main
-from argus.analyzer.store_io import read_diagnoses, read_states
-from argus.analyzer.synthetic import NS, Fault, JobSpec, simulate
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
+from argus.diagnosis import read_diagnoses, read_states
 from argus.errors import StoreError
+from argus.metrics import Metrics
 from argus.schema import wire_schema
+from argus.store import Store
+from synthetic.jobs import NS, Fault, JobSpec, simulate
 
 from .conftest import load, rows_between
 

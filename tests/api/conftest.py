@@ -12,8 +12,8 @@ import pytest
 import uvicorn
 
 from argus.collector.api import create_app
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store, open_store
+from argus.metrics import Metrics
+from argus.store import Store, open_store
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from argus.diagnosis import Diagnosis
-from tests.api.jobdata import LiveFeed
+from synthetic.wire import LiveFeed
 from tests.api.prom import CHROMIUM, PROMETHEUS, Prometheus, chromium, fast_rules
 from tests.conftest import ArgusServer
 

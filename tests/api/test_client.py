@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from argus.collector.store import Store
 from argus.diagnosis import Diagnosis
 from argus.schema import wire_table
+from argus.store import Store
+from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
 from tests.api.conftest import LiveApp
-from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
 from tests.collector.test_auth_tls import self_signed
 from tests.conftest import ArgusServer
 

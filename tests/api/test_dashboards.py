@@ -20,10 +20,10 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
+from argus.metrics import Metrics
 from argus.schema import TABLES
-from tests.api.jobdata import insert_direct, synthetic_job
+from argus.store import Store
+from synthetic.wire import insert_direct, synthetic_job
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"

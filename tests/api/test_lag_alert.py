@@ -20,9 +20,9 @@ import yaml
 from prometheus_client import generate_latest
 
 from argus.analyzer.service import Analyzer
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
-from tests.api.jobdata import insert_direct, synthetic_job
+from argus.metrics import Metrics
+from argus.store import Store
+from synthetic.wire import insert_direct, synthetic_job
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "argus-rules.yml"
 MIN = 60 * 10**9
@@ -86,8 +86,9 @@ def test_lag_counts_only_jobs_with_data_waiting(store: Store, tmp_path: Path) ->
 
     # A job that ran and finished: analysed to its end, it waits for nothing.
     insert_direct(store, "job-done", synthetic_job(world_size=4, steps=16, exited=True))
-    server.run_once(now_ns=now + 10 * 10**9)
-    finished = _scrapes(server, now + 10 * 10**9)
+    after = time.time_ns() + 10 * 10**9  # past its rows' trailing windows and their grace
+    server.run_once(now_ns=after)
+    finished = _scrapes(server, after)
 
     # A live job whose analyzer stops after one pass: its next window waits, longer at each scrape.
     insert_direct(store, "job-live", synthetic_job(world_size=4, steps=16))
@@ -98,8 +99,9 @@ def test_lag_counts_only_jobs_with_data_waiting(store: Store, tmp_path: Path) ->
     assert idle == [0.0] * 12 and finished == [0.0] * 12, (idle, finished)
     assert stalled == [60.0 * k for k in range(12)]
     # The same job with an analyzer that keeps going: caught up, nothing waits.
-    stuck.run_once(now_ns=now + 10 * 10**9)
-    assert stuck.lag_s(now + 20 * 10**9) == 0.0
+    after = time.time_ns() + 10 * 10**9
+    stuck.run_once(now_ns=after)
+    assert stuck.lag_s(after + 10 * 10**9) == 0.0
 
     result = _promtool(tmp_path, {"idle": idle, "finished": finished, "stuck": stalled}, firing={"stuck"})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from argus.collector.metrics import TOP_SUSPECTS, Metrics
+from argus.metrics import TOP_SUSPECTS, Metrics
 
 
 def _series(metrics: Metrics, name: str) -> list[str]:

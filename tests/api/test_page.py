@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 import pytest
 
-from argus.collector.store import Store
+from argus.store import Store
+from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
 from tests.api.conftest import LiveApp
-from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
 from tests.api.prom import CHROMIUM, chromium
 
 pytestmark = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from argus.collector.api_params import (
+from argus.collector.api.params import (
     BadParameter,
     decode_cursor,
     encode_cursor,

@@ -14,10 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from argus.collector.api import create_app
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.diagnosis import Diagnosis
-from tests.api.jobdata import diagnosis_row, insert_direct, synthetic_job
+from argus.metrics import Metrics
+from argus.store import Store
+from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
 
 MINUTE_NS = 60 * 10**9
 

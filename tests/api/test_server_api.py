@@ -25,7 +25,7 @@ from schemathesis import GenerationMode
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from tests.api.jobdata import send_grpc, synthetic_job
+from synthetic.wire import send_grpc, synthetic_job
 from tests.conftest import ArgusServer
 
 TOKEN = "s3cret-token"

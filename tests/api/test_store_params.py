@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from argus.collector.store import Store
+from argus.store import Store
 
 
 def test_strings_and_arrays_round_trip(store: Store) -> None:
@@ -63,7 +63,7 @@ def test_parallel_parameterized_queries_see_their_own_values(store: Store) -> No
 _INSERT_WHILE_QUERYING = """
 import sys, threading, time
 import pyarrow as pa
-from argus.collector.store import open_store
+from argus.store import open_store
 store = open_store("chdb://" + sys.argv[1])
 rows = pa.table({"job_id": ["j"] * 500, "rank": pa.array(range(500), pa.uint32()),
                  "step": pa.array([1] * 500, pa.uint64()), "start_ns": list(range(500)), "dur_ns": [5] * 500})

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from argus.collector.store import Store, open_store
+from argus.store import Store, open_store
 
 CLICKHOUSE_ENV = "ARGUS_TEST_CLICKHOUSE_URL"
 

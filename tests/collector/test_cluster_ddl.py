@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from argus.collector.store import open_store, retention_statements
 from argus.schema import TABLES, create_statements
+from argus.store import open_store, retention_statements
 
 
 def _sql_literal(text: str) -> str:

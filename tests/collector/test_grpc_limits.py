@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from argus.collector.grpc_service import start_collector
-from argus.collector.metrics import Metrics
-from argus.collector.store import open_store
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
+from argus.store import open_store
 from tests.collector.wire import batch, channel, sample, stream
 
 

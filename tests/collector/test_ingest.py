@@ -6,10 +6,10 @@ import pyarrow as pa
 import pytest
 
 from argus.collector import ingest
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
 from argus.errors import InvalidBatch, StoreError
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
+from argus.store import Store
 from tests.collector.bad_batches import bad_batches
 from tests.collector.wire import batch, sample
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from argus.collector import ingest
-from argus.collector.store import open_store
 from argus.config import DATABASE
 from argus.schema import TABLES, create_statements, migration_statements, wire_schema
+from argus.store import open_store
 from tests.collector.wire import batch, sample
 
 #: Columns added after their table first shipped (they carry a default).

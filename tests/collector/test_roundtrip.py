@@ -11,11 +11,11 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from argus.collector.store import open_store
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
 from argus.schema import WIRE_TABLES, wire_schema
+from argus.store import open_store
 from tests.collector.bad_batches import bad_batches
 from tests.collector.wire import batch, channel, sample, stream
 

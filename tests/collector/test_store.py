@@ -7,9 +7,9 @@ import threading
 import pyarrow as pa
 import pytest
 
-from argus.collector.store import Store, apply_retention, open_store, retention_statements
 from argus.errors import ConfigError, StoreError, StoreLocked
 from argus.schema import TABLES, WIRE_TABLES, wire_schema
+from argus.store import Store, apply_retention, open_store, retention_statements
 from tests.collector.wire import sample
 
 
@@ -156,7 +156,7 @@ def test_identical_plain_inserts_are_both_kept(tmp_path) -> None:  # type: ignor
     """Without a token nothing is deduplicated, although every table keeps a dedup window."""
     import pyarrow as pa
 
-    from argus.collector.store import open_store
+    from argus.store import open_store
 
     store = open_store(f"chdb://{tmp_path / 'store'}")
     row = pa.table(

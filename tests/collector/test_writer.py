@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from argus.collector import ingest
-from argus.collector.metrics import Metrics
-from argus.collector.store import open_store
 from argus.collector.writer import BatchWriter
 from argus.errors import StoreError
+from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
+from argus.store import open_store
 from tests.collector.wire import batch, sample
 
 

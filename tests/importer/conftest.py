@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from argus.collector.store import Store, open_store
+from argus.store import Store, open_store
 
 #: The real traces of the data README (override with $ARGUS_KINETO_DIR).
 KINETO_DIR = Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto"))

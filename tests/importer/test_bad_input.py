@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from argus.collector import importer
 from argus.collector.importer import import_traces
-from argus.collector.store import Store
+from argus.collector.importer import load as importer
 from argus.errors import StoreError, TraceError
 from argus.schema import TABLES
+from argus.store import Store
 
 from .traces import T0_US, kernel, simple_events, write_trace
 
@@ -153,6 +153,7 @@ class _FailingStore:
 
     def __init__(self, store: Store, table: str) -> None:
         self.url = store.url
+        self.embedded = store.embedded
         self._store = store
         self._table = table
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from argus.collector import kineto
-from argus.collector.importer import default_job_id, import_traces
-from argus.collector.kineto import file_digest, parse_trace
-from argus.collector.store import Store
+from argus.collector.importer import default_job_id, import_traces, kineto
+from argus.collector.importer.kineto import file_digest, parse_trace
+from argus.store import Store
 
 from .traces import T0_US, cpu_op, kernel, simple_events, step, write_trace
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from argus.collector.kineto import parse_trace
+from argus.collector.importer.kineto import parse_trace
 from argus.kde import CLUSTER_DTYPE, MAX_CLUSTERS, compress, fidelity, mixture_quantile
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from argus.collector.importer import ImportResult, import_traces
-from argus.collector.store import Store, open_store
+from argus.store import Store, open_store
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Must-show 3: a 64-rank job resampled from real kernels, one rank's GEMMs slowed 1.3x, is diagnosed.
 
-The job (:mod:`.synthetic_job`) goes through the importer's tables (KDE summaries
+The job (:mod:`synthetic.kineto`) goes through the importer's tables (KDE summaries
 per window, steps, collectives, ranks) into a real chDB store, and the analyzer
 runs over the imported windows as over live ones.
 """
@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 
 from argus.collector.importer import import_parsed, import_traces
-from argus.collector.kineto import ParsedTrace, parse_trace
-from argus.collector.store import Store, open_store
+from argus.collector.importer.kineto import ParsedTrace, parse_trace
 from argus.diagnosis import Diagnosis
-
-from .synthetic_job import GEMM, resample_job, write_kineto
+from argus.store import Store, open_store
+from synthetic.kineto import GEMM, resample_job, write_kineto
 
 TEMPLATE = "diff_control_rank3_of8.json.gz"
 #: The analyzer's default window; a fault must persist 10 s before a diagnosis opens.

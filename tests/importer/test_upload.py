@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from argus.collector.importer import default_job_id
-from argus.collector.kineto import file_digest
+from argus.collector.importer.kineto import file_digest
 
 from .traces import T0_US, simple_events, write_trace
 

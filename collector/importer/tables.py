@@ -1,6 +1,6 @@
 """The rows one parsed Kineto trace contributes to each table (schema of :mod:`argus.schema`).
 
-Pure functions from a :class:`~argus.collector.kineto.ParsedTrace` and the
+Pure functions from a :class:`~argus.collector.importer.kineto.ParsedTrace` and the
 rank it is imported as to Arrow tables whose columns are ``job_id`` plus the
 table's wire columns, ready for :meth:`Store.insert`.
 
@@ -19,9 +19,8 @@ Choices (each is what live capture would have recorded, as far as a trace tells)
   issue order, so traces of ranks profiled over the same steps line up. ``step``
   is the ``ProfilerStep`` in which the collective was issued (the step before the
   first one if it was issued earlier).
-- ``kernel_summaries``: one KDE compression (:func:`argus.kde.compress`) per
-  window (aligned to epoch multiples of ``window_ns``), kind, kernel and stream,
-  at the trace's recording resolution.
+- ``kernel_summaries``: :func:`argus.kernels.summarize`, the node agent's summary
+  and window rule, at the trace's recording resolution.
 - ``ranks``: an ``attach`` row at the trace's first event, a ``group`` row per
   process group of ``pg_config`` (else the default group ``"0"`` of all
   ``world_size`` ranks), and an ``exit`` row with exit code 0 at its last event:
@@ -39,9 +38,9 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from argus.collector.kineto import KINDS, ParsedTrace
-from argus.kde import compress
-from argus.schema import wire_schema, wire_table
+from argus.collector.importer.kineto import ParsedTrace
+from argus.kernels import KINDS, summarize
+from argus.schema import wire_table
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -52,7 +51,6 @@ __all__ = [
     "kernel_summaries_table",
     "ranks_table",
     "steps_table",
-    "summary_window",
 ]
 
 #: Name of the default process group (torch.distributed's WORLD) when a trace names none.
@@ -92,7 +90,7 @@ def steps_table(rt: RankTrace) -> pa.Table:
     )
 
 
-def _dictionary(codes: NDArray[np.integer], values: Sequence[str]) -> pa.DictionaryArray:
+def _dictionary(codes: NDArray[np.integer], values: Sequence[str]) -> pa.DictionaryArray[Any, Any]:
     """Strings as indices into ``values``, no string per row (ClickHouse reads it as String)."""
     return pa.DictionaryArray.from_arrays(codes.astype(np.int32), pa.array(values, pa.string()))
 
@@ -165,68 +163,21 @@ def collectives_table(rt: RankTrace) -> pa.Table:
     )
 
 
-def summary_window(t: ParsedTrace, window_ns: int) -> NDArray[np.int64]:
-    """Start, ns, of the summary window of each GPU event of ``t``, shape ``(n,)``.
-
-    The window where the ``ProfilerStep`` in which the event was launched ends
-    (the step by the CPU launch time, else by the GPU start). Ranks of a
-    synchronous job end a step within milliseconds of each other, so a window
-    boundary splits no step's kernels between windows differently on different
-    ranks, as cutting by kernel start would: a rank running 1 % behind would
-    hold one more call of a kernel in one window and one fewer in the next, and
-    look different from its peers for no reason. Events outside every step (before
-    the first, after the last one's end) fall in the window of their start.
-    """
-    when = np.where(t.launch_ns >= 0, t.launch_ns, t.start_ns)
-    own = t.start_ns // window_ns * window_ns
-    if t.step.size == 0:
-        return own
-    idx = np.searchsorted(t.step_start_ns, when, side="right") - 1
-    step_end = t.step_start_ns + t.step_dur_ns
-    inside = (idx >= 0) & (when < step_end[np.maximum(idx, 0)])
-    by_step = step_end[np.maximum(idx, 0)] // window_ns * window_ns
-    return np.where(inside, by_step, own)
-
-
 def kernel_summaries_table(rt: RankTrace, window_ns: int) -> pa.Table:
-    """``kernel_summaries`` rows: KDE clusters per (window, kind, kernel, stream).
+    """``kernel_summaries`` rows: :func:`argus.kernels.summarize` of the trace's GPU activity.
 
-    Windows start at epoch multiples of ``window_ns``. A kernel belongs to the
-    window in which the step that launched it ends (:func:`summary_window`), so
-    that every rank's window holds the kernels of the same steps. Durations are
-    compressed at the trace's resolution (1000 ns for integer-µs traces).
+    The one summary and window rule of live capture: a kernel belongs to the window in
+    which the ``ProfilerStep`` that launched it ends. Durations are compressed at the
+    trace's resolution (1000 ns for integer-µs traces).
 
     Raises:
         ValueError: ``window_ns`` < 1.
     """
-    if window_ns < 1:
-        raise ValueError(f"window_ns must be >= 1, got {window_ns}")
     t = rt.trace
-    window = summary_window(t, window_ns)
-    order = np.lexsort((t.stream, t.kernel_code, t.kind, window))
-    keys = np.stack([window[order], t.kind[order], t.kernel_code[order], t.stream[order]])
-    bounds = np.flatnonzero(np.any(keys[:, 1:] != keys[:, :-1], axis=0)) + 1
-    collective = t.is_collective
-    cols: dict[str, list[object]] = {name: [] for name in wire_schema("kernel_summaries").names}
-    for group in np.split(order, bounds) if order.size else []:
-        first = group[0]
-        clusters = compress(t.dur_ns[group], t.resolution_ns)
-        k = clusters.size
-        cols["window_start_ns"] += _full(k, int(window[first]))
-        cols["kind"] += _full(k, KINDS[t.kind[first]])
-        cols["kernel"] += _full(k, t.kernel_names[t.kernel_code[first]])
-        cols["stream"] += _full(k, int(t.stream[first]))
-        cols["collective"] += _full(k, int(collective[first]))
-        cols["cluster"] += list(range(k))
-        for field in ("count", "p50_ns", "p99_ns", "log_lo", "log_hi", "sum_ns"):
-            cols[field] += clusters[field].tolist()
-    n = len(cols["cluster"])
-    cols["rank"] = _full(n, rt.rank)
-    cols["window_ns"] = _full(n, window_ns)
-    cols["resolution_ns"] = _full(n, t.resolution_ns)
-    cols["covered_ns"] = _full(n, window_ns)
-    cols["graph_id"] = cols["graph_node_id"] = _full(n, 0)  # no CUDA graph in Kineto traces
-    return _table("kernel_summaries", rt.job_id, cols)
+    rows = summarize(
+        t.kernel_events(rt.rank), window_ns, steps=t.step_spans(rt.rank), resolution_ns=t.resolution_ns
+    )
+    return rows.add_column(0, "job_id", pa.array([rt.job_id] * rows.num_rows, pa.string()))
 
 
 def _device(t: ParsedTrace) -> str:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from argus.collector.api_jobs import rank_filter, require_job
-from argus.collector.api_params import RankSet
-from argus.collector.store import Store
+from argus.collector.api.jobs import rank_filter, require_job
+from argus.collector.api.params import RankSet
+from argus.store import Store
 
 __all__ = ["chrome_trace"]
 

@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 import pyarrow as pa
 
-from argus.collector.store import Store
 from argus.proto import collector_pb2, collector_pb2_grpc
 from argus.schema import TABLES, wire_schema, wire_table
+from argus.store import Store
 
 __all__ = ["LiveFeed", "diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
 

@@ -8,12 +8,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import JSONResponse
 
-from argus.collector import importer
-from argus.collector.api_diagnoses import list_diagnoses
-from argus.collector.api_errors import ERROR_RESPONSES
-from argus.collector.api_heatmap import heatmap
-from argus.collector.api_jobs import list_jobs, list_ranks, require_ranks
-from argus.collector.api_models import (
+from argus.collector.api.diagnoses import list_diagnoses
+from argus.collector.api.errors import ERROR_RESPONSES
+from argus.collector.api.heatmap import heatmap
+from argus.collector.api.jobs import list_jobs, list_ranks, require_ranks
+from argus.collector.api.models import (
     DiagnosisPage,
     Heatmap,
     ImportOut,
@@ -22,10 +21,12 @@ from argus.collector.api_models import (
     RankPage,
     TraceDocument,
 )
-from argus.collector.api_params import BadParameter, RankSet, parse_ranks, parse_time_ns
-from argus.collector.api_trace import chrome_trace
-from argus.collector.store import Store
+from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse_time_ns
+from argus.collector.api.trace import chrome_trace
+from argus.collector.importer import import_traces
+from argus.diagnosis import Cause, State
 from argus.errors import NotFound
+from argus.store import Store
 
 __all__ = ["build_router"]
 
@@ -64,7 +65,7 @@ def _range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
 
 
 def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) -> APIRouter:
-    """The ``/api/v1`` router over ``store``; errors are raised, mapped by api_errors."""
+    """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors."""
     router = APIRouter(prefix="/api/v1", responses={**ERROR_RESPONSES, **_BAD})
 
     @router.get("/jobs", response_model=JobPage, summary="List jobs, newest first")
@@ -112,13 +113,10 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
     def get_diagnoses(
         job_id: JobId,
         state: Annotated[
-            Literal["open", "resolved", "all"] | None,
+            State | Literal["all"] | None,
             Query(description="`open`, `resolved`, or `all` (the default: both)"),
         ] = None,
-        cause: Literal[
-            "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
-        ]
-        | None = None,
+        cause: Cause | None = None,
         limit: Limit = 100,
         cursor: Cursor = None,
     ) -> Any:
@@ -141,8 +139,7 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
         ranks: RanksParam = None,
         max_events: Annotated[int, Query(ge=1, le=2_000_000, description="bound on events")] = 200_000,
     ) -> JSONResponse:
-        """Steps, phases, collectives and kernels overlapping [start, end], one process per rank; `ranks`
-        naming ranks beyond the job's world size answers 422 naming them."""
+        """Steps, phases, collectives and kernels overlapping [start, end], one process per rank."""
         lo, hi = _range(start, end)
         selected = _ranks(ranks)
         require_ranks(store, job_id, selected)
@@ -194,7 +191,7 @@ def build_router(store: Store, *, heartbeat_timeout_ns: int, window_s: float) ->
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
         names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
-        result = importer.import_traces(
+        result = import_traces(
             store, [f.file for f in file], job_id=job_id, rank=rank, names=names, window_s=window_s
         )
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}

@@ -21,7 +21,7 @@ and ``steps`` steps from one real rank's trace (``diff_control_rank3_of8``):
   slowest rank is done; all ranks start the next step together.
 * Durations and offsets are whole µs, as in the template (resolution 1000 ns).
 
-The result is one :class:`~argus.collector.kineto.ParsedTrace` per rank, what
+The result is one :class:`~argus.collector.importer.kineto.ParsedTrace` per rank, what
 the importer's parser would make of each rank's trace file;
 :func:`write_kineto` writes one as a Kineto trace, whose parse gives it back.
 """
@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from argus.collector.kineto import KINDS, CollectiveMeta, ParsedTrace
+from argus.collector.importer.kineto import CollectiveMeta, ParsedTrace
+from argus.kernels import KINDS
 
 __all__ = ["GEMM", "resample_job", "write_kineto"]
 

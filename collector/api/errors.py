@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from argus.collector.api_params import BadParameter
+from argus.collector.api.params import BadParameter
 from argus.errors import (
     ArgusError,
     ConfigError,

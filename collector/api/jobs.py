@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from argus.collector.api_params import INT64_MAX, BadParameter, RankSet, decode_cursor, encode_cursor
-from argus.collector.store import Store
+from argus.collector.api.params import INT64_MAX, BadParameter, RankSet, decode_cursor, encode_cursor
 from argus.errors import NotFound
+from argus.store import Store
 
 __all__ = [
     "job_exists",

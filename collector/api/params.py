@@ -1,7 +1,7 @@
 """Query parameters of the REST API: times, rank sets and page cursors.
 
 Each parser takes the raw query string value and returns a typed value, or
-raises :class:`BadParameter` (answered as 422 by :mod:`argus.collector.api_errors`).
+raises :class:`BadParameter` (answered as 422 by :mod:`argus.collector.api.errors`).
 
 - Times are integer ns since the epoch (``1718000000000000000``) or RFC 3339
   (``2024-06-10T06:13:20.5Z``, fraction up to ns, ``Z`` or ``±HH:MM`` required).

@@ -1,4 +1,4 @@
-"""Client side of the REST API: a small HTTP client for commands, and `argus diagnose`.
+"""Client side of the REST API: a small HTTP client for commands, `argus diagnose` and `argus jobs`.
 
 :class:`ArgusClient` maps HTTP answers to :mod:`argus.errors` (404 → NotFound,
 401 → Unauthenticated, 422 → ConfigError or TraceError for uploads, 501 →
@@ -14,7 +14,6 @@ import json
 import ssl
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,9 +30,8 @@ from argus.errors import (
     TraceError,
     Unauthenticated,
 )
-from argus.summary import lines as summary_lines
 
-__all__ = ["ArgusClient", "diagnose_main", "jobs_main", "render_diagnoses", "render_jobs"]
+__all__ = ["ArgusClient", "diagnose_main", "jobs_main"]
 
 _ERRORS: dict[int, type[ArgusError]] = {
     401: Unauthenticated,
@@ -123,9 +121,10 @@ class ArgusClient:
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self.get(f"/api/v1/jobs/{_quote(job_id)}"))
 
-    def diagnoses(self, job_id: str, *, state: str | None = None) -> list[dict[str, Any]]:
-        """Every diagnosis of ``job_id`` (DESIGN §5 objects), newest first."""
-        return list(self.items(f"/api/v1/jobs/{_quote(job_id)}/diagnoses", {"state": state, "limit": 1000}))
+    def diagnoses(self, job_id: str, *, state: str | None = None) -> list[Diagnosis]:
+        """Every diagnosis of ``job_id``, newest first."""
+        path = f"/api/v1/jobs/{_quote(job_id)}/diagnoses"
+        return [Diagnosis.from_dict(d) for d in self.items(path, {"state": state, "limit": 1000})]
 
     def upload_traces(self, job_id: str, paths: Sequence[Path], *, rank: int | None = None) -> dict[str, Any]:
         """POST trace files to ``/api/v1/jobs/{job_id}/traces``; returns the import result.
@@ -152,78 +151,6 @@ def _quote(part: str) -> str:
     return quote(part, safe="")
 
 
-def _time(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-
-
-def render_diagnoses(job: dict[str, Any], diagnoses: list[dict[str, Any]]) -> Any:
-    """A rich renderable: the job's line, a table of its diagnoses (open first), then each one's
-    summary and at most five evidence lines with units (:func:`argus.summary.lines`)."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    head = Text.assemble(
-        ("job ", "bold"),
-        (job["job_id"], "bold cyan"),
-        f"  {job['status']}, {job['ranks_attached']}/{job['world_size']} ranks, "
-        f"{job['open_diagnoses']} open diagnoses",
-    )
-    windows = job.get("windows_analysed", 0)
-    loss = Text(
-        f"{windows} analysis window(s), {job.get('analysed_s', 0.0):.1f} s of steps analysed; "
-        f"lost {job.get('lost_s', 0.0):.1f} s against its healthy pace, "
-        f"{100 * job.get('unexplained_loss_ratio', 0.0):.0f} % of it unexplained"
-        + (f"; {job['windows_failed']} window(s) failed to analyse" if job.get("windows_failed") else ""),
-        style="dim",
-    )
-    header = Group(head, loss)
-    if not diagnoses:
-        return Group(header, Text("no diagnoses: every rank is like its peers", style="green"))
-    table = Table(show_lines=False, header_style="bold")
-    for name, justify in (
-        ("state", "left"),
-        ("cause", "left"),
-        ("rank(s)", "left"),
-        ("phase / kernel", "left"),
-        ("score", "right"),
-        ("slowdown", "right"),
-        ("lost", "right"),
-        ("first seen", "left"),
-        ("last seen", "left"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    ordered = sorted(diagnoses, key=lambda d: (d["state"] != "open", -d["last_window_ns"]))
-    for d in ordered:
-        who = str(d["rank"]) if d["rank"] is not None else ",".join(map(str, d["ranks"]))
-        where = " / ".join(x for x in (d["phase"], d["kernel"]) if x) or "-"
-        table.add_row(
-            Text(d["state"], style="bold red" if d["state"] == "open" else "dim"),
-            d["cause"],
-            who,
-            where,
-            f"{d['score']:.2f}",
-            f"{d['slowdown_pct']:.1f}%",
-            f"{d['evidence']['lost_s']:.1f} s"
-            if isinstance(d["evidence"].get("lost_s"), int | float)
-            else "-",
-            _time(d["first_window_ns"]),
-            _time(d["last_window_ns"]),
-        )
-    # Under the table, each diagnosis's sentence and the figures that carry it (all of them: --json).
-    details: list[Any] = []
-    for d in ordered:
-        record = Diagnosis.from_dict(d)
-        who = (
-            f"rank {record.rank}" if record.rank is not None else f"ranks {','.join(map(str, record.ranks))}"
-        )
-        details.append(
-            Text.assemble("\n", (record.state.upper(), "bold"), f" {who}: ", (record.cause, "bold"))
-        )
-        details.extend(Text(line) for line in summary_lines(record))
-    return Group(header, table, *details)
-
-
 def diagnose_main(args: argparse.Namespace) -> int:
     """`argus diagnose --job ID [--server URL] [--json] [--token T] [--tls-cert F]`.
 
@@ -234,50 +161,24 @@ def diagnose_main(args: argparse.Namespace) -> int:
         job = client.job(args.job)
         diagnoses = client.diagnoses(args.job)
     if args.json:
-        json.dump(diagnoses, sys.stdout, indent=2)
+        json.dump([d.to_dict() for d in diagnoses], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     from rich.console import Console
 
+    from argus import render
+
     # Piped output keeps whole cells (rich would wrap them at 80 columns).
-    Console(width=None if sys.stdout.isatty() else 200).print(render_diagnoses(job, diagnoses))
+    Console(width=None if sys.stdout.isatty() else 200).print(render.table(job, diagnoses))
     return 0
-
-
-def render_jobs(jobs: list[dict[str, Any]]) -> Any:
-    """A rich table of REST job objects: id (whole), status, ranks, open diagnoses, last seen."""
-    from rich.table import Table
-    from rich.text import Text
-
-    if not jobs:
-        return Text("no jobs yet: start one with argus run -- torchrun ...")
-    table = Table(header_style="bold")
-    for name, justify in (
-        ("job", "left"),
-        ("status", "left"),
-        ("ranks", "right"),
-        ("open diagnoses", "right"),
-        ("started", "left"),
-        ("last seen", "left"),
-    ):
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for job in jobs:
-        table.add_row(
-            job["job_id"],
-            job["status"],
-            f"{job['ranks_attached']}/{job['world_size']}",
-            str(job["open_diagnoses"]),
-            _time(job["start_ns"]) if job.get("start_ns") else "-",
-            _time(job["last_seen_ns"]) if job.get("last_seen_ns") else "-",
-        )
-    return table
 
 
 def jobs_main(args: argparse.Namespace) -> int:
     """`argus jobs [--server URL] [--json] [--token T] [--tls-cert F]`: every job, newest first.
 
-    Prints a table (times in the local zone, as `argus diagnose`), or with ``--json`` a JSON array
-    of the REST API's job objects. Returns 0; errors raise ArgusError (the CLI prints them).
+    Prints a table (:func:`argus.render.jobs`: times in the local zone, as `argus diagnose`), or
+    with ``--json`` a JSON array of the REST API's job objects. Returns 0; errors raise ArgusError
+    (the CLI prints them).
     """
     with ArgusClient(args.server, token=args.token, tls_cert=getattr(args, "tls_cert", None)) as client:
         jobs = list(client.items("/api/v1/jobs", {"limit": 1000}))
@@ -287,5 +188,7 @@ def jobs_main(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
 
-    Console(width=None if sys.stdout.isatty() else 200).print(render_jobs(jobs))
+    from argus import render
+
+    Console(width=None if sys.stdout.isatty() else 200).print(render.jobs(jobs))
     return 0

@@ -1,13 +1,18 @@
 """Response bodies of the REST API, as pydantic models (they make the OpenAPI schema).
 
-Times are integer ns since the epoch; ``None`` where not known yet.
+Times are integer ns since the epoch; ``None`` where not known yet. A body that is one of
+Argus's records (the diagnosis) is derived from the record (:func:`model_of`), not written again.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+import typing
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
+
+from argus.diagnosis import Diagnosis
 
 __all__ = [
     "DiagnosisModel",
@@ -23,6 +28,7 @@ __all__ = [
     "Rank",
     "RankPage",
     "TraceDocument",
+    "model_of",
 ]
 
 JobStatus = Literal["running", "finished", "unknown"]
@@ -33,7 +39,7 @@ class Health(BaseModel):
 
 
 class Job(BaseModel):
-    """One job; see :mod:`argus.collector.api_jobs` for how ``status`` is derived."""
+    """One job; see :mod:`argus.collector.api.jobs` for how ``status`` is derived."""
 
     job_id: str
     status: JobStatus
@@ -94,29 +100,28 @@ class RankPage(BaseModel):
     next: str | None
 
 
-class DiagnosisModel(BaseModel):
-    """The DESIGN §5 diagnosis object (``argus.diagnosis.Diagnosis.to_dict()``)."""
+def model_of(record: type[Any]) -> type[BaseModel]:
+    """A pydantic model of a dataclass record: its fields, types and ``doc`` metadata.
 
-    id: str
-    job_id: str
-    rank: int | None
-    ranks: list[int]
-    group: str | None
-    cause: Literal[
-        "compute", "host_stall", "dataloader", "communication", "throttling", "unresponsive", "unknown"
-    ]
-    phase: str | None
-    kernel: str | None
-    score: float = Field(description="0 = like its peers, >= 1 = past the detection threshold")
-    slowdown_pct: float = Field(description="estimated loss of the job's throughput, percent")
-    first_window_ns: int
-    last_window_ns: int
-    state: Literal["open", "resolved"]
-    summary: str = Field(
-        description="one sentence a person reads first: who (rank, host, pid), what, how much, how we "
-        "know; written from the evidence when read"
-    )
-    evidence: dict[str, Any]
+    A string field whose metadata names ``choices`` (a ``StrEnum``) takes only their values.
+    """
+    hints = typing.get_type_hints(record)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        kind = hints[f.name]
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            kind = Literal[tuple(c.value for c in choices)]
+        fields[f.name] = (kind, Field(description=f.metadata.get("doc")))
+    doc = (record.__doc__ or "").split("\n\n")[0]
+    return create_model(f"{record.__name__}Model", __doc__=doc, **fields)
+
+
+if TYPE_CHECKING:
+    DiagnosisModel = BaseModel
+else:
+    #: The DESIGN §5 diagnosis object (``argus.diagnosis.Diagnosis.to_dict()``).
+    DiagnosisModel = model_of(Diagnosis)
 
 
 class DiagnosisPage(BaseModel):

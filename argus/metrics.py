@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 
 __all__ = ["TOP_SUSPECTS", "Metrics"]
 
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 #: At most this many (job_id, rank) series of argus_straggler_score per job.
 TOP_SUSPECTS = 5

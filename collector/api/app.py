@@ -1,6 +1,6 @@
 """The HTTP side of an `argus server` (DESIGN §6): REST API, ``/metrics``, ``/healthz`` and the page.
 
-    /api/v1/...        JSON endpoints (api_routes), OpenAPI at /openapi.json, docs at /docs
+    /api/v1/...        JSON endpoints (routes), OpenAPI at /openapi.json, docs at /docs
     /healthz           liveness, never needs the token
     /metrics           Prometheus exposition of the server's registry
     /, /page/{asset}   the web page (plain HTML + JS, no build step)
@@ -25,14 +25,14 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from argus import __version__
-from argus.collector.api_errors import ERROR_RESPONSES, error_response, install_error_handlers
-from argus.collector.api_jobs import recent_job_status_counts
-from argus.collector.api_models import Health
-from argus.collector.api_routes import build_router
-from argus.collector.metrics import Metrics
-from argus.collector.store import Store
+from argus.collector.api.errors import ERROR_RESPONSES, error_response, install_error_handlers
+from argus.collector.api.jobs import recent_job_status_counts
+from argus.collector.api.models import Health
+from argus.collector.api.routes import build_router
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import StoreError, Unauthenticated
+from argus.metrics import Metrics
+from argus.store import Store
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "create_app"]
 
@@ -56,7 +56,7 @@ When the server has a token, send `Authorization: Bearer TOKEN`.
 """
 
 
-def create_app(
+def create_app(  # noqa: C901  (the app's routes are declared inside it, over its store)
     store: Store,
     *,
     metrics: Metrics,

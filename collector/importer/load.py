@@ -1,15 +1,15 @@
 """Import of PyTorch profiler (Kineto) traces into the tables live capture fills (DESIGN §6).
 
 One trace file per rank, plain or gzipped Chrome-trace JSON. Each file is
-parsed whole, streaming (:mod:`argus.collector.kineto`), into Arrow tables
-(:mod:`argus.collector.trace_tables`) before anything is written; then the
+parsed whole, streaming (:mod:`argus.collector.importer.kineto`), into Arrow tables
+(:mod:`argus.collector.importer.tables`) before anything is written; then the
 tables of every file are inserted, ``ranks`` and ``jobs`` last. A file that
 cannot be parsed writes nothing; a failed insert is rolled back (``ALTER TABLE
 ... DELETE`` of the import's ranks, synchronously), so the same import can be
 run again. (No deduplication tokens: ClickHouse would remember a token after the
 rollback deleted its rows and drop the retry.)
 
-Memory: a trace is held as the numpy columns :mod:`argus.collector.kineto`
+Memory: a trace is held as the numpy columns :mod:`argus.collector.importer.kineto`
 keeps, the small tables (steps, collectives, KDE summaries, ranks) are built
 before the first insert, and the raw kernel events are turned into Arrow in
 slices of :data:`_INSERT_ROWS` rows as they are inserted.
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -47,10 +46,8 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from argus import config
-from argus.collector.kineto import ParsedTrace, file_digest, parse_trace, trace_name
-from argus.collector.store import ChdbStore, Store, open_store
-from argus.collector.trace_tables import (
+from argus.collector.importer.kineto import ParsedTrace, file_digest, parse_trace, trace_name
+from argus.collector.importer.tables import (
     RankTrace,
     collectives_table,
     jobs_table,
@@ -61,6 +58,7 @@ from argus.collector.trace_tables import (
 )
 from argus.config import DEFAULT_WINDOW_S
 from argus.errors import StoreError, TraceError
+from argus.store import Store, open_store
 
 __all__ = ["ImportResult", "default_job_id", "import_parsed", "import_traces", "main"]
 
@@ -120,7 +118,7 @@ def _assign_ranks(traces: list[ParsedTrace], rank: int | None) -> list[int]:
 
 def _stored_ranks(store: Store, job_id: str) -> set[int]:
     table = store.query("SELECT DISTINCT rank FROM ranks WHERE job_id = {job_id:String}", {"job_id": job_id})
-    return {int(r) for r in table.column(0).to_pylist()}
+    return {int(r) for r in table.column(0).to_numpy()}
 
 
 def _build(rt: RankTrace, window_ns: int) -> dict[str, list[pa.Table]]:
@@ -148,7 +146,7 @@ def _release_memory(store: Store) -> None:
     chDB's jemalloc holds freed pages for seconds; over the many inserts of a big
     trace that roughly doubles what the inserts add to the process's peak RSS.
     """
-    if isinstance(store, ChdbStore):
+    if store.embedded:
         try:
             store.command("SYSTEM JEMALLOC PURGE")
         except StoreError as exc:  # a chDB built without jemalloc: nothing to release
@@ -220,7 +218,7 @@ def import_parsed(
     """The second half of :func:`import_traces`: store traces already parsed (or generated).
 
     Same arguments, results and errors as :func:`import_traces`, with
-    :class:`~argus.collector.kineto.ParsedTrace` columns instead of files.
+    :class:`~argus.collector.importer.kineto.ParsedTrace` columns instead of files.
     """
     if window_s <= 0:
         raise ValueError(f"window_s must be > 0, got {window_s}")
@@ -260,12 +258,11 @@ def import_parsed(
 
 
 def _upload(args: argparse.Namespace, paths: list[Path]) -> dict[str, Any]:
-    from argus.collector.client import ArgusClient
+    from argus.client import ArgusClient
 
-    server = args.server or os.environ.get(config.ENV_SERVER) or config.DEFAULT_SERVER_URL
     job = args.job_id or default_job_id([file_digest(p) for p in paths])
     # Big traces take a while to import server-side: a long read timeout.
-    with ArgusClient(server, token=args.token, tls_cert=args.tls_cert, timeout_s=600.0) as client:
+    with ArgusClient(args.server, token=args.token, tls_cert=args.tls_cert, timeout_s=600.0) as client:
         return client.upload_traces(job, paths, rank=args.rank)
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from argus.collector.api_jobs import require_job
-from argus.collector.store import Store
+from argus.collector.api.jobs import require_job
 from argus.schema import PHASES
+from argus.store import Store
 
 __all__ = ["METRICS", "heatmap"]
 
@@ -84,7 +84,7 @@ def heatmap(
     bins: int,
     max_rows: int,
 ) -> dict[str, Any]:
-    """The :class:`argus.collector.api_models.Heatmap` of ``job_id``.
+    """The :class:`argus.collector.api.models.Heatmap` of ``job_id``.
 
     Args:
         metric: ``busy``, ``step`` or a phase name (:data:`METRICS`).

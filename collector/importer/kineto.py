@@ -34,7 +34,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import re
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -48,10 +47,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from argus.errors import TraceError
+from argus.kernels import KernelEvents, StepSpans, collective_op
 
 __all__ = [
     "BACKEND",
-    "KINDS",
     "CollectiveMeta",
     "ParsedTrace",
     "ProcessGroup",
@@ -69,8 +68,6 @@ except ImportError:  # pragma: no cover - the wheel ships the C extension
     _ijson = ijson
     BACKEND = ijson.backend
 
-#: Stored kinds, in code order (``kind`` code = index).
-KINDS = ("kernel", "memcpy", "memset")
 _CATEGORY_KIND = {
     "kernel": 0,
     "Kernel": 0,
@@ -82,7 +79,6 @@ _CATEGORY_KIND = {
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "Runtime", "Driver"})
 _STEP_CATEGORIES = frozenset({"user_annotation", "cpu_op", "Operator", "User annotation"})
 _STEP_PREFIX = "ProfilerStep#"
-_NCCL_KERNEL = re.compile(r"^(?:void\s+)?nccl(?:Dev)?Kernel_([A-Za-z]+)")
 #: Bytes per element of the ``dtype`` names Kineto writes for collectives.
 _DTYPE_BYTES = {
     "float": 4,
@@ -195,6 +191,29 @@ class ParsedTrace:
         mask = np.zeros(self.start_ns.size, dtype=bool)
         mask[[c.row for c in self.collectives]] = True
         return mask
+
+    def kernel_events(self, rank: int) -> KernelEvents:
+        """The GPU activities as :class:`~argus.kernels.KernelEvents` of ``rank``.
+
+        Each is placed in a step by its CPU launch where the trace has it, else by its GPU start.
+        """
+        return KernelEvents(
+            rank=np.full(self.start_ns.size, rank, np.int64),
+            kind=self.kind.astype(np.int64),
+            kernel=self.kernel_code.astype(np.int64),
+            names=self.kernel_names,
+            stream=self.stream,
+            start_ns=self.start_ns,
+            when_ns=np.where(self.launch_ns >= 0, self.launch_ns, self.start_ns),
+            dur_ns=self.dur_ns,
+            # Kineto traces name no CUDA graph: every kernel counts as launched eagerly.
+            graph_id=np.zeros(self.start_ns.size, np.int64),
+            graph_node_id=np.zeros(self.start_ns.size, np.uint64),
+        )
+
+    def step_spans(self, rank: int) -> StepSpans:
+        """The ``ProfilerStep`` spans as :class:`~argus.kernels.StepSpans` of ``rank``."""
+        return StepSpans.of(np.full(self.step.size, rank, np.int64), self.step_start_ns, self.step_dur_ns)
 
 
 def trace_name(source: Path | BinaryIO) -> str:
@@ -336,8 +355,8 @@ class _Builder:
         code = self.names.get(name)
         if code is None:
             code = self.names[name] = len(self.names)
-            match = _NCCL_KERNEL.match(name) if kind == 0 else None
-            self.nccl_op.append(_op_name(match.group(1)) if match else None)
+            # A kernel whose name says which collective it runs (argus.kernels owns the rule).
+            self.nccl_op.append(collective_op(name) if kind == 0 else None)
         args = event.get("args") or {}
         row = len(self.start)
         self.kind.append(kind)

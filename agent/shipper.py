@@ -1,0 +1,186 @@
+"""The probe's shipper thread: recorded rows become Arrow batches for the node agent.
+
+Every :data:`FLUSH_S` seconds it closes a step end held too long, decodes the CUPTI buffers,
+notes new process groups, samples the host signals (the rank's heartbeat, every
+:data:`SAMPLE_S`), turns every buffer's rows into a batch of its table's wire schema
+(:func:`argus.agent.rows.record_batch`) and hands them to the
+:class:`~argus.agent.sink.AgentLink`. Between shipments it wakes at the edges of the CUPTI duty
+cycle. It never raises into training: a failed shipment is logged (the first three) and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from argus.agent.gpu import GpuCapture
+from argus.agent.host import HostSampler
+from argus.agent.identity import Identity
+from argus.agent.recorder import Recorder
+from argus.agent.rows import HostRow, record_batch
+from argus.agent.sink import AgentLink
+
+__all__ = ["FLUSH_S", "IDLE_STEP_NS", "SAMPLE_S", "Shipper"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two shipments to the node agent.
+FLUSH_S = 0.5
+#: Seconds between two host samples (the heartbeat).
+SAMPLE_S = 1.0
+#: A step end held for another optimizer is closed after this long without activity.
+IDLE_STEP_NS = 1_000_000_000
+
+
+def _start_thread(run: Callable[[], None], stop: threading.Event) -> threading.Thread:
+    """Start the shipper thread so that it has ended before the interpreter finalizes.
+
+    A daemon thread still inside native code (pyarrow) when Python finalizes is
+    killed on its way back to the GIL, which aborts the process ("terminate
+    called without an active exception"). So the shipper is a regular thread
+    and ``threading._register_atexit`` (run by ``threading._shutdown`` before it
+    joins regular threads, as ``concurrent.futures`` does) tells it to stop; the
+    final flush then runs from ``atexit`` in the main thread. Where that hook is
+    missing the thread is a daemon and shutdown joins it.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    thread = threading.Thread(target=run, name="argus-probe", daemon=register is None)
+    if register is not None:
+        register(stop.set)
+    thread.start()
+    return thread
+
+
+class Shipper:
+    """Ships one rank's recorded rows to the node agent at ``socket_path``.
+
+    Args:
+        recorder: Where the rows are.
+        gpu: The rank's CUPTI capture, or None.
+        sampler: The host signals.
+        socket_path: The node agent's socket.
+        identify: This rank's identity (``final``: at exit, a guess is better than none), or None
+            while it cannot be known yet; asked until it answers.
+        flush_s: Seconds between shipments.
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        gpu: GpuCapture | None,
+        sampler: HostSampler,
+        socket_path: str,
+        identify: Callable[[bool], Identity | None],
+        flush_s: float = FLUSH_S,
+    ) -> None:
+        self.recorder, self.gpu, self.sampler = recorder, gpu, sampler
+        self.socket_path = socket_path
+        self.flush_s = flush_s
+        self._identify = identify
+        self.identity: Identity | None = None
+        self.link: AgentLink | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_sample = 0.0
+        self._dropped_reported = 0
+        self._errors = 0
+
+    def connect(self, final: bool = False) -> bool:
+        """Learn this rank's identity and open the link to the node agent, once; True when done."""
+        if self.identity is None:
+            self.identity = self._identify(final)
+            if self.identity is not None:
+                self.link = AgentLink(self.socket_path, self.identity.hello())
+        return self.identity is not None
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread = _start_thread(self._run, self._stop)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread (from another one) and wait for it for at most ``timeout_s``."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout_s)
+
+    def close(self, exit_code: int, timeout_s: float) -> None:
+        """The final shipment, then BYE with ``exit_code`` (at most ``timeout_s`` of flushing)."""
+        self.connect(final=True)
+        self.ship(force_sample=True, final=True)
+        if self.link is not None:
+            self.link.close(exit_code, timeout_s)
+
+    def _run(self) -> None:
+        next_ship = time.monotonic() + self.flush_s
+        while True:
+            wait = next_ship - time.monotonic()
+            if self.gpu is not None and self.gpu.active:
+                wait = min(wait, (self.gpu.next_edge_ns - time.time_ns()) / 1e9)
+            if self._stop.wait(max(wait, 0.0)):
+                return
+            try:
+                if self.gpu is not None:
+                    self.gpu.edge(time.time_ns())
+                if time.monotonic() >= next_ship:
+                    next_ship = time.monotonic() + self.flush_s
+                    self.ship()
+            except Exception:
+                self._errors += 1
+                if self._errors <= 3:
+                    log.warning("argus: probe shipment failed", exc_info=True)
+
+    def ship(self, force_sample: bool = False, final: bool = False) -> None:
+        """One shipment (see the module doc); nothing before the rank's identity is known."""
+        if not self.connect():
+            return
+        identity, link = self.identity, self.link
+        assert identity is not None and link is not None
+        recorder = self.recorder
+        now = time.time_ns()
+        recorder.tracker.flush_idle(now, IDLE_STEP_NS)
+        if self.gpu is not None:
+            kernels = self.gpu.rows(identity.rank, now, final)
+            if kernels is not None:
+                link.enqueue("kernel_events", kernels)
+        recorder.scan_groups()
+        mono = time.monotonic()
+        if force_sample or mono >= self._next_sample:
+            self._next_sample = mono + SAMPLE_S
+            sample = HostRow._make((*self.sampler.sample(), self._take_dropped(), *recorder.oldest_pending()))
+            recorder.buffers["host_samples"].append(sample)
+        constants = _constants(identity)
+        for table, buf in recorder.buffers.items():
+            rows = buf.take()
+            if rows:
+                link.enqueue(table, record_batch(table, rows, constants))
+        if self.gpu is not None:
+            spans = self.gpu.take_spans(now)
+            if spans:
+                link.enqueue_capture(spans)
+        link.pump()
+
+    def _take_dropped(self) -> int:
+        """Rows lost since the last host sample: buffers, pending bound, CUPTI, the link's queue."""
+        total = self.recorder.dropped() + (self.gpu.dropped() if self.gpu is not None else 0)
+        if self.link is not None:
+            total += self.link.dropped_rows
+        new = total - self._dropped_reported
+        self._dropped_reported = total
+        return new
+
+
+def _constants(identity: Identity) -> dict[str, Any]:
+    """The columns every row of this rank's batches shares (the node agent sets its own two)."""
+    return {
+        "rank": identity.rank,
+        "host": identity.host,
+        "local_rank": identity.local_rank,
+        "world_size": identity.world_size,
+        "pid": identity.pid,
+        "device": identity.device,
+        "agent_id": "",
+        "clock_offset_ns": 0,
+    }

@@ -1,0 +1,92 @@
+"""Serving the REST app: uvicorn in a thread, on a socket bound before it starts."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+
+import uvicorn
+
+from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
+from argus.config import DEFAULT_WINDOW_S, TlsFiles, parse_listen
+from argus.errors import ConfigError
+from argus.metrics import Metrics
+from argus.store import Store
+
+__all__ = ["GRACE_S", "HttpServer", "start_http"]
+
+#: Seconds in-flight requests get at shutdown.
+GRACE_S = 5.0
+
+
+@dataclass
+class HttpServer:
+    """uvicorn serving the REST app in a thread; ``url`` is where it answers."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        """Let in-flight requests finish for ``grace_s``, then end the rest."""
+        self.server.should_exit = True
+        self.thread.join(grace_s)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(grace_s)
+
+
+def start_http(
+    store: Store,
+    metrics: Metrics,
+    listen: str,
+    *,
+    token: str | None = None,
+    tls: TlsFiles | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+) -> HttpServer:
+    """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
+
+    Serves HTTPS with ``tls``. A rank is ``running`` while its heartbeats are at most three
+    windows (and at least 30 s) old. Returns once it accepts requests.
+
+    Raises:
+        ConfigError: the address cannot be bound, or uvicorn failed to start.
+    """
+    host, port = parse_listen(listen, "--http-listen")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen for HTTP on {listen}: {exc}") from exc
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    app = create_app(
+        store,
+        metrics=metrics,
+        token=token,
+        window_s=window_s,
+        heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
+    )
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        ssl_certfile=tls.cert if tls else None,
+        ssl_keyfile=tls.key if tls else None,
+        timeout_graceful_shutdown=int(GRACE_S),
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="argus-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise ConfigError(f"the HTTP server on {listen} failed to start (see the log above)")
+        thread.join(0.02)
+    scheme = "https" if tls else "http"
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return HttpServer(server, thread, f"{scheme}://{shown}:{port}")
