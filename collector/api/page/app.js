@@ -258,7 +258,7 @@ async function refresh() {
       row.classList.toggle("selected", row.dataset.job === state.job);
     }
     if (state.job) await loadJob(state.job);
-    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    $("updated").textContent = "updated " + clock(Date.now() * 1e6);
     document.body.dataset.loaded = "true";
   } catch (err) {
     $("updated").textContent = "error: " + err.message;
