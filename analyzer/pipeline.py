@@ -37,6 +37,7 @@ from argus.analyzer.phase import (
 )
 from argus.analyzer.robust import MAD_TO_SIGMA
 from argus.analyzer.roles import Roles, infer_roles
+from argus.analyzer.waits import StepTimes
 from argus.analyzer.window import Window
 from argus.diagnosis import Diagnosis
 
@@ -267,42 +268,50 @@ class JobAnalysis:
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)
-        t = l2.times
-        if t is not None:
-            # Every rank's reference comes from the same windows: the job's common change between
-            # then and now is only measurable against references of one period.
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                means = np.nanmean(t.self_ns, axis=1)
-                comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
-            roles = l2.roles.of(t.rank)
-            typical = np.full(t.rank.size, np.nan)
-            comp_typical = np.zeros_like(comp_means)
-            for g in np.unique(roles):
-                members = (roles == g) & np.isfinite(means)
-                if np.any(members):
-                    typical[roles == g] = np.median(means[members])
-                    comp_typical[:, roles == g] = np.median(comp_means[:, members], axis=1)[:, None]
+        if l2.times is not None:
             flagged = {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks}
-            for i, r in enumerate(t.rank.tolist()):
-                own = t.self_ns[i][np.isfinite(t.self_ns[i])]
-                if own.size < CONFIDENT_STEPS or r in flagged:
-                    continue
-                med = float(np.median(own))
-                entry = _RankWindow(
-                    float(np.mean(own)),
-                    MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
-                    comp_means[:, i],
-                    float(np.nanmedian(t.step_ns[i])),
-                    float(means[i] - typical[i]),
-                    comp_means[:, i] - comp_typical[:, i],
-                )
+            for r, entry in _rank_windows(l2.times, l2.roles, flagged).items():
                 self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
         if d is not None:
             slow = {f.group for f in findings if f.cause == "communication"}
             for key, value in transfer_medians(d, w.collectives.group_names).items():
                 if key[0] not in slow:
                     self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
+
+
+def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _RankWindow]:
+    """Each rank's healthy-window entry (ranks in ``flagged`` and ranks with too few steps left out).
+
+    Every rank's reference comes from the same windows: the job's common change between then
+    and now is only measurable against references of one period.
+    """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(t.self_ns, axis=1)
+        comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
+    role = roles.of(t.rank)
+    typical = np.full(t.rank.size, np.nan)
+    comp_typical = np.zeros_like(comp_means)
+    for g in np.unique(role):
+        members = (role == g) & np.isfinite(means)
+        if np.any(members):
+            typical[role == g] = np.median(means[members])
+            comp_typical[:, role == g] = np.median(comp_means[:, members], axis=1)[:, None]
+    out = {}
+    for i, r in enumerate(t.rank.tolist()):
+        own = t.self_ns[i][np.isfinite(t.self_ns[i])]
+        if own.size < CONFIDENT_STEPS or r in flagged:
+            continue
+        med = float(np.median(own))
+        out[r] = _RankWindow(
+            float(np.mean(own)),
+            MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
+            comp_means[:, i],
+            float(np.nanmedian(t.step_ns[i])),
+            float(means[i] - typical[i]),
+            comp_means[:, i] - comp_typical[:, i],
+        )
+    return out
 
 
 def _suspects(
