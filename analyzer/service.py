@@ -40,6 +40,12 @@ when they change, and updates ``argus_straggler_score`` (the
 ``argus_diagnosis_active``, ``argus_lost_time_seconds_total``,
 ``argus_unexplained_loss_ratio`` and ``argus_analysis_lag_seconds``.
 
+Analysis lag counts only jobs with data waiting: per job, the time since its oldest unanalysed
+window became complete (its end plus the grace for late rows; for data met all at once, an import or
+a backlog, the pass that first saw it), read when scraped, so a stuck analyzer shows a growing lag.
+A job whose rows are all analysed (finished, or silent past its trailing windows) waits for nothing:
+an idle server reports 0.
+
 A window whose analysis fails on its data (anything but a store error) is
 logged, counted (``argus_analysis_failures_total``), recorded as ``failed`` and
 skipped; its whole wall time counts as unexplained loss (nothing was said about
@@ -164,6 +170,16 @@ class Analyzer:
         self._jobs: dict[str, _Job] = {}
         self._stop = threading.Event()
         self._last_version = 0
+        #: Per job with data still to analyse, when its oldest unanalysed window was due, ns.
+        self._due: dict[str, int] = {}
+        if metrics is not None:
+            metrics.analysis_lag.set_function(self.lag_s)
+
+    def lag_s(self, now_ns: int | None = None) -> float:
+        """How long the oldest window due for analysis (of any job) has waited, seconds; 0 when none."""
+        now = time.time_ns() if now_ns is None else int(now_ns)
+        due = list(self._due.values())
+        return max(0.0, (now - min(due)) / 1e9) if due else 0.0
 
     def run_once(self, now_ns: int | None = None) -> list[Diagnosis]:
         """Analyze every complete window not analyzed yet; return the diagnoses written.
@@ -180,8 +196,9 @@ class Analyzer:
         now = time.time_ns() if now_ns is None else int(now_ns)
         horizon = now - self.grace_ns
         written: list[Diagnosis] = []
-        newest_end = 0
+        listed = set()
         for span in list_jobs(self.store, self.job):
+            listed.add(span.job_id)
             job = self._job(span, now)
             end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
             if not span.imported and job.cursor_ns + self.window_ns <= end:
@@ -192,15 +209,20 @@ class Analyzer:
                 mark = read_watermark(self.store, span.job_id, since)
                 if mark is not None:
                     end = min(end, max(mark, now - (WAIT_WINDOWS + 1) * self.window_ns))
+            if job.cursor_ns + self.window_ns <= end:
+                self._due.setdefault(span.job_id, now)  # due by now at the latest
             while job.cursor_ns + self.window_ns <= end:
                 written.extend(self._analyze_window(job, job.cursor_ns))
                 job.cursor_ns += self.window_ns
                 job.analysed_to_ns = job.cursor_ns
-            newest_end = max(newest_end, job.analysed_to_ns)
+            more = span.last_ns + TRAILING_WINDOWS * self.window_ns  # its rows reach this far
+            if not span.imported and job.cursor_ns + self.window_ns <= more:
+                self._due[span.job_id] = job.cursor_ns + self.window_ns + self.grace_ns  # its next window
+            else:
+                self._due.pop(span.job_id, None)  # nothing of it waits
             self._update_gauges(span.job_id, job)
-        if self.metrics is not None:
-            lag = (now - newest_end) / 1e9 if newest_end else 0.0
-            self.metrics.analysis_lag.set(max(lag, 0.0))
+        for gone in self._due.keys() - listed:
+            del self._due[gone]
         return written
 
     def _job(self, span: JobSpan, now: int) -> _Job:

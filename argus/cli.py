@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "import": "argus.collector.importer:main",
     "analyze": "argus.analyzer.service:main",
     "diagnose": "argus.client:diagnose_main",
+    "jobs": "argus.client:jobs_main",
 }
 
 
@@ -262,6 +263,14 @@ def _diagnose_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _auth(p, server=False)
 
 
+def _jobs_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`argus jobs` and its options."""
+    p = sub.add_parser("jobs", help="list jobs: status, ranks, open diagnoses, last seen (newest first)")
+    _server_url(p)
+    p.add_argument("--json", action="store_true", help="print the REST API's job objects as JSON")
+    _auth(p, server=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full `argus` parser; each subparser sets ``args.command``."""
     parser = argparse.ArgumentParser(
@@ -279,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _import_command(sub)
     _analyze_command(sub)
     _diagnose_command(sub)
+    _jobs_command(sub)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""Client side of the REST API: a small HTTP client for commands, and `argus diagnose`.
+"""Client side of the REST API: a small HTTP client for commands, `argus diagnose` and `argus jobs`.
 
 :class:`ArgusClient` maps HTTP answers to :mod:`argus.errors` (404 → NotFound,
 401 → Unauthenticated, 422 → ConfigError or TraceError for uploads, 501 →
@@ -31,7 +31,7 @@ from argus.errors import (
     Unauthenticated,
 )
 
-__all__ = ["ArgusClient", "diagnose_main"]
+__all__ = ["ArgusClient", "diagnose_main", "jobs_main"]
 
 _ERRORS: dict[int, type[ArgusError]] = {
     401: Unauthenticated,
@@ -170,4 +170,25 @@ def diagnose_main(args: argparse.Namespace) -> int:
 
     # Piped output keeps whole cells (rich would wrap them at 80 columns).
     Console(width=None if sys.stdout.isatty() else 200).print(render.table(job, diagnoses))
+    return 0
+
+
+def jobs_main(args: argparse.Namespace) -> int:
+    """`argus jobs [--server URL] [--json] [--token T] [--tls-cert F]`: every job, newest first.
+
+    Prints a table (:func:`argus.render.jobs`: times in the local zone, as `argus diagnose`), or
+    with ``--json`` a JSON array of the REST API's job objects. Returns 0; errors raise ArgusError
+    (the CLI prints them).
+    """
+    with ArgusClient(args.server, token=args.token, tls_cert=getattr(args, "tls_cert", None)) as client:
+        jobs = list(client.items("/api/v1/jobs", {"limit": 1000}))
+    if args.json:
+        json.dump(jobs, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+
+    from argus import render
+
+    Console(width=None if sys.stdout.isatty() else 200).print(render.jobs(jobs))
     return 0

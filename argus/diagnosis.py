@@ -111,6 +111,14 @@ class Diagnosis:
         metadata=_doc("Start of the latest window it was seen in, ns since the epoch.")
     )
     state: str = field(metadata=_doc("Open while the fault lasts.", State))
+    summary: str = field(
+        default="",
+        metadata=_doc(
+            "One sentence a person reads first: who (rank, host, pid), what, how much, how we know. "
+            "Written from the evidence when the diagnosis is read (argus.summary; the REST API fills "
+            "it), not stored: empty where nobody has filled it yet."
+        ),
+    )
     evidence: dict[str, Any] = field(
         default_factory=dict, metadata=_doc("The numbers a person would check (JSON).")
     )
@@ -167,8 +175,12 @@ def _json(value: Any) -> str:
 
 #: Record field → ``diagnoses`` column, where the names differ.
 _COLUMN = {"group": "process_group"}
+#: Record fields that are not stored: written when read (``summary``: :mod:`argus.summary`).
+_DERIVED = frozenset({"summary"})
 #: The columns that hold the record (``job_id`` aside).
-_RECORD_COLUMNS = tuple(_COLUMN.get(f.name, f.name) for f in fields(Diagnosis) if f.name != "job_id")
+_RECORD_COLUMNS = tuple(
+    _COLUMN.get(f.name, f.name) for f in fields(Diagnosis) if f.name != "job_id" and f.name not in _DERIVED
+)
 
 
 def _table(
@@ -180,7 +192,7 @@ def _table(
     """Rows of ``diagnoses`` in the ``diagnoses`` table's columns (``job_id`` first)."""
     rows: dict[str, list[Any]] = {"job_id": [], **{c: [] for c in TABLES["diagnoses"].column_names}}
     for d in diagnoses:
-        record = d.to_dict()
+        record = {k: v for k, v in d.to_dict().items() if k not in _DERIVED}
         record["ranks"] = [int(r) for r in d.ranks]
         record["score"], record["slowdown_pct"] = float(d.score), float(d.slowdown_pct)
         record["evidence"] = _json(d.evidence)

@@ -3,6 +3,9 @@
 Every server instance builds one :class:`Metrics`; the collector, the analyzer
 and the REST API (which serves ``/metrics``) share it. Label values are bounded:
 ``job_id``/``rank`` appear only for the top suspects the analyzer exports.
+No ``_created`` series (:func:`prometheus_client.disable_created_metrics`, for the process): a
+counter's start time is noise beside its rate. ``argus_analysis_lag_seconds`` is read when scraped
+(:meth:`argus.analyzer.service.Analyzer.lag_s`): only jobs with data waiting count.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ import heapq
 import threading
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 
 __all__ = ["TOP_SUSPECTS", "Metrics"]
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 #: At most this many (job_id, rank) series of argus_straggler_score per job.
 TOP_SUSPECTS = 5
@@ -69,7 +74,7 @@ class Metrics:
         )
         self.analysis_lag = Gauge(
             "argus_analysis_lag_seconds",
-            "Wall-clock time between the end of the newest analyzed window and now.",
+            "How long the oldest window due for analysis has waited (0 when no job has data waiting).",
             registry=r,
         )
         self.last_ingest = Gauge(

@@ -1,11 +1,15 @@
 """How a diagnosis reads to a person: the one renderer of `argus diagnose`, `argus demo` and the logs.
 
 - :func:`line` — one line of plain text (the analyzer's log, `argus analyze --once`);
-- :func:`table` — a job's line and a table of its diagnoses, open first (`argus diagnose`);
-- :func:`report` — each diagnosis as a headline and its evidence (`argus demo`).
+- :func:`table` — a job's line, a table of its diagnoses, open first, then each one's summary
+  and key figures (`argus diagnose`);
+- :func:`report` — each diagnosis as a headline, its summary and key figures (`argus demo`);
+- :func:`jobs` — a table of jobs (`argus jobs`).
 
-All three name the rank(s) (:func:`who`), the place (:func:`where`) and the evidence the same
-way. Evidence keys an older analyzer kept for its own bookkeeping are not shown.
+All name the rank(s) (:func:`who`), the place (:func:`where`) and the evidence the same
+way. Under a headline comes the diagnosis's summary sentence, then at most five evidence figures
+with units (:func:`argus.summary.lines`); the whole evidence is in ``--json``. Evidence keys an
+older analyzer kept for its own bookkeeping are not shown.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from rich.table import Table
 from rich.text import Text
 
 from argus.diagnosis import Diagnosis, State
+from argus.summary import lines as summary_lines
 
-__all__ = ["evidence", "line", "lost", "report", "table", "where", "who"]
+__all__ = ["evidence", "jobs", "line", "lost", "report", "table", "where", "who"]
 
 #: Evidence keys an older analyzer kept there for its own bookkeeping (now its own columns), not for a
 #: person reading a diagnosis.
@@ -67,10 +72,6 @@ def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def lost(d: Diagnosis) -> str:
     """The time the job lost to the fault (its evidence's ``lost_s``), ``"-"`` when not known."""
     value = d.evidence.get("lost_s")
@@ -78,7 +79,8 @@ def lost(d: Diagnosis) -> str:
 
 
 def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableType:
-    """The job's lines (status, ranks, open diagnoses; its lost time) and a table of its diagnoses.
+    """The job's lines (status, ranks, open diagnoses; its lost time), a table of its diagnoses,
+    then under it each one's headline, summary and at most five evidence figures.
 
     Args:
         job: The REST API's job object (``job_id``, ``status``, ``ranks_attached``,
@@ -116,7 +118,6 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
         "last seen",
     ):
         grid.add_column(name, justify="right" if name in ("score", "slowdown", "lost") else "left")
-    grid.add_column("evidence")
     ordered = sorted(diagnoses, key=lambda d: (d.state != State.OPEN, -d.last_window_ns))
     for d in ordered:
         grid.add_row(
@@ -129,13 +130,18 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
             lost(d),
             _time(d.first_window_ns),
             _time(d.last_window_ns),
-            _clip(", ".join(f"{k}={v}" for k, v in evidence(d)), 80),
         )
-    return Group(header, grid)
+    # Under the table, each diagnosis's sentence and the figures that carry it (all of them: --json).
+    details: list[RenderableType] = []
+    for d in ordered:
+        details.append(Text.assemble("\n", (d.state.upper(), "bold"), f" {who(d)}: ", (d.cause, "bold")))
+        details.extend(Text(text) for text in summary_lines(d))
+    return Group(header, grid, *details)
 
 
 def report(diagnoses: Sequence[Diagnosis]) -> RenderableType:
-    """Each diagnosis as a headline (state, who, cause, where, cost) and its evidence, one per line."""
+    """Each diagnosis as a headline (state, who, cause, where, cost), its summary sentence, then at
+    most five evidence figures with units."""
     blocks: list[RenderableType] = []
     for d in diagnoses:
         place = where(d, ", ", " ")
@@ -149,8 +155,27 @@ def report(diagnoses: Sequence[Diagnosis]) -> RenderableType:
                 f" — costs the job about {d.slowdown_pct:.0f}% of its throughput (score {d.score:.1f})",
             )
         )
-        grid = Table("evidence", "value", show_header=False, box=None, pad_edge=False)
-        for key, value in evidence(d):
-            grid.add_row(f"  {key}", value)
-        blocks.append(grid)
+        blocks.extend(Text(text) for text in summary_lines(d))
     return Group(*blocks)
+
+
+def jobs(items: Sequence[Mapping[str, Any]]) -> RenderableType:
+    """A table of the REST API's job objects: id (whole, folded), status, ranks, open diagnoses,
+    started, last seen (local time, as :func:`table`)."""
+    if not items:
+        return Text("no jobs yet: start one with argus run -- torchrun ...")
+    grid = Table(header_style="bold")
+    for name in ("job", "status", "ranks", "open diagnoses", "started", "last seen"):
+        grid.add_column(
+            name, justify="right" if name in ("ranks", "open diagnoses") else "left", overflow="fold"
+        )
+    for job in items:
+        grid.add_row(
+            str(job["job_id"]),
+            str(job["status"]),
+            f"{job['ranks_attached']}/{job['world_size']}",
+            str(job["open_diagnoses"]),
+            _time(job["start_ns"]) if job.get("start_ns") else "-",
+            _time(job["last_seen_ns"]) if job.get("last_seen_ns") else "-",
+        )
+    return grid

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException, Request, Response, Security
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPBearer
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -117,7 +118,9 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
     bearer = HTTPBearer(auto_error=False, description="Only when the server runs with --token")
     secured = [Security(bearer)] if token else []
-    app = FastAPI(title="Argus", version=__version__, description=_DESCRIPTION)
+    # /docs and /redoc from Swagger UI and ReDoc assets the server serves itself (fastapi-offline):
+    # they work without internet, where FastAPI's own pages load them from a CDN.
+    app = FastAPIOffline(title="Argus", version=__version__, description=_DESCRIPTION)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=max_upload_bytes)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from argus.collector.api.params import INT64_MAX, RankSet, decode_cursor, encode_cursor
+from argus.collector.api.params import INT64_MAX, BadParameter, RankSet, decode_cursor, encode_cursor
 from argus.errors import NotFound
 from argus.store import Store
 
@@ -33,6 +33,7 @@ __all__ = [
     "rank_filter",
     "recent_job_status_counts",
     "require_job",
+    "require_ranks",
 ]
 
 
@@ -378,3 +379,38 @@ def _rank_item(
         "exit_code": int(r["code"]) if exited else None,
         "last_seen_ns": heartbeat or None,
     }
+
+
+_WORLD = """
+SELECT max(n) AS n FROM (
+    SELECT toInt64(max(world_size)) AS n FROM jobs WHERE job_id = {job:String}
+    UNION ALL SELECT if(count() = 0, 0, greatest(toInt64(max(world_size)), toInt64(max(rank)) + 1)) AS n
+        FROM ranks WHERE job_id = {job:String}
+    UNION ALL SELECT if(count() = 0, 0, toInt64(max(rank)) + 1) AS n FROM steps WHERE job_id = {job:String}
+)
+"""
+
+
+def require_ranks(store: Store, job_id: str, ranks: RankSet | None, name: str = "ranks") -> None:
+    """Raises BadParameter naming the ranks of ``ranks`` that ``job_id`` does not have.
+
+    A job's ranks are ``0 .. world size − 1``: the largest world size any rank or node reported, or
+    one past the largest rank stored when none did. Ranks of the world that have not attached yet
+    are the job's. A job with no rank known yet accepts any selection.
+
+    Raises:
+        NotFound: no such job.
+        BadParameter: some selected ranks are ``>=`` the world size.
+    """
+    require_job(store, job_id)
+    if ranks is None:
+        return
+    rows = store.query(_WORLD, {"job": job_id}).to_pylist()
+    world = int(rows[0]["n"] or 0) if rows else 0
+    beyond = [(max(lo, world), hi) for lo, hi in ranks.ranges if hi >= world]
+    if world <= 0 or not beyond:
+        return
+    named = ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in beyond)
+    raise BadParameter(
+        name, f"job {job_id!r} has no rank(s) {named}: its world size is {world} (ranks 0-{world - 1})"
+    )

@@ -12,7 +12,7 @@ from pydantic import AfterValidator
 from argus.collector.api.diagnoses import list_diagnoses
 from argus.collector.api.errors import ERROR_RESPONSES
 from argus.collector.api.heatmap import heatmap
-from argus.collector.api.jobs import list_jobs, list_ranks
+from argus.collector.api.jobs import list_jobs, list_ranks, require_ranks
 from argus.collector.api.models import (
     DiagnosisPage,
     Heatmap,
@@ -102,11 +102,14 @@ def build_router(
         "/jobs/{job_id}/ranks", response_model=RankPage, responses=_NOT_FOUND, summary="A job's ranks"
     )
     def get_ranks(job_id: JobId, ranks: RanksParam = None, limit: Limit = 100, cursor: Cursor = None) -> Any:
-        """Ranks in rank order with host, device, process groups, lifecycle and status."""
+        """Ranks in rank order with host, device, process groups, lifecycle and status; `ranks`
+        naming ranks beyond the job's world size answers 422 naming them."""
+        selected = _ranks(ranks)
+        require_ranks(store, job_id, selected)
         items, nxt = list_ranks(
             store,
             job_id,
-            ranks=_ranks(ranks),
+            ranks=selected,
             limit=limit,
             cursor=cursor,
             now_ns=time.time_ns(),
@@ -122,13 +125,18 @@ def build_router(
     )
     def get_diagnoses(
         job_id: JobId,
-        state: State | None = None,
+        state: Annotated[
+            State | Literal["all"] | None,
+            Query(description="`open`, `resolved`, or `all` (the default: both)"),
+        ] = None,
         cause: Cause | None = None,
         limit: Limit = 100,
         cursor: Cursor = None,
     ) -> Any:
         """Each item is the DESIGN §5 diagnosis object; filter by `state` and `cause`."""
-        items, nxt = list_diagnoses(store, job_id, state=state, cause=cause, limit=limit, cursor=cursor)
+        items, nxt = list_diagnoses(
+            store, job_id, state=None if state == "all" else state, cause=cause, limit=limit, cursor=cursor
+        )
         return {"items": items, "next": nxt}
 
     @router.get(
@@ -146,7 +154,9 @@ def build_router(
     ) -> JSONResponse:
         """Steps, phases, collectives and kernels overlapping [start, end], one process per rank."""
         lo, hi = _range(start, end)
-        doc = chrome_trace(store, job_id, start_ns=lo, end_ns=hi, ranks=_ranks(ranks), max_events=max_events)
+        selected = _ranks(ranks)
+        require_ranks(store, job_id, selected)
+        doc = chrome_trace(store, job_id, start_ns=lo, end_ns=hi, ranks=selected, max_events=max_events)
         return JSONResponse(doc, headers={"Content-Disposition": content_disposition(f"argus-{job_id}.json")})
 
     @router.get(

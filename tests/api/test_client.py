@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -91,6 +93,53 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
     link_row = next(line for line in lines if "communication" in line)
     assert "resolved" in link_row and "0,1" in link_row and "12.5%" in link_row
     assert lines.index(open_row) < lines.index(link_row)  # open first
+    # Under the table, each diagnosis: its headline, the summary sentence (with the rank's host and
+    # pid), then at most 5 evidence lines with units.
+    assert objects[0]["summary"].startswith("Rank 3 (host node1, pid 1003) computes more slowly")
+    head = lines.index("OPEN rank 3: compute")
+    assert lines[head + 1] == "  " + objects[0]["summary"]
+    figures = list(itertools.takewhile(lambda line: line.startswith("    "), lines[head + 2 :]))
+    assert 1 <= len(figures) <= 5 and all(re.search(r"\d (ms|s|%)", f) for f in figures), figures
+    assert lines[head + 2 + len(figures) :][1] == "RESOLVED ranks 0,1: communication"
+
+
+def _argus(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "argus.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_jobs_lists_status_ranks_open_diagnoses_and_last_seen(store: Store, live_app: LiveApp) -> None:
+    now = time.time_ns()
+    long_id = "a-training-job-whose-id-is-longer-than-any-column-" + "z" * 60
+    insert_direct(store, long_id, synthetic_job(world_size=4, steps=2))
+    insert_direct(store, "job-old", synthetic_job(world_size=2, steps=2, exited=True, start_ns=now - 10**12))
+    store.insert(
+        "diagnoses", diagnosis_row(long_id, "d1", state="open", updated_ns=now, first_ns=now - 10**10)
+    )
+    listed = _argus("jobs", "--server", live_app.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    objects = json.loads(listed.stdout)
+    assert [j["job_id"] for j in objects] == [long_id, "job-old"]  # newest first
+    table = _argus("jobs", "--server", live_app.url)
+    assert table.returncode == 0, table.stderr
+    text = table.stdout
+    assert "status" in text and "open diagnoses" in text and "last seen" in text
+    # The whole id, folded over lines if the column is narrow; never cut.
+    assert long_id in "".join(text.replace("│", " ").split())
+    newest = next(line for line in text.splitlines() if "running" in line)
+    assert "4/4" in newest and re.search(r"\b1\b", newest)
+    seen = time.strftime("%Y-%m-%d", time.localtime(objects[0]["last_seen_ns"] / 1e9))
+    assert seen in newest
+    old = next(line for line in text.splitlines() if "job-old" in line)
+    assert "finished" in old and "2/2" in old
+    empty = _argus("jobs", "--server", live_app.url + "/nowhere")
+    assert empty.returncode == 1 and "404" in empty.stderr
 
 
 @pytest.mark.slow

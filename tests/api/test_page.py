@@ -1,4 +1,4 @@
-"""The page at / rendered by headless Chromium (Debian's chromium): jobs, heatmap and open diagnoses.
+"""The page at / rendered by headless Chromium (Debian's chromium): jobs, heatmap and diagnoses.
 
 The screenshot is kept as ``page.png`` in the test's tmp dir (and copied to
 ``$ARGUS_ARTIFACTS`` when that is set).
@@ -6,11 +6,13 @@ The screenshot is kept as ``page.png`` in the test's tmp dir (and copied to
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -57,7 +59,8 @@ def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     assert 'data-loaded="true"' in html, html[-3000:]
-    # Jobs table, heatmap cells for 8 ranks, the open diagnosis with its evidence; not the resolved one.
+    # Jobs table, heatmap cells for 8 ranks, the open diagnosis with its evidence, and the resolved one
+    # marked as such.
     assert 'data-job="job-page"' in html
     heatmap = re.search(r'<svg id="heatmap"[^>]*data-rows="(\d+)"[^>]*data-bins="(\d+)"', html)
     assert heatmap is not None, "no heatmap svg"
@@ -67,8 +70,11 @@ def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp
     assert len(cells) == rows * bins
     slowest = max((float(pct), int(rank)) for rank, pct in cells if pct)
     assert slowest[1] == 5 and slowest[0] > 30
-    assert '<article class="diagnosis" data-id="diag-open" data-cause="compute">' in html
-    assert "diag-old" not in html
+    assert (
+        'class="diagnosis diagnosis-open" data-id="diag-open" data-cause="compute" data-state="open"' in html
+    )
+    assert 'data-id="diag-old" data-cause="compute" data-state="resolved"' in html
+    assert html.index('data-id="diag-open"') < html.index('data-id="diag-old"')  # open first
     assert "forward_ms" in html and "peers_median" in html and "collective_wait_ms" in html
 
     shot = tmp_path / "page.png"
@@ -77,3 +83,64 @@ def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("ARGUS_ARTIFACTS"):
         shutil.copy(shot, Path(os.environ["ARGUS_ARTIFACTS"]) / "page.png")
+
+
+def test_a_finished_job_shows_its_resolved_diagnosis(store: Store, live_app: LiveApp, tmp_path: Path) -> None:
+    """The job's whole story after it ends: the diagnosis resolved when it finished (rank, cause,
+    summary), never "every rank is like its peers", a legend under the heatmap, the full job id."""
+    job_id = "demo-dp-compute-20261201-142233-a-job-id-longer-than-the-jobs-column-" + "x" * 40
+    now = time.time_ns()
+    insert_direct(store, job_id, synthetic_job(world_size=4, steps=16, slow_rank=3, exited=True))
+    evidence = {"self_ms": 71.6, "peer_self_ms": 40.1, "wait_ms": 3.524, "peer_wait_ms": 19.482}
+    evidence |= {"phase_excess_ms": {"forward": 31.5}, "lost_s": 6.2, "span_s": 23.0, "job_finished": True}
+    store.insert(
+        "diagnoses",
+        diagnosis_row(
+            job_id,
+            "diag-done",
+            state="resolved",
+            updated_ns=now,
+            first_ns=now - 2 * 10**9,
+            rank=3,
+            ranks=[3],
+            slowdown_pct=27.0,
+            evidence=json.dumps(evidence),
+        ),
+    )
+    dom = chromium(tmp_path / "profile", f"{live_app.url}/#job={quote(job_id, safe='')}", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert 'data-loaded="true"' in html, html[-3000:]
+    assert "like its peers" not in html
+    article = re.search(
+        r'<article class="diagnosis diagnosis-resolved" data-id="diag-done"(.*?)</article>', html, re.S
+    )
+    assert article is not None, html[-4000:]
+    body = article.group(1)
+    assert 'data-cause="compute" data-state="resolved"' in body and "compute: rank 3" in body
+    summary = re.search(r'<p class="summary">([^<]*)</p>', body)
+    assert summary is not None
+    text = summary.group(1)
+    assert text.startswith("Resolved (the job finished): rank 3 (host node1, pid 1003) computes more slowly")
+    assert "waits 3.5 ms per step while its peers wait 19.5 ms" in text and "loses 27 %" in text
+    # The header says the job finished and its diagnosis was resolved; the span on the time axis.
+    header = re.search(r'<p id="job-summary"[^>]*>([^<]*)</p>', html)
+    assert header is not None and header.group(1).startswith("finished,")
+    assert "0 open and 1 resolved diagnoses" in header.group(1)
+    assert re.search(r'<rect class="span span-resolved"[^>]*data-id="diag-done"', html)
+    legend = re.search(r'<div id="heatmap-legend"[^>]*>(.*?)</div>', html, re.S)
+    assert legend is not None and "slowdown vs the median rank" in legend.group(1)
+    assert "+50 % or more" in legend.group(1) and "no data" in legend.group(1)
+    # The jobs table shows the whole id (wrapped, not cut), with the id as its tooltip too.
+    assert f'<td title="{job_id}">{job_id}</td>' in html
+
+
+def test_docs_work_offline(store: Store, live_app: LiveApp, tmp_path: Path) -> None:
+    """/docs with every host but the server's unresolvable: Swagger UI's assets come from the server."""
+    offline = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+    dom = chromium(tmp_path / "profile-docs", f"{live_app.url}/docs", offline, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert "/static-offline-docs/swagger-ui-bundle.js" in html and "cdn." not in html
+    operations = set(re.findall(r'<span class="opblock-summary-path"[^>]*data-path="([^"]+)"', html))
+    assert {"/api/v1/jobs", "/api/v1/jobs/{job_id}/diagnoses", "/metrics"} <= operations, html[-3000:]

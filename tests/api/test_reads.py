@@ -106,6 +106,9 @@ def test_diagnoses_final_shape_filters_and_pages(store: Store, client: TestClien
     assert items[0]["rank"] is None and items[0]["evidence"] == {
         "forward_ms": {"rank": 30.0, "peers_median": 10.0}
     }
+    every = client.get("/api/v1/jobs/j/diagnoses?state=all").json()["items"]
+    assert [d["id"] for d in every] == ["b", "c", "a"]  # `all`: open and resolved, as without `state`
+    assert all(d["summary"].endswith(".") for d in every)
     open_ids = [d["id"] for d in client.get("/api/v1/jobs/j/diagnoses?state=open").json()["items"]]
     assert open_ids == ["b", "c"]
     assert [d["id"] for d in client.get("/api/v1/jobs/j/diagnoses?cause=dataloader").json()["items"]] == ["b"]
@@ -175,6 +178,21 @@ def test_bad_parameters_are_422(store: Store, client: TestClient, path: str) -> 
     response = client.get(path)
     assert response.status_code == 422, response.text
     assert "detail" in response.json()
+
+
+@pytest.mark.parametrize("endpoint", ["ranks", "trace"])
+def test_a_selection_of_ranks_the_job_does_not_have_is_422_naming_them(
+    store: Store, client: TestClient, endpoint: str
+) -> None:
+    insert_direct(store, "two", synthetic_job(world_size=2, steps=2))
+    for asked, named in (("5", "5"), ("0,3-7", "3-7"), ("1-4,9", "2-4,9")):
+        response = client.get(f"/api/v1/jobs/two/{endpoint}?ranks={asked}")
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"] == (
+            f"ranks: job 'two' has no rank(s) {named}: its world size is 2 (ranks 0-1)"
+        )
+    assert client.get(f"/api/v1/jobs/two/{endpoint}?ranks=0-1").status_code == 200
+    assert client.get(f"/api/v1/jobs/nope/{endpoint}?ranks=5").status_code == 404
 
 
 def test_metrics_endpoint_counts_jobs_by_status(store: Store, client: TestClient) -> None:

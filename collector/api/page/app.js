@@ -1,5 +1,7 @@
 // The Argus page: jobs, and for the chosen job a rank x time heatmap of slowdown and its
-// open diagnoses with their evidence. Plain DOM + SVG over the REST API; no build step.
+// diagnoses, open and resolved, each its summary sentence first and its evidence behind a fold.
+// Times are ISO 8601 in the browser's zone (as the CLI prints them in its own). Plain DOM + SVG over
+// the REST API; no build step.
 "use strict";
 
 const API = "/api/v1";
@@ -32,13 +34,18 @@ function svg(tag, attrs = {}) {
   return node;
 }
 
+const pad = (n) => String(n).padStart(2, "0");
+
+// ISO 8601 date and time in the browser's zone: 2026-12-01 14:03:07.
 function when(ns) {
   if (ns == null) return "";
-  return new Date(Number(ns) / 1e6).toLocaleString([], { dateStyle: "short", timeStyle: "medium" });
+  const d = new Date(Number(ns) / 1e6);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${clock(ns)}`;
 }
 
 function clock(ns) {
-  return new Date(Number(ns) / 1e6).toLocaleTimeString();
+  const d = new Date(Number(ns) / 1e6);
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
 function seconds(ns) {
@@ -63,7 +70,7 @@ async function loadJobs() {
       el("td", {}, el("span", { class: `status status-${job.status}` }, job.status)),
       el("td", {}, `${job.ranks_attached}/${job.world_size}`),
       el("td", {}, String(job.open_diagnoses)),
-      el("td", { title: when(job.start_ns) }, job.start_ns == null ? "" : clock(job.start_ns)),
+      el("td", { title: when(job.start_ns) }, job.start_ns == null ? "" : when(job.start_ns)),
     );
     if (job.job_id === state.job) row.classList.add("selected");
     row.addEventListener("click", () => { location.hash = "job=" + encodeURIComponent(job.job_id); });
@@ -82,7 +89,20 @@ function color(pct) {
   return `hsl(${hue}, 90%, ${light}%)`;
 }
 
-function drawHeatmap(h) {
+// The colour scale under the heatmap: what a cell's colour means.
+function drawLegend() {
+  const box = $("heatmap-legend");
+  box.replaceChildren(el("span", {}, "slowdown vs the median rank:"));
+  for (const pct of [0, 10, 20, 30, 40, 50]) {
+    const swatch = el("span", { class: "swatch", style: `background: ${color(pct)}` });
+    box.append(el("span", { class: "step", "data-pct": String(pct) }, swatch, pct === 50 ? "+50 % or more" : pct === 0 ? "0 % or less" : `+${pct} %`));
+  }
+  box.append(el("span", { class: "step" }, el("span", { class: "swatch", style: `background: ${color(null)}` }), "no data"));
+  box.append(el("span", { class: "step" }, el("span", { class: "swatch span-open" }), "open diagnosis"));
+  box.append(el("span", { class: "step" }, el("span", { class: "swatch span-resolved" }), "resolved diagnosis"));
+}
+
+function drawHeatmap(h, diagnoses = []) {
   const figure = $("heatmap");
   figure.replaceChildren();
   const rows = h.rows.length;
@@ -98,7 +118,9 @@ function drawHeatmap(h) {
     $("heatmap-caption").textContent = "";
     return;
   }
-  const left = 70, top = 8, bottom = 28, plotW = 860;
+  const left = 70, top = 8, plotW = 860;
+  const spanH = 5, spans = diagnoses.length;
+  const bottom = 28 + spans * (spanH + 2);
   const cellW = plotW / bins;
   const cellH = Math.max(3, Math.min(18, 420 / rows));
   const width = left + plotW + 10, height = top + rows * cellH + bottom;
@@ -142,6 +164,23 @@ function drawHeatmap(h) {
     text.textContent = j === 0 ? clock(h.times_ns[0]) : `+${seconds(h.times_ns[j] - h.times_ns[0])}`;
     figure.append(text);
   }
+  // Each diagnosis's span on the time axis, under the cells: from the start of its first window to the
+  // start of its last (at least 3 px wide).
+  const t0 = Number(h.times_ns[0]), t1 = Number(h.times_ns[bins - 1]) + Number(h.bin_ns);
+  const xOf = (ns) => left + plotW * Math.max(0, Math.min(1, (Number(ns) - t0) / Math.max(t1 - t0, 1)));
+  diagnoses.forEach((d, k) => {
+    const x0 = xOf(d.first_window_ns), x1 = Math.max(xOf(d.last_window_ns), x0 + 3);
+    const bar = svg("rect", {
+      class: `span span-${d.state}`,
+      x: x0.toFixed(2), y: String(top + rows * cellH + 22 + k * (spanH + 2)),
+      width: (x1 - x0).toFixed(2), height: String(spanH),
+      "data-id": d.id,
+    });
+    const tip = svg("title");
+    tip.textContent = `${d.state} ${d.cause}: ${when(d.first_window_ns)} to ${when(d.last_window_ns)}`;
+    bar.append(tip);
+    figure.append(bar);
+  });
   const metric = { busy: "busy time", step: "step time" }[h.metric] || `${h.metric} phase time`;
   $("heatmap-caption").textContent = `${metric}: slowdown against the median rank, ${seconds(h.bin_ns)} bins`
     + (worst ? `; worst ${worst.label} at +${worst.pct.toFixed(1)}%` : "");
@@ -156,28 +195,34 @@ function drawDiagnoses(items) {
   const box = $("diagnoses");
   box.replaceChildren();
   if (items.length === 0) {
-    box.append(el("p", { class: "muted", id: "no-diagnoses" }, "No open diagnoses: every rank is like its peers."));
+    box.append(el("p", { class: "muted", id: "no-diagnoses" }, "No diagnoses: every rank is like its peers."));
     return;
   }
-  for (const d of items) {
+  // Open first, then resolved; newest first within each.
+  const ordered = [...items].sort((a, b) => (a.state !== b.state ? (a.state === "open" ? -1 : 1)
+    : Number(b.last_window_ns) - Number(a.last_window_ns)));
+  for (const d of ordered) {
     const who = d.rank != null ? `rank ${d.rank}` : `ranks ${d.ranks.join(",")}`;
     const where = [d.phase && `phase ${d.phase}`, d.kernel && `kernel ${d.kernel}`, d.group && `group ${d.group}`]
       .filter(Boolean).join(", ");
     const facts = el("dl");
     const add = (k, v) => facts.append(el("dt", {}, k), el("dd", {}, v));
     add("score", d.score.toFixed(2));
-    add("slowdown", `${d.slowdown_pct.toFixed(1)}% of throughput`);
+    add("slowdown", `${d.slowdown_pct.toFixed(1)} % of throughput`);
     add("seen", `${when(d.first_window_ns)} to ${when(d.last_window_ns)}`);
-    for (const [k, v] of Object.entries(d.evidence)) add(k, evidenceValue(v));
+    const evidence = el("dl");
+    for (const [k, v] of Object.entries(d.evidence)) evidence.append(el("dt", {}, k), el("dd", {}, evidenceValue(v)));
     // The timeline of the ranks involved (and rank 0 as a reference) over the diagnosis's windows.
     const ranks = [...new Set([0, ...d.ranks])].join(",");
     const trace = `${API}/jobs/${encodeURIComponent(d.job_id)}/trace?start=${d.first_window_ns}`
       + `&end=${d.last_window_ns + 60e9}&ranks=${ranks}`;
     box.append(el(
       "article",
-      { class: "diagnosis", "data-id": d.id, "data-cause": d.cause },
-      el("h4", {}, `${d.cause}: ${who}${where ? " (" + where + ")" : ""}`),
+      { class: `diagnosis diagnosis-${d.state}`, "data-id": d.id, "data-cause": d.cause, "data-state": d.state },
+      el("h4", {}, el("span", { class: `state state-${d.state}` }, d.state), ` ${d.cause}: ${who}${where ? " (" + where + ")" : ""}`),
+      el("p", { class: "summary" }, d.summary || ""),
       facts,
+      el("details", {}, el("summary", {}, "all evidence"), evidence),
       el("a", { href: trace }, "timeline of these ranks (Chrome trace JSON)"),
     ));
   }
@@ -189,14 +234,19 @@ async function loadJob(jobId) {
   const [job, heat, diagnoses] = await Promise.all([
     api(`/jobs/${q}`),
     api(`/jobs/${q}/heatmap?metric=${metric}&bins=60&max_rows=128`),
-    api(`/jobs/${q}/diagnoses?state=open&limit=100`),
+    api(`/jobs/${q}/diagnoses?limit=100`),
   ]);
+  const open = diagnoses.items.filter((d) => d.state === "open").length;
+  const resolved = diagnoses.items.length - open;
   $("job-panel").hidden = false;
   $("job-title").textContent = `Job ${job.job_id}`;
   $("job-summary").textContent = `${job.status}, ${job.ranks_attached} of ${job.world_size} ranks attached on `
-    + `${job.hosts} host(s), ${job.ranks_exited} exited (${job.ranks_failed} failed); last seen ${when(job.last_seen_ns)}`;
+    + `${job.hosts} host(s), ${job.ranks_exited} exited (${job.ranks_failed} failed); last seen ${when(job.last_seen_ns)}`
+    + `; ${open} open and ${resolved} resolved diagnoses`
+    + (job.status === "finished" && resolved > 0 ? " (resolved when the job finished or the fault stopped)" : "");
   $("trace-link").href = `${API}/jobs/${q}/trace?max_events=200000`;
-  drawHeatmap(heat);
+  drawHeatmap(heat, diagnoses.items);
+  drawLegend();
   drawDiagnoses(diagnoses.items);
 }
 
@@ -208,7 +258,7 @@ async function refresh() {
       row.classList.toggle("selected", row.dataset.job === state.job);
     }
     if (state.job) await loadJob(state.job);
-    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    $("updated").textContent = "updated " + clock(Date.now() * 1e6);
     document.body.dataset.loaded = "true";
   } catch (err) {
     $("updated").textContent = "error: " + err.message;
