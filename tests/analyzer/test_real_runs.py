@@ -34,7 +34,7 @@ from argus.analyzer.service import Analyzer
 from argus.diagnosis import Diagnosis, read_diagnoses
 from argus.store import open_store
 from tests.agent.jobs import argus_run, job_env, short_dir
-from tests.conftest import ArgusServer
+from tests.conftest import KNOWN_ISSUE_16, ArgusServer
 
 #: Eleven jobs of about 45 s each, recorded once for the module (the session fixture).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -125,12 +125,7 @@ def _describe(diagnoses: list[Diagnosis]) -> str:
     )
 
 
-#: Known failures (issue 16, open), kept visible: on this 2-core machine under external load, the
-#: peers of a stalled rank (and, in a clean job, a rank the scheduler slows for two windows) show
-#: longer backward self time: part of DDP's end-of-backward wait is not yet inferred as blocked.
-UNDER_LOAD = pytest.mark.xfail(
-    reason="issue 16: a waiting peer's backward grows under load (DDP's end-of-backward wait)", strict=False
-)
+UNDER_LOAD = KNOWN_ISSUE_16
 
 
 @pytest.mark.parametrize("name", [pytest.param("none", marks=UNDER_LOAD), "pp_none", "tp_none"])

@@ -20,6 +20,7 @@ from argus.multinode import MultiNodeJob
 from argus.netns import Cluster, netns_unavailable
 from tests.cluster.faketime import faketime_env
 from tests.cluster.harness import Outcome, require, run_job
+from tests.conftest import KNOWN_ISSUE_16
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +51,7 @@ def clock_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Outcom
         yield run_job(cluster, work / "run", "clocks", node_env={1: env}, fault=step, clean_s=25), before
 
 
+@KNOWN_ISSUE_16
 def test_a_node_3_s_ahead_is_corrected_its_offset_stored_with_its_ranks_and_nothing_opens(
     clock_run: tuple[Outcome, list[dict[str, Any]]],
 ) -> None:
@@ -62,6 +64,7 @@ def test_a_node_3_s_ahead_is_corrected_its_offset_stored_with_its_ranks_and_noth
     assert out.diagnoses == [], out.describe()
 
 
+@KNOWN_ISSUE_16
 def test_a_step_of_2_s_mid_run_is_logged_refreshed_and_not_taken_for_lateness(
     clock_run: tuple[Outcome, list[dict[str, Any]]],
 ) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import KNOWN_ISSUE_16
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
@@ -33,6 +35,7 @@ def _demo(*args: str, timeout_s: float = 300) -> dict[str, Any]:
     return result
 
 
+@KNOWN_ISSUE_16
 @pytest.mark.parametrize(("scenario", "slow_rank"), [("compute", 1), ("host_stall", 2), ("dataloader", 3)])
 def test_demo_names_the_slow_rank_and_cause(scenario: str, slow_rank: int) -> None:
     result = _demo("--scenario", scenario, "--slow-rank", str(slow_rank))
