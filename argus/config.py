@@ -76,8 +76,9 @@ DEFAULT_WINDOW_S = 10.0
 #: Sustained loss (percent of wall time over the confirmation span) below which no diagnosis opens
 #: (:mod:`argus.analyzer.loss`). Measured on the clean 4-rank jobs of tests/analyzer/test_real_runs.py
 #: on the 2-core machine under other engineers' load (load average 7-19): the largest loss over two
-#: consecutive 6 s windows was 7.7 % (dp), 2.2 % (pp), 9.1 % (tp), and none opened at 5 %, because a
-#: diagnosis also needs a rank (or the job) to stand out from its noise. 5 % keeps a 5 %-costly
+#: consecutive 6 s windows was 7.7 % (dp), 2.2 % (pp), 9.1 % (tp); at 5 % the pp and tp jobs opened
+#: nothing (a diagnosis also needs a rank, or the job, to stand out from its noise) and the dp job
+#: named a rank the scheduler slowed (a known failure, issue 16). 5 % keeps a 5 %-costly
 #: tensor-parallel straggler diagnosable there (README, "How the analyzer decides").
 DEFAULT_MIN_LOSS_PCT = 5.0
 #: Rows are dropped this many days after they were stored.
