@@ -240,6 +240,12 @@ class LinkFinding:
     basis: str
 
 
+#: Layout of an instance key (:func:`_instance_keys`): size and frequency classes take
+#: ``_CLASS_SLOTS`` values each, the group's width ``_WIDTH_SLOTS``.
+_CLASS_SLOTS = 64
+_WIDTH_SLOTS = 4096
+
+
 def _instance_keys(d: Decomposition) -> NDArray[np.int64]:
     """Per instance, what its transfers are compared by: like instances of like groups.
 
@@ -251,14 +257,14 @@ def _instance_keys(d: Decomposition) -> NDArray[np.int64]:
     size_class = np.floor(np.log2(np.maximum(d.inst_bytes, 1))).astype(np.int64)
     per_group = np.bincount(d.inst_group, minlength=int(d.inst_group.max()) + 1 if d.inst_group.size else 0)
     frequency = np.floor(np.log2(np.maximum(per_group[d.inst_group], 1))).astype(np.int64)
-    width = np.minimum(d.inst_ranks, 4095)
-    return ((d.inst_op * 64 + size_class) * 64 + frequency) * 4096 + width
+    width = np.minimum(d.inst_ranks, _WIDTH_SLOTS - 1)
+    return ((d.inst_op * _CLASS_SLOTS + size_class) * _CLASS_SLOTS + frequency) * _WIDTH_SLOTS + width
 
 
 def _history_key(key: NDArray[np.int64] | int) -> NDArray[np.int64] | int:
     """An instance key without its frequency: one group against its own past (a slow link makes
     its group's instances rarer, and that must not hide the group's history)."""
-    return key - ((key // 4096) % 64) * 4096
+    return key - ((key // _WIDTH_SLOTS) % _CLASS_SLOTS) * _WIDTH_SLOTS
 
 
 def slow_links(

@@ -134,11 +134,8 @@ class PhaseResult:
         roles: The roles compared within.
         spikes: Per rank, steps of this window that are spikes (see :data:`SPIKE_K`).
         times: The window's self/blocked times (for the baselines and the job's accounting).
-        common_change_ns: The job's common change of self time per step against its past, ns.
-        change_ns: Per rank, mean change of self time per step against its own past, ns (NaN
-            without history), the common change included.
-        behind_ns: Per rank, the mean of that change beyond the job's common change, ns (NaN
-            without history): how far it fell behind the others.
+        behind_ns: Per rank, the mean change of self time per step against its own past beyond
+            the job's common change, ns (NaN without history): how far it fell behind the others.
         job_end_ns: Per step column, when the job ended the step (its slowest rank), ns.
     """
 
@@ -164,8 +161,6 @@ class PhaseResult:
     roles: Roles
     spikes: NDArray[np.int64]
     times: StepTimes | None = None
-    common_change_ns: float = 0.0
-    change_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
@@ -429,8 +424,6 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         roles=roles,
         spikes=spikes,
         times=t,
-        common_change_ns=float(common),
-        change_ns=np.nanmean(change, axis=1),
         behind_ns=np.nanmean(np.where(valid, x_past, np.nan), axis=1),
         job_end_ns=job_end,
     )
