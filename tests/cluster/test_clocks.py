@@ -51,8 +51,7 @@ def clock_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Outcom
         yield run_job(cluster, work / "run", "clocks", node_env={1: env}, fault=step, clean_s=25), before
 
 
-@KNOWN_ISSUE_16
-def test_a_node_3_s_ahead_is_corrected_its_offset_stored_with_its_ranks_and_nothing_opens(
+def test_a_node_3_s_ahead_is_corrected_and_its_offset_stored_with_its_ranks(
     clock_run: tuple[Outcome, list[dict[str, Any]]],
 ) -> None:
     out, before = clock_run
@@ -61,10 +60,8 @@ def test_a_node_3_s_ahead_is_corrected_its_offset_stored_with_its_ranks_and_noth
     assert abs(offsets[1] - (-3 * S)) < TOLERANCE_NS, offsets
     assert abs(offsets[0]) < TOLERANCE_NS and abs(offsets[2]) < TOLERANCE_NS, offsets
     assert {r["rank"]: r["host"] for r in before} == {0: "node0", 1: "node1", 2: "node2"}
-    assert out.diagnoses == [], out.describe()
 
 
-@KNOWN_ISSUE_16
 def test_a_step_of_2_s_mid_run_is_logged_refreshed_and_not_taken_for_lateness(
     clock_run: tuple[Outcome, list[dict[str, Any]]],
 ) -> None:
@@ -77,4 +74,12 @@ def test_a_step_of_2_s_mid_run_is_logged_refreshed_and_not_taken_for_lateness(
     # The offset stored for rank 1 now is the refreshed one: the collector's clock did not move.
     assert abs(offsets[1] - (-5 * S)) < TOLERANCE_NS, offsets
     assert abs(offsets[0]) < TOLERANCE_NS, offsets
+
+
+@KNOWN_ISSUE_16
+def test_neither_the_offset_nor_its_step_opens_anything(
+    clock_run: tuple[Outcome, list[dict[str, Any]]],
+) -> None:
+    out, _ = clock_run
+    # A wrong offset would make node 1's ranks look seconds late (or early) in every collective.
     assert out.diagnoses == [], out.describe()

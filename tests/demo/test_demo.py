@@ -35,22 +35,42 @@ def _demo(*args: str, timeout_s: float = 300) -> dict[str, Any]:
     return result
 
 
-@KNOWN_ISSUE_16
-@pytest.mark.parametrize(("scenario", "slow_rank"), [("compute", 1), ("host_stall", 2), ("dataloader", 3)])
-def test_demo_names_the_slow_rank_and_cause(scenario: str, slow_rank: int) -> None:
-    result = _demo("--scenario", scenario, "--slow-rank", str(slow_rank))
+@pytest.fixture(scope="module")
+def demo_runs() -> dict[str, dict[str, Any]]:
+    """One `argus demo` run per scenario, shared by the tests that judge it."""
+    runs = {scenario: _demo("--scenario", scenario, "--slow-rank", str(rank)) for scenario, rank in SLOW}
+    runs["none"] = _demo("--scenario", "none")
+    return runs
+
+
+#: The demo's scenarios with a fault, and the rank it slows.
+SLOW = [("compute", 1), ("host_stall", 2), ("dataloader", 3)]
+
+
+@pytest.mark.parametrize(("scenario", "slow_rank"), SLOW)
+def test_demo_names_the_slow_rank_and_cause(
+    demo_runs: dict[str, dict[str, Any]], scenario: str, slow_rank: int
+) -> None:
+    result = demo_runs[scenario]
     assert result["scenario"] == scenario and result["slow_rank"] == slow_rank
-    open_ = [d for d in result["diagnoses"] if d["state"] == "open"]
-    assert open_, f"no open diagnosis: {result}"
-    for d in open_:
-        assert (d["rank"], d["cause"]) == (slow_rank, scenario), json.dumps(result, indent=1)
+    named = [d for d in result["diagnoses"] if (d["rank"], d["cause"]) == (slow_rank, scenario)]
+    assert named and any(d["state"] == "open" for d in named), json.dumps(result, indent=1)
+    for d in named:
         assert d["score"] >= 1.0 and d["slowdown_pct"] > 0
         assert d["first_window_ns"] <= d["last_window_ns"]
 
 
+@KNOWN_ISSUE_16
+@pytest.mark.parametrize(("scenario", "slow_rank"), SLOW)
+def test_demo_names_nobody_else(demo_runs: dict[str, dict[str, Any]], scenario: str, slow_rank: int) -> None:
+    result = demo_runs[scenario]
+    others = [d for d in result["diagnoses"] if (d["rank"], d["cause"]) != (slow_rank, scenario)]
+    assert others == [], json.dumps(result, indent=1)
+
+
 @KNOWN_ISSUE_16  # passed here, failed in a fresh-clone CI run: a clean job named a rank
-def test_demo_without_a_fault_diagnoses_nothing() -> None:
-    result = _demo("--scenario", "none")
+def test_demo_without_a_fault_diagnoses_nothing(demo_runs: dict[str, dict[str, Any]]) -> None:
+    result = demo_runs["none"]
     assert result["slow_rank"] is None
     assert result["diagnoses"] == [], json.dumps(result, indent=1)
 

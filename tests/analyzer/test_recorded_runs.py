@@ -1,0 +1,72 @@
+"""The analyzer's verdict on recordings of the real jobs (tests/analyzer/real_jobs.py).
+
+Each recording (:mod:`tests.analyzer.recordings`) is what a real `argus server` stored of the
+eleven jobs on one occasion; the analyzer runs over it offline (`argus analyze --once`
+semantics, 6 s windows), so its verdict is the same in every run and a change to the analyzer
+shows here as a verdict gained or lost.
+
+The verdicts it gets wrong today are marked ``strict`` known failures of issue 16: when a
+change fixes one, the test fails until its marker goes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from argus.analyzer.service import Analyzer
+from argus.diagnosis import Diagnosis, read_diagnoses
+from argus.store import open_store
+from tests.analyzer.real_jobs import ANALYSIS_WINDOW_S, JOBS, check_verdict
+from tests.analyzer.recordings import RECORDINGS, load_recording, recording_jobs
+
+#: Known-wrong verdicts, per recording: the ranks waiting for a slow data-parallel rank are named
+#: too (issue 16), and a clean rank the scheduler slowed reads as a straggler.
+_WRONG = {
+    "quiet": {"none", "compute", "dataloader", "host_stall", "host_work", "pp_compute", "spiky_stall"},
+    "loaded": {"none", "host_stall", "host_work", "spiky_stall"},
+}
+_ISSUE_16 = pytest.mark.xfail(
+    reason="issue 16: ranks waiting for the slow one, or slowed by the scheduler, are named", strict=True
+)
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], list[Diagnosis]]:
+    """Every recording loaded into its own embedded store and analysed: (recording, job) -> diagnoses."""
+    out = {}
+    for recording in _WRONG:
+        # chDB allows one open data dir per process: one store after another.
+        store = open_store(f"chdb://{tmp_path_factory.mktemp(recording)}")
+        try:
+            load_recording(store, RECORDINGS / recording)
+            for name in JOBS:
+                job = f"real-{name}"
+                analyzer = Analyzer(store, window_s=ANALYSIS_WINDOW_S, job=job, backlog_s=None)
+                analyzer.run_once(now_ns=time.time_ns())
+                out[recording, name] = read_diagnoses(store, job)
+        finally:
+            store.close()
+    return out
+
+
+def test_every_recording_holds_every_job() -> None:
+    for recording in _WRONG:
+        assert recording_jobs(RECORDINGS / recording) == sorted(f"real-{name}" for name in JOBS)
+        assert (RECORDINGS / recording / "README").is_file()
+    assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted(_WRONG)
+
+
+@pytest.mark.parametrize(
+    ("recording", "name"),
+    [
+        pytest.param(recording, name, marks=[_ISSUE_16] if name in wrong else [], id=f"{recording}-{name}")
+        for recording, wrong in _WRONG.items()
+        for name in JOBS
+    ],
+)
+def test_the_verdict_on_a_recorded_job(
+    verdicts: dict[tuple[str, str], list[Diagnosis]], recording: str, name: str
+) -> None:
+    check_verdict(name, verdicts[recording, name])
