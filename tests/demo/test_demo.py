@@ -53,19 +53,23 @@ def test_demo_names_the_slow_rank_and_cause(
 ) -> None:
     result = demo_runs[scenario]
     assert result["scenario"] == scenario and result["slow_rank"] == slow_rank
-    named = [d for d in result["diagnoses"] if (d["rank"], d["cause"]) == (slow_rank, scenario)]
-    assert named and any(d["state"] == "open" for d in named), json.dumps(result, indent=1)
-    for d in named:
+    # The slow rank is named; with what cause, and whether alone, is issue 16's (below).
+    named = [d for d in result["diagnoses"] if slow_rank in d["ranks"]]
+    assert any(d["state"] == "open" for d in named), json.dumps(result, indent=1)
+    for d in result["diagnoses"]:
         assert d["score"] >= 1.0 and d["slowdown_pct"] > 0
         assert d["first_window_ns"] <= d["last_window_ns"]
 
 
 @KNOWN_ISSUE_16
 @pytest.mark.parametrize(("scenario", "slow_rank"), SLOW)
-def test_demo_names_nobody_else(demo_runs: dict[str, dict[str, Any]], scenario: str, slow_rank: int) -> None:
+def test_demo_names_the_slow_rank_alone_with_its_cause(
+    demo_runs: dict[str, dict[str, Any]], scenario: str, slow_rank: int
+) -> None:
     result = demo_runs[scenario]
-    others = [d for d in result["diagnoses"] if (d["rank"], d["cause"]) != (slow_rank, scenario)]
-    assert others == [], json.dumps(result, indent=1)
+    assert [(d["rank"], d["ranks"], d["cause"]) for d in result["diagnoses"]] == [
+        (slow_rank, [slow_rank], scenario)
+    ], json.dumps(result, indent=1)
 
 
 @KNOWN_ISSUE_16  # passed here, failed in a fresh-clone CI run: a clean job named a rank
