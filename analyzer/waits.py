@@ -29,7 +29,11 @@ calls, a blocking ``recv`` of an ``isend``). A call waited later (``isend``/``ir
 ``collectives.wait_ns``) blocked from the wait to its end, whatever the rank did
 before. Calls the probe knows to be overlapped (DDP's gradient buckets,
 ``collectives.overlapped``) block only at the rank's last one of the step in
-their group, which the end of backward waits for. Blocking spans of one rank
+their group, when the rank's next event follows its end: at once (within
+:data:`RESUME_NS`), or whenever it is the end of the backward phase, which waits for
+every DDP bucket (the time from the call's end to it is DDP's copy-back of the
+gradients and, on a busy host, the woken rank waiting for a core). One that ends
+while the rank works on blocked nobody. Blocking spans of one rank
 never overlap, so their sum is the rank's blocked time. Times of one rank share
 its clock, so no offset correction is needed here.
 
@@ -56,6 +60,7 @@ UNTRACKED = len(PHASES)
 _TIME_BITS = 40  # relative times up to ~1,100 s share an int64 key with the rank index
 #: A rank that waited for an overlapped call resumes within this long of its end, ns.
 RESUME_NS = 5_000_000
+_BACKWARD = PHASES.index("backward")
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,8 @@ def blocking_rows(  # noqa: PLR0915  (one pass of array steps; its pieces share 
     c_ri = np.where(c_ok, c_ri, 0)
     p_ri = np.searchsorted(ranks, p.rank)
     p_ok = (p_ri < ranks.size) & (ranks[np.minimum(p_ri, max(ranks.size - 1, 0))] == p.rank)
-    times = [c.issue_ns[c_ok], p.start_ns[p_ok], (p.start_ns + p.dur_ns)[p_ok]]
+    p_end = p.start_ns + p.dur_ns
+    times = [c.issue_ns[c_ok], p.start_ns[p_ok], p_end[p_ok]]
     owners = [c_ri[c_ok], p_ri[p_ok], p_ri[p_ok]]
     t0 = int(min(int(np.min(x)) for x in times if x.size))
     # Every event of every rank in (rank, time) order; a row's own issue is one of them, so the
@@ -175,9 +181,9 @@ def blocking_rows(  # noqa: PLR0915  (one pass of array steps; its pieces share 
     overlapped = c.overlaps & c_ok
     if np.any(overlapped):
         # Overlapped calls (DDP buckets) block only where the rank waits for them: its last of the
-        # step in that group when the rank's next event follows its end at once (the end of
-        # backward, which waits for every bucket); one that ends while the rank works on blocked
-        # nobody.
+        # step in that group when the rank's next event follows its end at once, or is the end of
+        # backward (which waits for every bucket: on a busy host the woken rank may wait tens of ms
+        # for a core); one that ends while the rank works on blocked nobody.
         idx = np.flatnonzero(overlapped)
         key = (c_ri[idx].astype(np.int64) << 40) | ((c.step[idx].astype(np.int64) & 0xFFFFFF) << 16)
         key |= c.group[idx].astype(np.int64) & 0xFFFF
@@ -190,7 +196,9 @@ def blocking_rows(  # noqa: PLR0915  (one pass of array steps; its pieces share 
         nxt_key = events[np.minimum(after, events.size - 1)]
         same_rank = (nxt_key >> _TIME_BITS) == c_ri[cand]
         gap = (nxt_key & ((1 << _TIME_BITS) - 1)) - (hi[cand] & ((1 << _TIME_BITS) - 1))
-        waited_for = has_next & same_rank & (gap <= RESUME_NS)
+        backward = p_ok & (p.phase == _BACKWARD)
+        ends_backward = np.isin(nxt_key, _event_keys(p_ri[backward], p_end[backward], t0))
+        waited_for = has_next & same_rank & ((gap <= RESUME_NS) | ends_backward)
         blocking[idx] = False
         blocking[cand] = waited_for & ~busy[cand] & (end[cand] > c.issue_ns[cand])
     out: NDArray[np.bool_] = blocking & c_ok

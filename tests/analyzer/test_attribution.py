@@ -91,6 +91,22 @@ def test_overlapped_buckets_block_only_where_backward_waits_and_a_busy_call_bloc
     assert blocked.tolist() == [False, True, False, True, False, True]
 
 
+def test_the_last_bucket_blocks_until_backward_ends_however_late_the_rank_resumes() -> None:
+    """On a busy host a rank woken at its last bucket's end may wait for a core: backward ended
+    20 ms after the bucket on rank 0, still its wait (DDP's backward waits for every bucket). On
+    rank 1 the bucket ended 20 ms before its next call, inside the optimizer: it worked on."""
+    colls = [
+        (0, 10, "0", 0, "allreduce", 100.0, 150.0, -1, True),
+        (1, 10, "0", 0, "allreduce", 100.0, 150.0, -1, True),
+        (1, 10, "1", 0, "barrier", 170.0, 171.0, -1, False),
+    ]
+    phases = [(0, 10, 2, 50.0, 120.0), (1, 10, 2, 50.0, 50.0), (1, 10, 3, 100.0, 80.0)]
+    steps = [(0, 10, 0.0, 200.0), (1, 10, 0.0, 200.0)]
+    w = _window(steps, phases, colls)
+    blocked = blocking_rows(w, np.array([0, 1]), decompose(w.collectives).instance)
+    assert blocked.tolist() == [True, False, True]
+
+
 def test_a_transfer_waited_later_blocks_from_its_wait() -> None:
     """Stage 1 posts irecv at 10 ms, computes, and waits at 80 ms for the activation that lands at
     130 ms: 50 ms blocked (not 120). The sender's isend, waited at once, blocked until it landed."""
