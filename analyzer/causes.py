@@ -16,6 +16,9 @@ Order of the rules, each applied to what the earlier ones left:
      time, GC pauses), does it come in spikes on a few steps or evenly, and does
      it sit in untracked host time or in the compute phases (and kernels).
 
+   A straggler hidden behind the strongest one (its excess under half of that
+   one's, step by step; :func:`_drop_hidden`) is that one's knock-on and is not
+   named: the ranks waiting for a straggler on a shared host slow down too.
    When more than :data:`MAX_INDIVIDUAL` ranks share a cause, they become one
    finding with ``rank = None`` and every rank listed. A straggler compared
    against fewer than :data:`MIN_REFERENCE` healthy ranks ``needs_confirmation``;
@@ -71,6 +74,10 @@ CPU_SHARE = 0.5
 MIN_REFERENCE = 4
 #: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
 SPIKY_SHARE = 0.75
+#: A straggler whose lead over a stronger one, summed over the window's steps, is under this share
+#: of the stronger one's lead over it hid behind it (:func:`_drop_hidden`). Two equally slow ranks
+#: lead each other alike (a ratio near 1); a rank the job never waited for, near 0.
+HIDDEN_SHARE = 1 / 3
 _COMPUTE_PHASES = ("forward", "backward", "optimizer")
 
 
@@ -367,6 +374,48 @@ def _groups_of(w: Window) -> dict[int, str]:
     return {int(r): c.group_names[int(g)] for r, g in zip(rank[first], group[first], strict=True)}
 
 
+def _drop_hidden(found: list[Finding], l2: PhaseResult) -> list[Finding]:
+    """Drop the stragglers that hid behind the strongest one (at the opening score of 1).
+
+    The job waits at each step for its slowest rank, so a rank costs it time only at the steps
+    where it is later than the others. Rank ``r`` hid behind the strongest straggler ``s`` when,
+    summed over the window's steps, ``s``'s excess led ``r``'s by more than all of ``r``'s excess,
+    and ``r``'s led ``s``'s by under :data:`HIDDEN_SHARE` of that: the job waited for ``s``, and
+    would have waited for it had ``r`` been on time. The ranks that wait for a straggler grow
+    their own time too where they share its host (its extra work takes the cores theirs runs
+    on): that growth is the straggler's knock-on, not a second fault. Ranks slow alike lead each
+    other alike and all stay; a second fault under half as large as the first is named once the
+    first is gone.
+    """
+    rows = {int(r): i for i, r in enumerate(l2.rank.tolist())}
+    row = {id(f): rows[f.rank] for f in found if f.rank is not None and f.rank in rows}
+    strong = [g for g in found if id(g) in row and g.score >= 1.0]
+    if not strong:
+        return found
+    top = max(strong, key=lambda g: g.score)
+    x = np.nan_to_num(l2.excess_matrix, nan=0.0)
+    theirs = x[row[id(top)]]
+    out, hidden = [], []
+    for f in found:
+        if f is not top and id(f) in row:
+            mine = x[row[id(f)]]
+            behind = float(np.sum(np.maximum(theirs - mine, 0.0)))
+            ahead = float(np.sum(np.maximum(mine - theirs, 0.0)))
+            if behind > float(np.sum(mine)) and ahead < HIDDEN_SHARE * behind:
+                hidden.append(row[id(f)])
+                continue
+        out.append(f)
+    if hidden:
+        # Without the straggler its knock-on goes too: the job would have waited only for the
+        # slowest of the rest.
+        rest = np.ones(x.shape[0], bool)
+        rest[[*hidden, row[id(top)]]] = False
+        waited = np.maximum(theirs - np.max(x[rest], axis=0, initial=0.0), 0.0)
+        evidence = {**top.evidence, "knock_on_ranks": sorted(int(l2.rank[i]) for i in hidden)}
+        out[out.index(top)] = replace(top, waited_ns=tuple(waited.tolist()), evidence=evidence)
+    return out
+
+
 def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:
     """Stragglers of one cause become one many-rank finding when there are more than
     :data:`MAX_INDIVIDUAL` of them, or when half of the compared ranks or more are behind."""
@@ -562,7 +611,7 @@ def attribute(
         if f is not None:
             f.evidence.update(l1.evidence())
             found.append(f)
-    out.extend(_merge_many(found, l2))
+    out.extend(_merge_many(_drop_hidden(found, l2), l2))
     stragglers = {f.rank: f.score for f in found if f.rank is not None and f.score >= 1.0}
     comm = [_with_link_kernel(ctx, f) for f in _links(w, l2, links, l1, stragglers)]
     out.extend(comm)

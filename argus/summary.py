@@ -170,7 +170,16 @@ def _straggler(d: Diagnosis, who: str, ev: Mapping[str, Any]) -> list[str]:
         if excess:
             what += f": its own work per step takes {excess}"
     kernel = _kernel(ev) if d.cause in ("compute", "throttling") else ""
-    return [c for c in (what, kernel, _waits(ev)) if c]
+    return [c for c in (what, kernel, _waits(ev), _knock_on(ev)) if c]
+
+
+def _knock_on(ev: Mapping[str, Any]) -> str:
+    """The ranks that slowed while waiting for it (analyzer.causes._drop_hidden), not named apart."""
+    ranks = ev.get("knock_on_ranks")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) for r in ranks):
+        return ""
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
+    return f"{who} slowed down too while waiting for it"
 
 
 def _unresponsive(who: str, ev: Mapping[str, Any]) -> list[str]:

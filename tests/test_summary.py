@@ -147,3 +147,11 @@ def test_the_demo_report_prints_the_summary_first_then_at_most_five_figures(tmp_
         figures = list(itertools.takewhile(lambda line: line.startswith("    "), out[head + 2 :]))
         assert 1 <= len(figures) <= MAX_EVIDENCE_LINES and all(_UNIT.search(f) or "#" in f for f in figures)
         assert out[head + 2 + len(figures)] == ""  # nothing else of the evidence
+
+
+def test_the_ranks_slowed_while_waiting_for_the_straggler_are_said_and_odd_ones_ignored() -> None:
+    d = _diagnosed("compute")
+    told = summary(replace(d, evidence={**d.evidence, "knock_on_ranks": [0, 1]}))
+    assert "ranks 0, 1 slowed down too while waiting for it" in told, told
+    assert "rank 5 slowed down too" in summary(replace(d, evidence={**d.evidence, "knock_on_ranks": [5]}))
+    assert "slowed down too" not in summary(replace(d, evidence={**d.evidence, "knock_on_ranks": ["x"]}))

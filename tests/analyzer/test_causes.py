@@ -4,7 +4,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from argus.analyzer.causes import SPIKY_SHARE, _spiky_share
+from argus.analyzer.causes import SPIKY_SHARE, _drop_hidden, _spiky_share
+from argus.analyzer.findings import Finding
 
 
 def _share(excess: list[float]) -> float:
@@ -27,3 +28,38 @@ def test_a_pause_every_few_steps_is_spiky_wherever_it_begins(onset: int) -> None
 
 def test_no_excess_has_no_share() -> None:
     assert np.isnan(_share([0.0, -1.0, float("nan")]))
+
+
+def _straggler(rank: int, score: float) -> Finding:
+    return Finding("compute", rank, (rank,), None, "forward", None, score, 10.0, f"rank:{rank}")
+
+
+def _kept(excess: dict[int, list[float]], scores: dict[int, float]) -> list[Finding]:
+    ranks = sorted(excess)
+    l2: Any = SimpleNamespace(rank=np.array(ranks), excess_matrix=np.array([excess[r] for r in ranks]))
+    return _drop_hidden([_straggler(r, s) for r, s in scores.items()], l2)
+
+
+def test_ranks_that_slowed_a_little_while_waiting_for_a_straggler_are_its_knock_on() -> None:
+    rng = np.random.default_rng(1)
+    excess = {r: (8.0 + rng.normal(0, 3, 40)).tolist() for r in (0, 1)}
+    excess[2] = np.abs(rng.normal(0, 1, 40)).tolist()
+    excess[3] = (30.0 + rng.normal(0, 3, 40)).tolist()
+    kept = _kept(excess, {0: 1.2, 1: 1.1, 3: 5.0})
+    assert [f.rank for f in kept] == [3]
+    assert kept[0].evidence["knock_on_ranks"] == [0, 1]
+    # Without rank 3 its knock-on goes too: the job would have waited only for rank 2's noise.
+    np.testing.assert_allclose(kept[0].waited_ns, np.maximum(np.array(excess[3]) - excess[2], 0))
+
+
+def test_a_rank_slowed_every_step_behind_one_that_stops_every_fourth_is_its_knock_on() -> None:
+    excess = {0: [10.0] * 40, 1: [0.0] * 40, 3: [150.0 if i % 4 == 0 else 0.0 for i in range(40)]}
+    assert [f.rank for f in _kept(excess, {0: 1.5, 3: 8.0})] == [3]
+
+
+def test_ranks_slow_alike_and_a_second_fault_over_half_as_large_are_all_named() -> None:
+    rng = np.random.default_rng(2)
+    alike = {r: (30.0 + rng.normal(0, 5, 40)).tolist() for r in (1, 2, 3)}
+    assert [f.rank for f in _kept({0: [0.0] * 40, **alike}, {1: 3.0, 2: 3.5, 3: 4.0})] == [1, 2, 3]
+    second = {0: [0.0] * 40, 2: [20.0] * 40, 3: [30.0] * 40}
+    assert [f.rank for f in _kept(second, {2: 2.0, 3: 3.0})] == [2, 3]
