@@ -11,9 +11,9 @@ Layout: ``tests/data/real_runs/<recording>/<table>.parquet``, one file per wire 
 columns as stored without ``stored_at``. Each recording's ``README`` says how and where it was
 made.
 
-Make one (about 10 minutes; the folder name is the recording's)::
+Make one (about 12 minutes; the folder name is the recording's)::
 
-    pytest tests/analyzer/test_real_runs.py --basetemp=/tmp/rr -p no:cacheprovider
+    ARGUS_TEST_REAL_RUNS=all pytest tests/analyzer/test_real_runs.py --basetemp=/tmp/rr -p no:cacheprovider
     python -m tests.analyzer.recordings chdb:///tmp/rr/real-runs0/data tests/data/real_runs/NAME
 """
 
