@@ -72,6 +72,15 @@ def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def rfc3339(ns: int | None) -> str | None:
+    """``ns`` since the epoch as an RFC 3339 UTC time to the millisecond (``2026-12-01T17:29:14.123Z``),
+    for the REST objects' ``*_at`` fields beside their ``*_ns``; None for None."""
+    if ns is None:
+        return None
+    moment = datetime.fromtimestamp(ns // 1_000_000 / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 def lost(d: Diagnosis) -> str:
     """The time the job lost to the fault (its evidence's ``lost_s``), ``"-"`` when not known."""
     value = d.evidence.get("lost_s")

@@ -23,6 +23,7 @@ from typing import Any
 
 from argus.collector.api.params import INT64_MAX, BadParameter, RankSet, decode_cursor, encode_cursor
 from argus.errors import NotFound
+from argus.render import rfc3339
 from argus.store import Store
 
 __all__ = [
@@ -159,9 +160,11 @@ def _summaries(store: Store, ids: list[str], now_ns: int, timeout_ns: int) -> li
                 "job_id": job_id,
                 "status": status,
                 "world_size": max(int(job.get("ws", 0)), int(rank.get("world", 0))),
-                "start_ns": min(starts) if starts else None,
-                "end_ns": int(rank["last_exit"]) if status == "finished" and rank.get("last_exit") else None,
-                "last_seen_ns": heartbeat or None,
+                **_times(
+                    start=min(starts) if starts else None,
+                    end=int(rank["last_exit"]) if status == "finished" and rank.get("last_exit") else None,
+                    last_seen=heartbeat or None,
+                ),
                 "ranks_attached": attached,
                 "ranks_exited": exited,
                 "ranks_failed": int(rank.get("n_failed", 0)),
@@ -181,6 +184,15 @@ SELECT job_id, count() AS windows, countIf(status = 'failed') AS failed, sum(wal
        sum(lost_ns) AS lost, sum(explained_ns) AS explained
 FROM analysis_windows FINAL WHERE job_id IN {ids:Array(String)} GROUP BY job_id
 """
+
+
+def _times(**moments: int | None) -> dict[str, Any]:
+    """``{name}_ns`` and its RFC 3339 ``{name}_at`` for each moment (ns since the epoch or None)."""
+    out: dict[str, Any] = {}
+    for name, ns in moments.items():
+        out[f"{name}_ns"] = ns
+        out[f"{name}_at"] = rfc3339(ns)
+    return out
 
 
 def _loss(row: dict[str, Any]) -> dict[str, Any]:
@@ -374,10 +386,9 @@ def _rank_item(
         "device": r["r_device"],
         "world_size": int(r["ws"]),
         "clock_offset_ns": int(r["r_offset"]),
-        "attach_ns": int(r["attach_t"]) if attached else None,
-        "exit_ns": int(r["exit_t"]) if exited else None,
+        **_times(attach=int(r["attach_t"]) if attached else None, exit=int(r["exit_t"]) if exited else None),
         "exit_code": int(r["code"]) if exited else None,
-        "last_seen_ns": heartbeat or None,
+        **_times(last_seen=heartbeat or None),
     }
 
 

@@ -45,8 +45,11 @@ class Job(BaseModel):
     status: JobStatus
     world_size: int = Field(description="largest world size any rank or node reported")
     start_ns: int | None = Field(description="first attach (or trace start)")
+    start_at: str | None = Field(description="start_ns as RFC 3339 (UTC, ms)")
     end_ns: int | None = Field(description="last exit, once finished")
+    end_at: str | None = Field(description="end_ns as RFC 3339 (UTC, ms)")
     last_seen_ns: int | None = Field(description="newest heartbeat (host sample or attach)")
+    last_seen_at: str | None = Field(description="last_seen_ns as RFC 3339 (UTC, ms)")
     ranks_attached: int
     ranks_exited: int
     ranks_failed: int = Field(description="ranks that exited with a non-zero status")
@@ -89,9 +92,12 @@ class Rank(BaseModel):
         "estimate changes it)"
     )
     attach_ns: int | None
+    attach_at: str | None = Field(description="attach_ns as RFC 3339 (UTC, ms)")
     exit_ns: int | None
+    exit_at: str | None = Field(description="exit_ns as RFC 3339 (UTC, ms)")
     exit_code: int | None
     last_seen_ns: int | None
+    last_seen_at: str | None = Field(description="last_seen_ns as RFC 3339 (UTC, ms)")
     groups: list[ProcessGroup]
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -97,7 +98,25 @@ def test_jobs(http: httpx.Client) -> None:
     assert [j["job_id"] for j in first["items"]] == [JOB]
     rest = http.get("/api/v1/jobs", params={"limit": 1, "cursor": first["next"]}).json()
     assert [j["job_id"] for j in rest["items"]] == [FINISHED] and rest["next"] is None
-    assert http.get(f"/api/v1/jobs/{JOB}").json() == jobs[JOB] | {"last_seen_ns": jobs[JOB]["last_seen_ns"]}
+    one = http.get(f"/api/v1/jobs/{JOB}").json()
+    assert one == jobs[JOB] | {k: one[k] for k in ("last_seen_ns", "last_seen_at")}
+
+
+def _at(ns: int | None) -> datetime | None:
+    return None if ns is None else datetime.fromtimestamp(ns // 1_000_000 / 1000, tz=UTC)
+
+
+def test_every_time_a_person_reads_is_also_rfc_3339(http: httpx.Client) -> None:
+    objects = [*http.get("/api/v1/jobs").json()["items"]]
+    objects += http.get(f"/api/v1/jobs/{FINISHED}/ranks").json()["items"]
+    seen = 0
+    for obj in objects:
+        for key in [k for k in obj if k.endswith("_ns") and k != "clock_offset_ns"]:
+            at = obj[key.removesuffix("_ns") + "_at"]
+            assert (datetime.fromisoformat(at) if at else None) == _at(obj[key]), (key, obj)
+            assert at is None or at.endswith("Z"), at
+            seen += at is not None
+    assert seen >= 8
 
 
 def test_ranks(http: httpx.Client) -> None:
