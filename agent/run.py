@@ -11,6 +11,8 @@
   and stopped after COMMAND exits, once it has drained to the collector (or
   kept what it could not send in its spool). It gets the token through
   ``$ARGUS_TOKEN``, never on its command line.
+- A started agent whose collector does not accept a TCP connection is said on
+  stderr at once (the batches go to its spool), and so is its drain at exit.
 - COMMAND's exit status is returned; SIGINT and SIGTERM are passed on to it.
   If the agent cannot start, COMMAND still runs.
 """
@@ -33,9 +35,10 @@ from argus import config
 from argus.agent import _bootstrap
 from argus.agent.identity import new_job_id
 from argus.config import ENV_AGENT_LOG, ENV_AUTOATTACH, ENV_COMMAND
+from argus.errors import ConfigError
 from argus.jobid import check_job_id
 
-__all__ = ["agent_listening", "bootstrap_dir", "main"]
+__all__ = ["agent_listening", "bootstrap_dir", "collector_reachable", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +119,25 @@ def _start_agent(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
     return None
 
 
-def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
+def collector_reachable(target: str, timeout_s: float = 1.0) -> bool:
+    """True when a TCP connection to the collector ``target`` (``HOST:PORT``) opens within ``timeout_s``."""
+    try:
+        host, port = config.parse_listen(target, "--collector")
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except (OSError, ConfigError):
+        return False
+
+
+def _stop_agent(proc: subprocess.Popen[bytes], *, reachable: bool) -> None:
     if proc.poll() is not None:
         return
+    if not reachable:
+        print(
+            f"argus: stopping the node agent: up to {AGENT_DRAIN_S:.0f} s more for it to reach the collector "
+            "(what it cannot send stays in its spool for the next agent)",
+            file=sys.stderr,
+        )
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=AGENT_DRAIN_S + 10)
@@ -148,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     env = dict(os.environ)
     agent: subprocess.Popen[bytes] | None = None
+    reachable = True
     if not config.env_flag(config.ENV_DISABLE):
         attach = _attach_env(args, cmd, env.get("PYTHONPATH", ""))
         try:
@@ -158,12 +178,19 @@ def main(args: argparse.Namespace) -> int:
         env.update(attach)
         if not agent_listening(args.socket):
             agent = _start_agent(args)
+            reachable = collector_reachable(args.collector)
+            if agent is not None and not reachable:
+                print(
+                    f"argus: collector {args.collector} unreachable: spooling to "
+                    f"{config.spool_dir_for(args.collector)}; run `argus server` or pass --collector",
+                    file=sys.stderr,
+                )
         print(f"argus: job {env[config.ENV_JOB_ID]}", file=sys.stderr)
     try:
         return _run_child(cmd, env)
     finally:
         if agent is not None:
-            _stop_agent(agent)
+            _stop_agent(agent, reachable=reachable)
 
 
 def _run_child(cmd: list[str], env: dict[str, str]) -> int:

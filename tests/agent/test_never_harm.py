@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from argus.agent.run import bootstrap_dir
 from argus.agent.sink import AgentLink
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink
-from tests.agent.jobs import job_env, run, short_dir, torchrun
+from tests.agent.jobs import argus_run, job_env, run, short_dir, torchrun
 
 
 def probe_env(work: Path, socket_path: str, **extra: str) -> dict[str, str]:
@@ -133,3 +134,25 @@ def test_attached_probe_loads_no_cuda_library_on_a_cpu_machine(tmp_path: Path) -
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+def test_argus_run_says_at_once_when_the_collector_is_unreachable_and_why_it_waits_at_exit() -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    target = f"127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: connections are refused
+    try:
+        with short_dir() as work:
+            env = job_env(work)
+            done = run(
+                argus_run(work, target, "unreachable", [sys.executable, "-c", "print('trained')"]), env
+            )
+            spool = work / "state" / "argus" / "spool"
+    finally:
+        closed.close()
+    assert done.returncode == 0 and "trained" in done.stdout, done.stderr
+    said = done.stderr.splitlines()
+    line = next((s for s in said if "unreachable" in s), "")
+    assert line.startswith(f"argus: collector {target} unreachable: spooling to {spool}/"), said
+    assert line.endswith("run `argus server` or pass --collector"), said
+    assert any("stopping the node agent: up to" in s for s in said), said
