@@ -18,6 +18,7 @@ A job exists when any of ``jobs``, ``ranks`` or ``steps`` has a row for it.
 
 from __future__ import annotations
 
+import difflib
 from collections import Counter
 from typing import Any
 
@@ -75,9 +76,26 @@ def job_exists(store: Store, job_id: str) -> bool:
 
 
 def require_job(store: Store, job_id: str) -> None:
-    """Raises NotFound when ``job_id`` has no rows."""
+    """Raises NotFound when ``job_id`` has no rows (:func:`unknown_job`)."""
     if not job_exists(store, job_id):
-        raise NotFound(f"no job {job_id!r}")
+        raise unknown_job(store, job_id)
+
+
+#: Job ids read to find the closest to an unknown one.
+_ID_SCAN = 100_000
+
+
+def unknown_job(store: Store, job_id: str) -> NotFound:
+    """The NotFound of an unknown ``job_id``, naming up to three stored ids like it (difflib's
+    ratio of at least 0.6: a typo, a cut-off date) — the user most often mistyped one of them."""
+    rows = store.query(
+        "SELECT DISTINCT job_id FROM (SELECT job_id FROM jobs UNION ALL SELECT job_id FROM ranks) "
+        "LIMIT {n:UInt32}",
+        {"n": _ID_SCAN},
+    )
+    ids = [str(v) for v in rows.column("job_id").to_pylist()]
+    close = difflib.get_close_matches(job_id, ids, n=3)
+    return NotFound(f"no job {job_id!r}" + (f"; the closest: {', '.join(map(repr, close))}" if close else ""))
 
 
 _JOB_KEYS = """

@@ -12,7 +12,7 @@ from pydantic import AfterValidator
 from argus.collector.api.diagnoses import list_diagnoses
 from argus.collector.api.errors import ERROR_RESPONSES
 from argus.collector.api.heatmap import heatmap
-from argus.collector.api.jobs import list_jobs, list_ranks, require_ranks
+from argus.collector.api.jobs import list_jobs, list_ranks, require_ranks, unknown_job
 from argus.collector.api.models import (
     DiagnosisPage,
     Heatmap,
@@ -27,7 +27,6 @@ from argus.collector.api.trace import chrome_trace
 from argus.collector.importer import import_traces
 from argus.config import DEFAULT_MAX_UPLOAD_BYTES
 from argus.diagnosis import Cause, State
-from argus.errors import NotFound
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.store import Store
 
@@ -95,7 +94,7 @@ def build_router(
             store, limit=1, cursor=None, now_ns=time.time_ns(), timeout_ns=heartbeat_timeout_ns, job_id=job_id
         )
         if not items:
-            raise NotFound(f"no job {job_id!r}")
+            raise unknown_job(store, job_id)
         return items[0]
 
     @router.get(

@@ -218,6 +218,9 @@ def test_unknown_job_is_404(http: httpx.Client, endpoint: str) -> None:
     response = http.get(endpoint.format(job="no-such-job"))
     assert response.status_code == 404
     assert response.json() == {"detail": "no job 'no-such-job'"}
+    typo = http.get(endpoint.format(job="job-ap"))
+    assert typo.status_code == 404
+    assert typo.json()["detail"].startswith("no job 'job-ap'; the closest: 'job-api'"), typo.json()
 
 
 @pytest.mark.parametrize(
