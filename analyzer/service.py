@@ -78,7 +78,6 @@ from argus.analyzer.store_io import (
     write_window,
 )
 from argus.diagnosis import (
-    Cause,
     Diagnosis,
     State,
     StoredState,
@@ -87,7 +86,7 @@ from argus.diagnosis import (
     write_diagnoses,
 )
 from argus.errors import ArgusError, ConfigError
-from argus.metrics import TOP_SUSPECTS, Metrics
+from argus.metrics import Metrics
 from argus.store import Store, open_store
 
 __all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
@@ -100,6 +99,9 @@ DEFAULT_BACKLOG_S = 3600.0
 TRAILING_WINDOWS = 3
 #: How long, in windows, a window waits for every reporting rank's rows to be stored.
 WAIT_WINDOWS = 3
+#: A job whose newest row is older than this, with nothing left to analyse, loses its per-job
+#: metric series (scores, open diagnoses, lost time), ns.
+FORGET_AFTER_NS = 3600 * 10**9
 
 
 @dataclass
@@ -110,7 +112,6 @@ class _Job:
     last_progress: dict[int, int] = field(default_factory=dict)
     position: dict[int, int] = field(default_factory=dict)
     max_seq: dict[tuple[str, int], int] = field(default_factory=dict)
-    gauge_ranks: set[str] = field(default_factory=set)
     suspects: list[tuple[int, float]] = field(default_factory=list)
     analysed_to_ns: int = 0
     #: The backlog limit moved its start past its first window (its earliest data is not analysed).
@@ -220,7 +221,11 @@ class Analyzer:
                 self._due[span.job_id] = job.cursor_ns + self.window_ns + self.grace_ns  # its next window
             else:
                 self._due.pop(span.job_id, None)  # nothing of it waits
-            self._update_gauges(span.job_id, job)
+            if now - span.last_ns > FORGET_AFTER_NS and span.job_id not in self._due:
+                if self.metrics is not None:
+                    self.metrics.forget_job(span.job_id)  # finished long ago: its series would stay forever
+            else:
+                self._update_gauges(span.job_id, job)
         for gone in self._due.keys() - listed:
             del self._due[gone]
         return written
@@ -237,8 +242,6 @@ class Analyzer:
         old = job
         job = _Job(JobAnalysis(span.job_id, self.window_ns, min_loss_pct=self.min_loss_pct), cursor)
         job.capped = cursor > span.first_ns - span.first_ns % self.window_ns
-        if old is not None:
-            job.gauge_ranks = old.gauge_ranks  # the labels it set, to be removed when stale
         stored = read_diagnoses(self.store, span.job_id)
         states = read_states(self.store, span.job_id)
         job.stored_states = {i: st.tracker for i, st in states.items()}
@@ -349,18 +352,11 @@ class Analyzer:
         m = self.metrics
         if m is None:
             return
-        suspects = job.suspects[:TOP_SUSPECTS]
-        now_ranks = {str(r) for r, _ in suspects}
-        for r in job.gauge_ranks - now_ranks:
-            m.straggler_score.remove(job_id, r)
-        for rank, score in suspects:
-            m.straggler_score.labels(job_id=job_id, rank=str(rank)).set(max(float(score), 0.0))
-        job.gauge_ranks = now_ranks
-        open_by_cause: dict[str, int] = {c.value: 0 for c in Cause}
+        m.set_straggler_scores(job_id, {r: max(float(score), 0.0) for r, score in job.suspects})
+        open_by_cause: dict[str, int] = {}
         for d in job.analysis.tracker.open:
-            open_by_cause[d.cause] += 1
-        for cause, n in open_by_cause.items():
-            m.diagnosis_active.labels(job_id=job_id, cause=cause).set(n)
+            open_by_cause[d.cause] = open_by_cause.get(d.cause, 0) + 1
+        m.set_active_diagnoses(job_id, open_by_cause)
 
     def run_forever(self) -> None:
         """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried."""

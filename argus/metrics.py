@@ -10,6 +10,7 @@ counter's start time is noise beside its rate. ``argus_analysis_lag_seconds`` is
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import threading
 from collections.abc import Mapping
@@ -122,3 +123,6 @@ class Metrics:
         with self._lock:
             self._suspects.pop(job_id, None)
             self._causes.pop(job_id, None)
+            for per_job in (self.lost_time, self.unexplained_loss):
+                with contextlib.suppress(KeyError):  # never set for this job
+                    per_job.remove(job_id)

@@ -63,6 +63,16 @@ def test_compute_straggler_is_diagnosed_and_exported(store: Store) -> None:
     assert "argus_analysis_lag_seconds" in text
 
 
+def test_a_job_finished_an_hour_ago_loses_its_series(store: Store) -> None:
+    sim = simulate(_spec(faults=(Fault("compute", (5,), 0.3, 9.0),)), "job-gone")
+    load(store, sim)
+    metrics = Metrics()
+    analyzer, _ = _analyze(store, sim, metrics)
+    assert 'job_id="job-gone"' in generate_latest(metrics.registry).decode()
+    analyzer.run_once(now_ns=_end(sim) + 3601 * NS)
+    assert 'job_id="job-gone"' not in generate_latest(metrics.registry).decode()
+
+
 def test_fault_that_stops_is_resolved_once_without_flapping(store: Store) -> None:
     sim = simulate(_spec(windows=18, faults=(Fault("dataloader", (2,), 0.3, 5.0, end_s=21.0),)), "job-end")
     load(store, sim)
