@@ -197,6 +197,18 @@ def job_command(service: Service, job_id: str, ranks: int, job_args: list[str]) 
     )  # fmt: skip
 
 
+#: Where a demo without ``--data-dir`` leaves its timelines (the report names the file).
+TRACE_DIR = Path(tempfile.gettempdir()) / "argus-demo-traces"
+
+
+def trace_path(work: Path, keep_data: bool, job_id: str) -> Path:
+    """Where the demo writes the timeline of ``job_id``: in ``--data-dir`` (``work``) when given,
+    else in :data:`TRACE_DIR` (the demo's temporary data dir is removed when it ends)."""
+    folder = work if keep_data else TRACE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{job_id}.trace.json"
+
+
 def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader follows it)
     args: argparse.Namespace, console: Console, work: Path, keep_data: bool
 ) -> dict[str, Any]:
@@ -267,7 +279,7 @@ def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader fol
         # diagnoses), plus anything that opened only at the end, which should be nothing.
         seen = {d.id for d in live}
         found = live + [d for d in final if d.id not in seen]
-        trace = Path(tempfile.gettempdir()) / f"argus-{job_id}.trace.json"
+        trace = trace_path(work, keep_data, job_id)
         with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
             ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"
             urllib.request.urlretrieve(f"{http}/api/v1/jobs/{job_id}/trace?ranks={ranks}", trace)

@@ -27,7 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
-from argus.demo import CLEAN_RUN_S, FAULT_TIMEOUT_S, WINDOW_S, _print_human
+from argus.demo import CLEAN_RUN_S, FAULT_TIMEOUT_S, WINDOW_S, _print_human, trace_path
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
 from argus.multinode import MultiNodeJob
@@ -127,7 +127,7 @@ def main(  # noqa: C901, PLR0912, PLR0915  (the multi-node demo's script, step a
             if any(codes):
                 raise ArgusError(f"the training job failed (statuses {codes}); see {job.logs}")
             diagnoses = [Diagnosis.from_dict(d) for d in found]
-            trace = Path(tempfile.gettempdir()) / f"argus-{job_id}.trace.json"
+            trace = trace_path(work, keep, job_id)
             shown = job.ranks_of(slow_node)[0] if slow_node is not None else 0
             with contextlib.suppress(OSError, ValueError):
                 urllib.request.urlretrieve(f"{job.http}/api/v1/jobs/{job_id}/trace?ranks={shown},0", trace)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from argus.demo import TRACE_DIR, trace_path
 from tests.conftest import KNOWN_ISSUE_16
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,3 +110,12 @@ def test_argus_run_on_the_unmodified_example_then_diagnose(argus_server_factory:
     with urllib.request.urlopen(f"{server.http_url}/api/v1/jobs/{job_id}/ranks") as response:
         ranks = json.load(response)["items"]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
+
+
+def test_the_demo_leaves_its_timeline_in_one_named_place(
+    demo_runs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    for result in demo_runs.values():
+        trace = trace_path(tmp_path, False, result["job_id"])
+        assert trace.parent == TRACE_DIR and json.loads(trace.read_text())["traceEvents"], trace
+    assert trace_path(tmp_path, True, "j") == tmp_path / "j.trace.json"  # with --data-dir: there
