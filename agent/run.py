@@ -129,13 +129,14 @@ def collector_reachable(target: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _stop_agent(proc: subprocess.Popen[bytes], *, reachable: bool) -> None:
+def _stop_agent(proc: subprocess.Popen[bytes], *, reachable: bool, spool: Path) -> None:
     if proc.poll() is not None:
         return
     if not reachable:
         print(
-            f"argus: stopping the node agent: up to {AGENT_DRAIN_S:.0f} s more for it to reach the collector "
-            "(what it cannot send stays in its spool for the next agent)",
+            f"argus: stopping the node agent: up to {AGENT_DRAIN_S:.0f} s more for it to reach the "
+            f"collector; what it cannot send stays in {spool}, and the next `argus run` or `argus agent` "
+            "for this collector sends it",
             file=sys.stderr,
         )
     proc.send_signal(signal.SIGTERM)
@@ -190,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
         return _run_child(cmd, env)
     finally:
         if agent is not None:
-            _stop_agent(agent, reachable=reachable)
+            _stop_agent(agent, reachable=reachable, spool=config.spool_dir_for(args.collector))
 
 
 def _run_child(cmd: list[str], env: dict[str, str]) -> int:

@@ -61,9 +61,14 @@ def _ranks(ranks: list[int]) -> str:
     return shown + (f", … ({len(ranks)} ranks)" if len(ranks) > _MAX_RANKS else "")
 
 
+def _some(ranks: list[int]) -> str:
+    """``rank 3`` or ``ranks 0, 1, 2``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
+
+
 def _who(d: Diagnosis, identity: Identity | None) -> str:
     if d.rank is None:
-        return f"ranks {_ranks(d.ranks)}" if d.ranks else "the job"
+        return _some(d.ranks) if d.ranks else "the job"
     where = (identity or {}).get(d.rank)
     return f"rank {d.rank}" + (f" (host {where[0]}, pid {where[1]})" if where else "")
 
@@ -178,8 +183,7 @@ def _knock_on(ev: Mapping[str, Any]) -> str:
     ranks = ev.get("knock_on_ranks")
     if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) for r in ranks):
         return ""
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
-    return f"{who} slowed down too while waiting for it"
+    return f"{_some(ranks)} slowed down too while waiting for it"
 
 
 def _unresponsive(who: str, ev: Mapping[str, Any]) -> list[str]:
@@ -256,7 +260,10 @@ def _job(d: Diagnosis, ev: Mapping[str, Any]) -> list[str]:
         name = {"untracked": "untracked host time", "transfer": "transfers"}.get(grown[0], grown[0])
         clauses.append(f"{name} grew by {_ms(grown[1])} per step")
     if d.ranks:
-        clauses.append(f"ranks {_ranks(d.ranks)} are behind their own past")
+        one = len(d.ranks) == 1
+        clauses.append(
+            f"{_some(d.ranks)} {'is' if one else 'are'} behind {'its' if one else 'their'} own past"
+        )
     return clauses
 
 

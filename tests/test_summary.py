@@ -107,6 +107,8 @@ def test_many_ranks_and_job_level_diagnoses_have_sentences() -> None:
     assert "no single rank explains" in text and "no phase or transfer grew" in text
     assert "loses 12 %" in text and "3.0 s over 25.0 s" in text
     assert ("job step", "560.0 ms (healthy 500.0 ms)") in key_evidence(job)
+    assert "rank 3 is behind its own past" in summary(replace(job, ranks=[3]))
+    assert "ranks 2, 3 are behind their own past" in summary(replace(job, ranks=[2, 3]))
 
 
 @pytest.mark.parametrize("cause", [c.value for c in Cause])
