@@ -8,7 +8,12 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   score (:data:`OPEN_SCORE`) in every one of consecutive windows spanning at
   least :data:`CONFIRM_NS` (one 10 s window; two 6 s or five 2 s windows): on
   an oversubscribed host the scheduler can slow a rank by 10 % or more for
-  several seconds, and that is no fail-slow fault. This is hysteresis proper:
+  several seconds, and that is no fail-slow fault. The span is the job's time
+  as well as the windows': the steps of those windows must add up to half of
+  :data:`CONFIRM_NS` at least (not all of it: windows cut steps at their edges,
+  and a step's wall time leaves out what a job does between steps), so a job's
+  first or last window, which its steps fill only in part (a job that ran 2 s
+  of steps in one 10 s window), never opens a fault alone. This is hysteresis proper:
   the opening threshold must hold for the whole confirmation span, the keep
   threshold only keeps what is open (a window at 0.6 followed by one at 1.1
   is not 10 s of evidence at 1). A finding that ``needs_confirmation`` (its
@@ -114,7 +119,8 @@ class _Streak:
     seen: int = 0
     #: Of those, the consecutive windows (up to the last) at its opening score.
     opening: int = 0
-    #: (lost time it accounted for and wall time, ns; cause) of its latest windows, oldest first.
+    #: (lost time it accounted for and wall time of the steps, ns; cause) of its latest windows,
+    #: oldest first.
     costs: tuple[tuple[float, float, str], ...] = ()
 
 
@@ -218,7 +224,9 @@ class Tracker:
                 if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
                     needed = max(needed, 2)
                 s = streak.get(key, _Streak())
-                if f.score < _open_score(f) or s.opening < needed or not self._costly(f, s, needed):
+                if f.score < _open_score(f) or s.opening < needed or not self._long_enough(f, s):
+                    continue
+                if not self._costly(f, s, needed):
                     continue
                 # The fault was first seen when its streak of windows began: its cost counts from there.
                 d = self._new(window_ns - (s.seen - 1) * self.window_ns, f)
@@ -244,6 +252,20 @@ class Tracker:
                 del self._open[key]
                 changed.append(replace(o.diagnosis, state=State.RESOLVED.value))
         return changed
+
+    def _long_enough(self, f: Finding, s: _Streak) -> bool:
+        """The steps of the streak's opening windows add up to half of :data:`CONFIRM_NS` at least.
+
+        ``unresponsive`` is exempt (its thresholds are durations, and a hung job takes no steps).
+        Windows whose steps' wall time is unknown (0) count as their length (the window count
+        already holds then).
+        """
+        if f.family == "unresponsive":
+            return True
+        recent = s.costs[-s.opening :]
+        if not any(c[1] > 0 for c in recent):
+            return True
+        return 2 * sum(c[1] for c in recent) >= CONFIRM_NS
 
     def _costly(self, f: Finding, s: _Streak, windows: int) -> bool:
         """The fault cost the job at least the loss threshold over its latest ``windows`` windows."""

@@ -190,3 +190,15 @@ def test_finish_resolves_everything() -> None:
     done = t.finish()
     assert {d.state for d in done} == {"resolved"} and all(d.evidence["job_finished"] for d in done)
     assert t.open == []
+
+
+def test_a_window_its_steps_fill_only_in_part_does_not_open_a_fault_alone() -> None:
+    """A job that ran 2 s of steps in one 10 s window (the README's example run) is no 10 s of
+    evidence, however slow one of its ranks looked; the same fault over a window its steps fill
+    opens, and a job's short first window followed by a full one opens at the second."""
+    short = _run(Tracker("job"), [[_f(2, 3.0, lost_ns=0.4e9, wall_ns=2e9)]])
+    assert short == [[]]
+    full = _run(Tracker("job"), [[_f(2, 3.0, lost_ns=2e9, wall_ns=10e9)]])
+    assert [(d.rank, d.state) for d in full[0]] == [(2, "open")]
+    late = _run(Tracker("job"), [[_f(2, 3.0, lost_ns=0.4e9, wall_ns=2e9)], [_f(2, 3.0, lost_ns=2e9, wall_ns=10e9)]])
+    assert late[0] == [] and [d.first_window_ns for d in late[1]] == [0]
