@@ -41,6 +41,8 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   the wall time of that span (with ``window_slowdown_pct`` for the latest window alone).
 * The job-level fault (family ``job``, :data:`argus.analyzer.findings.JOB_SUBJECT`)
   is one diagnosis however its cause moves: its cause is the one most windows named.
+  When the ranks it names are only an open straggler's and those the straggler slowed
+  down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`).
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
   open every straggler of its cause joins it.
@@ -58,7 +60,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from argus.analyzer.findings import Finding, family
+from argus.analyzer.findings import JOB_SUBJECT, Finding, family
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
 from argus.config import DEFAULT_WINDOW_S
 from argus.diagnosis import Diagnosis, State
@@ -110,6 +112,8 @@ class _Open:
     #: Summed over the windows that updated it: the lost time it accounts for and the wall time, ns.
     lost_ns: float = 0.0
     wall_ns: float = 0.0
+    #: Of ``lost_ns``, the job's residual loss it took in (see :meth:`Tracker._fold_job_loss`), ns.
+    knock_on_ns: float = 0.0
 
 
 @dataclass
@@ -174,6 +178,7 @@ class Tracker:
                 o.causes[d.cause] = int(d.evidence.get("windows", 1))
             o.lost_ns = float(state.get("lost_ns", 0.0))
             o.wall_ns = float(state.get("wall_ns", 0.0))
+            o.knock_on_ns = float(state.get("knock_on_ns", 0.0))
             self._open[(family(d.cause, o.subject), o.subject)] = o
 
     def state(self, diagnosis_id: str) -> dict[str, Any]:
@@ -185,6 +190,7 @@ class Tracker:
                     "cause_votes": dict(o.causes),
                     "lost_ns": o.lost_ns,
                     "wall_ns": o.wall_ns,
+                    "knock_on_ns": o.knock_on_ns,
                 }
         return {}
 
@@ -212,21 +218,15 @@ class Tracker:
                     s.opening = was.opening + 1
                 streak[(f.family, f.subject)] = s
         self._streak = streak
+        findings = self._fold_job_loss(findings)
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
         for f in sorted(findings, key=lambda f: -f.score):
             key = (f.family, f.subject)
             o = self._open.get(key)
             if o is None:
-                needed = 1 if f.family == "unresponsive" else self.confirm_windows
-                # The job's own loss has no peers to stand out from: one window of it, however
-                # large (a checkpoint), is no sustained loss.
-                if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
-                    needed = max(needed, 2)
                 s = streak.get(key, _Streak())
-                if f.score < _open_score(f) or s.opening < needed or not self._long_enough(f, s):
-                    continue
-                if not self._costly(f, s, needed):
+                if not self._ready(f, s):
                     continue
                 # The fault was first seen when its streak of windows began: its cost counts from there.
                 d = self._new(window_ns - (s.seen - 1) * self.window_ns, f)
@@ -252,6 +252,59 @@ class Tracker:
                 del self._open[key]
                 changed.append(replace(o.diagnosis, state=State.RESOLVED.value))
         return changed
+
+    def _ready(self, f: Finding, s: _Streak) -> bool:
+        """A fault with no open diagnosis opens now: its score held over the confirmation span."""
+        needed = 1 if f.family == "unresponsive" else self.confirm_windows
+        # The job's own loss has no peers to stand out from: one window of it, however
+        # large (a checkpoint), is no sustained loss.
+        if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
+            needed = max(needed, 2)
+        if f.score < _open_score(f) or s.opening < needed:
+            return False
+        return self._long_enough(f, s) and self._costly(f, s, needed)
+
+    def _fold_job_loss(self, findings: list[Finding]) -> list[Finding]:
+        """The job's residual loss joins the open straggler diagnosis whose fault it is.
+
+        When the job loses more than the time it waited for a straggler and the ranks behind
+        their own past (the job-level finding's ranks) are only that straggler's ranks and the
+        ranks it slowed down while they waited for it (``knock_on_ranks``: on a shared host, the
+        straggler's extra work slows its neighbours too), the residual is the straggler's fault
+        as well: its lost time joins that diagnosis (``evidence.knock_on_lost_s``) instead of
+        opening a second one for the same ranks. The first window of it folds only once the
+        residual would open on its own (the same rules), taking in its streak's earlier windows;
+        after that, while the straggler's diagnosis is open, every window's residual of those
+        ranks (at the keep score) joins it.
+        """
+        job = next((f for f in findings if f.family == "job"), None)
+        key = ("job", JOB_SUBJECT)
+        if job is None or not job.ranks or job.score < KEEP_SCORE or key in self._open:
+            return findings
+        for host_key, o in self._open.items():
+            if host_key[0] != "straggler":
+                continue
+            now = next((f for f in findings if (f.family, f.subject) == host_key), None)
+            evidence = now.evidence if now is not None else o.diagnosis.evidence
+            covered = {
+                *o.diagnosis.ranks,
+                *(now.ranks if now is not None else ()),
+                *evidence.get("knock_on_ranks", ()),
+            }
+            if not set(job.ranks) <= covered:
+                continue
+            s = self._streak.pop(key, _Streak())
+            if not o.knock_on_ns:
+                if not self._ready(job, s):
+                    self._streak[key] = s
+                    return findings
+                earlier = sum(c[0] for c in s.costs[:-1])
+                o.lost_ns += earlier
+                o.knock_on_ns += earlier
+            o.lost_ns += job.lost_ns
+            o.knock_on_ns += job.lost_ns
+            return [f for f in findings if f is not job]
+        return findings
 
     def _long_enough(self, f: Finding, s: _Streak) -> bool:
         """The steps of the streak's opening windows add up to half of :data:`CONFIRM_NS` at least.
@@ -375,6 +428,8 @@ class Tracker:
             "span_s": round(o.wall_ns / 1e9, 3),
             "window_slowdown_pct": round(f.slowdown_pct, 3),
         }
+        if o.knock_on_ns:
+            evidence["knock_on_lost_s"] = round(o.knock_on_ns / 1e9, 3)
         same = cause == f.cause or not o.diagnosis.evidence
         ranks = list(f.ranks)
         if f.member_scores:
