@@ -218,7 +218,7 @@ class Tracker:
                     s.opening = was.opening + 1
                 streak[(f.family, f.subject)] = s
         self._streak = streak
-        findings = self._fold_job_loss(findings)
+        findings, knock_on = self._fold_job_loss(findings)
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
         for f in sorted(findings, key=lambda f: -f.score):
@@ -239,6 +239,9 @@ class Tracker:
                 continue
             o.causes[f.cause] += 1
             o.clean = 0
+            taken = knock_on.pop(key, 0.0)
+            o.lost_ns += taken
+            o.knock_on_ns += taken
             o.diagnosis = self._refresh(o, window_ns, f)
             matched.add(key)
             changed.append(o.diagnosis)
@@ -264,47 +267,45 @@ class Tracker:
             return False
         return self._long_enough(f, s) and self._costly(f, s, needed)
 
-    def _fold_job_loss(self, findings: list[Finding]) -> list[Finding]:
-        """The job's residual loss joins the open straggler diagnosis whose fault it is.
+    def _fold_job_loss(self, findings: list[Finding]) -> tuple[list[Finding], dict[tuple[str, str], float]]:
+        """The job's residual loss joins the straggler diagnosis whose fault it is.
 
         When the job loses more than the time it waited for a straggler and the ranks behind
         their own past (the job-level finding's ranks) are only that straggler's ranks and the
         ranks it slowed down while they waited for it (``knock_on_ranks``: on a shared host, the
         straggler's extra work slows its neighbours too), the residual is the straggler's fault
         as well: its lost time joins that diagnosis (``evidence.knock_on_lost_s``) instead of
-        opening a second one for the same ranks. The first window of it folds only once the
-        residual would open on its own (the same rules), taking in its streak's earlier windows;
-        after that, while the straggler's diagnosis is open, every window's residual of those
-        ranks (at the keep score) joins it.
+        opening a second one for the same ranks. The straggler's diagnosis is open or opens in
+        this window. The first window of it folds only once the residual would open on its own
+        (the same rules), taking in its streak's earlier windows; after that, every window's
+        residual of those ranks (at the keep score) joins it.
+
+        Returns:
+            ``(findings without the job-level one if it joined, {straggler key: lost time it takes in, ns})``.
         """
-        job = next((f for f in findings if f.family == "job"), None)
         key = ("job", JOB_SUBJECT)
+        job = next((f for f in findings if f.family == "job"), None)
         if job is None or not job.ranks or job.score < KEEP_SCORE or key in self._open:
-            return findings
-        for host_key, o in self._open.items():
-            if host_key[0] != "straggler":
+            return findings, {}
+        for f in sorted(findings, key=lambda f: -f.score):
+            host = (f.family, f.subject)
+            o = self._open.get(host)
+            if f.family != "straggler" or f.score < KEEP_SCORE:
                 continue
-            now = next((f for f in findings if (f.family, f.subject) == host_key), None)
-            evidence = now.evidence if now is not None else o.diagnosis.evidence
-            covered = {
-                *o.diagnosis.ranks,
-                *(now.ranks if now is not None else ()),
-                *evidence.get("knock_on_ranks", ()),
-            }
+            if o is None and not self._ready(f, self._streak.get(host, _Streak())):
+                continue
+            covered = {*f.ranks, *(o.diagnosis.ranks if o else ()), *f.evidence.get("knock_on_ranks", ())}
             if not set(job.ranks) <= covered:
                 continue
-            s = self._streak.pop(key, _Streak())
-            if not o.knock_on_ns:
+            s = self._streak.get(key, _Streak())
+            take = job.lost_ns
+            if o is None or not o.knock_on_ns:
                 if not self._ready(job, s):
-                    self._streak[key] = s
-                    return findings
-                earlier = sum(c[0] for c in s.costs[:-1])
-                o.lost_ns += earlier
-                o.knock_on_ns += earlier
-            o.lost_ns += job.lost_ns
-            o.knock_on_ns += job.lost_ns
-            return [f for f in findings if f is not job]
-        return findings
+                    return findings, {}
+                take += sum(c[0] for c in s.costs[:-1])
+            self._streak.pop(key, None)
+            return [x for x in findings if x is not job], {host: take}
+        return findings, {}
 
     def _long_enough(self, f: Finding, s: _Streak) -> bool:
         """The steps of the streak's opening windows add up to half of :data:`CONFIRM_NS` at least.
