@@ -319,10 +319,7 @@ def _stall_or_compute(
       majority wins; a tie goes to compute.
     """
     host = ctx.host
-    if i is not None:
-        share = _spiky_share(ctx.l2, i)
-        if np.isfinite(share):
-            ev["excess_in_worst_third_of_steps"] = _r(share, 2)
+    spiky = _spiky_vote(ctx.l2, i, ev)
     if total > 0 and pos[-1] >= 0.5 * total and l3_score < 1.0:
         return Cause.HOST_STALL
     votes: list[bool] = []  # True = stall
@@ -347,14 +344,28 @@ def _stall_or_compute(
             cpu_vote = rho < CPU_SHARE
     if cpu_vote is not None:
         votes.append(cpu_vote)
-    if i is not None:
-        typical = _typical_share(ctx.l2, i)
-        if np.isfinite(typical):
-            ev["median_to_mean_excess"] = _r(typical, 2)
-            votes.append(typical < SPIKY_TYPICAL)
+    if spiky is not None:
+        votes.append(spiky)
     if l3_score >= 1.0:
         votes.append(False)
     return Cause.HOST_STALL if 2 * sum(votes) > len(votes) else Cause.COMPUTE
+
+
+def _spiky_vote(l2: PhaseResult, i: int | None, ev: dict[str, Any]) -> bool | None:
+    """True when rank ``i``'s excess comes in pauses (see :func:`_typical_share`); None when unknown.
+
+    Records ``excess_in_worst_third_of_steps`` and ``median_to_mean_excess`` in ``ev``.
+    """
+    if i is None:
+        return None
+    share = _spiky_share(l2, i)
+    if np.isfinite(share):
+        ev["excess_in_worst_third_of_steps"] = _r(share, 2)
+    typical = _typical_share(l2, i)
+    if not np.isfinite(typical):
+        return None
+    ev["median_to_mean_excess"] = _r(typical, 2)
+    return typical < SPIKY_TYPICAL
 
 
 def _phase(cause: Cause, comp: np.ndarray) -> str | None:
