@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
+from argus.agent.durations import drop_negative_durations
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
 from argus.agent.protocol import (
@@ -158,6 +159,9 @@ class NodeAgent:
         self._late_reported = 0
         #: Probe connections served so far.
         self.connections = 0
+        #: Rows dropped on arrival because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
+        self.negative_durations = 0
+        self._negative_warn_after = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -374,6 +378,9 @@ class NodeAgent:
 
     def _ingest(self, job_id: str, table: str, data: pa.Table) -> int:
         """Take rows of a probe (or of the agent itself); returns the uploader generation holding them."""
+        data, negative = drop_negative_durations(data)
+        if negative:
+            self._negative(job_id, table, negative)
         self._check_step()  # rows stamped after a step are never shifted by the old offset
         local_time = data["time_ns"].to_numpy() if table == "ranks" else None
         data = shift_times(table, data, self.clock)
@@ -402,6 +409,26 @@ class NodeAgent:
         elif table == "steps":
             self.windows.steps(job_id, data)  # they place the job's kernels in windows
         return self.uploader.add(job_id, table, data, offset)
+
+    def _negative(self, job_id: str, table: str, rows: int) -> None:
+        """Count ``rows`` of ``table`` dropped for a negative ``dur_ns`` (lost rows; logged, first of a
+        minute)."""
+        self.uploader.count_dropped(rows)
+        with self._lock:
+            self.negative_durations += rows
+            now = time.monotonic()
+            loud = now >= self._negative_warn_after
+            if loud:
+                self._negative_warn_after = now + STATS_EVERY_S
+        if loud:
+            log.warning(
+                "argus agent: dropped %d %s row(s) of job %s whose end precedes their start "
+                "(%d so far); the rest of the batch goes on",
+                rows,
+                table,
+                job_id,
+                self.negative_durations,
+            )
 
     def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:
         """Queue the raw kernel events of ``job_id`` in ``[start_ns, end_ns)`` still held; returns rows."""
@@ -499,7 +526,7 @@ class NodeAgent:
         s = self.uploader.stats
         log.info(
             "argus agent: batches stored %d, duplicate %d, rejected %d (%d rows); spooled %d (%d bytes); "
-            "spool drops %d rows",
+            "spool drops %d rows; negative durations dropped %d rows",
             s.batches_stored,
             s.batches_duplicate,
             s.batches_rejected,
@@ -507,6 +534,7 @@ class NodeAgent:
             len(self.spool),
             self.spool.size_bytes,
             self.spool.dropped_rows,
+            self.negative_durations,
         )
 
 
