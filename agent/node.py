@@ -10,8 +10,14 @@ so an agent killed at any moment loses nothing it acknowledged: the probe
 sends the rest again to the next agent. A probe whose connection drops sends
 its unacknowledged frames again on the next one; the agent remembers the last
 frame it took from each probe and acknowledges those without taking them
-twice. (Kernel events wait in memory for their window by design; they are
-acknowledged in the same order.)
+twice. Kernel events and capture spans wait in memory for their windows
+(:mod:`argus.agent.kernels`): their frame is acknowledged once every event it
+carried is summarised and the summaries are spooled (or the events were dropped,
+counted), and since acknowledgements are cumulative, the frames a probe sent after
+it wait for it too (up to a window and its grace: a probe keeps that much
+unacknowledged, within its bound). An agent killed while holding them loses
+nothing: the probe sends them again. (A frame whose events straddle two windows,
+one already spooled when the agent died, has that window summarised twice.)
 
 Clocks: the agent estimates its clock's offset to the collector's (NTP-style,
 :mod:`argus.agent.clock`) at start and every :data:`CLOCK_EVERY_S`, and checks
@@ -35,12 +41,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import os
 import signal
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +93,19 @@ STATS_EVERY_S = 60.0
 def new_agent_id() -> str:
     """``<host>-<pid>-<start ns>``: unique per agent process, never reused with a reset sequence."""
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+
+
+@dataclass
+class _Ack:
+    """A frame's acknowledgement, sent once flush ``generation`` is spooled."""
+
+    conn: socket.socket
+    seq: int
+    #: None while its kernel events or spans wait in the windows under ``ticket``.
+    generation: int | None
+    ticket: int = -1
+    #: The probe takes ``ACK_ONE`` (HELLO version >= 2): it may be acknowledged past a held frame.
+    one: bool = False
 
 
 def _pid_gone(pid: int) -> bool:
@@ -132,13 +153,17 @@ class NodeAgent:
         )
         self.windows = KernelWindows(window_s, grace_s=grace_s)
         self.uploader.on_spooled = self._spooled
-        # Acknowledgements waiting for their rows to be spooled: (connection, seq, generation), in order.
-        self._acks: list[tuple[socket.socket, int, int]] = []
+        # Acknowledgements waiting for their rows to be spooled, in frame order per connection.
+        self._acks: list[_Ack] = []
+        # Those waiting for the windows, by ticket; tickets released before their frame was noted.
+        self._waiting: dict[int, list[_Ack]] = {}
+        self._released_early: dict[int, int] = {}
+        self._tickets = itertools.count()
         self._ack_lock = threading.Lock()
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
-        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its generation.
-        self._taken: dict[tuple[str, ...], tuple[int, int]] = {}
+        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its acknowledgement.
+        self._taken: dict[tuple[str, ...], tuple[int, _Ack]] = {}
         self._closing = False
         #: Offset to add to this node's timestamps, per clock epoch.
         self.clock = OffsetMap()
@@ -205,6 +230,8 @@ class NodeAgent:
         with self._intake:
             self._closing = True
         with contextlib.suppress(Exception):
+            self._close_windows(self.windows.flush_all())
+        with contextlib.suppress(Exception):
             self.uploader.flush()  # spools what was taken and acknowledges it
         with self._lock:
             conns = list(self._conns)
@@ -213,8 +240,7 @@ class NodeAgent:
                 conn.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout=2)
-        for job_id, summaries in self.windows.flush_all():
-            self.uploader.add(job_id, "kernel_summaries", summaries, self.offset_ns)
+        self._close_windows(self.windows.flush_all())
         self.uploader.close(drain_s)
         self._log_stats()
 
@@ -276,7 +302,7 @@ class NodeAgent:
                 self._conns.discard(conn)
                 self._hellos.pop(conn, None)
             with self._ack_lock:
-                self._acks = [a for a in self._acks if a[0] is not conn]
+                self._acks = [a for a in self._acks if a.conn is not conn]
                 conn.close()
         if hello is not None and not clean and not self._stop.is_set():
             self._maybe_lost(hello)
@@ -300,15 +326,22 @@ class NodeAgent:
                 if self._closing:
                     return False
                 if not self._taken_before(hello, conn, seq):
-                    self._took(hello, conn, seq, self._ingest(job_id, table, data))
+                    if table == "kernel_events":
+                        ticket = next(self._tickets)
+                        self._ingest(job_id, table, data, ticket)
+                        self._took(hello, conn, seq, None, ticket)
+                    else:
+                        self._took(hello, conn, seq, self._ingest(job_id, table, data))
             return True
         spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
         with self._intake:
             if self._closing:
                 return False
             if not self._taken_before(hello, conn, seq):
-                self.windows.cover(job_id, int(hello["rank"]), spans)
-                self._took(hello, conn, seq, self.uploader.generation)
+                ticket = next(self._tickets)
+                now = time.time_ns() + self.offset_ns
+                self.windows.cover(job_id, int(hello["rank"]), spans, ticket=ticket, now_ns=now)
+                self._took(hello, conn, seq, None, ticket)
         return True
 
     def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
@@ -354,30 +387,71 @@ class NodeAgent:
         last = self._taken.get(_probe_key(hello))
         if last is None or seq > last[0]:
             return False
-        self._ack_later(conn, seq, last[1])
+        with self._ack_lock:
+            self._ack_later(_Ack(conn, seq, last[1].generation, last[1].ticket, _takes_one(hello)))
         return True
 
-    def _took(self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int) -> None:
-        """Frame ``seq`` of the probe is taken into ``generation``: acknowledge it once that is spooled."""
-        self._taken[_probe_key(hello)] = (seq, generation)
-        self._ack_later(conn, seq, generation)
-
-    def _ack_later(self, conn: socket.socket, seq: int, generation: int) -> None:
-        """Acknowledge frame ``seq`` once the rows of flush ``generation`` are spooled."""
+    def _took(
+        self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int | None, ticket: int = -1
+    ) -> None:
+        """Frame ``seq`` of the probe is taken into ``generation`` (None: into the windows under
+        ``ticket``): acknowledge it once that is spooled."""
         with self._ack_lock:
-            self._acks.append((conn, seq, generation))
+            if generation is None:
+                generation = self._released_early.pop(ticket, None)
+            ack = _Ack(conn, seq, generation, ticket, _takes_one(hello))
+            self._taken[_probe_key(hello)] = (seq, ack)
+            self._ack_later(ack)
+
+    def _ack_later(self, ack: _Ack) -> None:
+        """Note ``ack`` (held: ``_ack_lock``); one still waiting for the windows waits by ticket."""
+        self._acks.append(ack)
+        if ack.generation is None:
+            self._waiting.setdefault(ack.ticket, []).append(ack)
+
+    def _release(self, tickets: list[int], generation: int) -> None:
+        """The windows are done with ``tickets``: their frames wait for flush ``generation`` now."""
+        with self._ack_lock:
+            for ticket in tickets:
+                waiting = self._waiting.pop(ticket, None)
+                if waiting is None:
+                    self._released_early[ticket] = generation
+                for ack in waiting or ():
+                    ack.generation = generation
 
     def _spooled(self, generation: int) -> None:
-        """Uploader callback: send the acknowledgements of every frame up to ``generation``, in order."""
-        with self._ack_lock:
-            due = [a for a in self._acks if a[2] <= generation]
-            self._acks = [a for a in self._acks if a[2] > generation]
-            for conn, seq, _ in due:
-                with contextlib.suppress(OSError):
-                    conn.sendall(encode_frame(FrameType.ACK, seq))
+        """Uploader callback: acknowledge the frames whose rows are spooled by ``generation``.
 
-    def _ingest(self, job_id: str, table: str, data: pa.Table) -> int:
-        """Take rows of a probe (or of the agent itself); returns the uploader generation holding them."""
+        Per connection, those before the first that is not are acknowledged by one ``ACK`` (it
+        covers every frame up to its sequence); those after it, one ``ACK_ONE`` each where the
+        probe takes it (else they wait for the held frame).
+        """
+        with self._ack_lock:
+            blocked: set[socket.socket] = set()
+            last: dict[socket.socket, int] = {}
+            keep: list[_Ack] = []
+            for ack in self._acks:
+                durable = ack.generation is not None and ack.generation <= generation
+                if durable and ack.conn not in blocked:
+                    last[ack.conn] = ack.seq
+                elif durable and ack.one:
+                    self._send(ack.conn, encode_frame(FrameType.ACK_ONE, ack.seq))
+                else:
+                    blocked.add(ack.conn)
+                    keep.append(ack)
+            self._acks = keep
+            for conn, seq in last.items():
+                self._send(conn, encode_frame(FrameType.ACK, seq))
+
+    @staticmethod
+    def _send(conn: socket.socket, frame: bytes) -> None:
+        """Send ``frame`` to a probe; a connection that broke is dropped by its own thread."""
+        with contextlib.suppress(OSError):
+            conn.sendall(frame)
+
+    def _ingest(self, job_id: str, table: str, data: pa.Table, ticket: int = -1) -> int:
+        """Take rows of a probe (or of the agent itself); returns the uploader generation holding them
+        (kernel events: held in the windows under ``ticket``, see :meth:`_release`)."""
         data, negative = drop_negative_durations(data)
         if negative:
             self._negative(job_id, table, negative)
@@ -404,10 +478,10 @@ class NodeAgent:
                 log.warning("argus agent: probes of job %s report %d dropped events", job_id, dropped)
                 self.uploader.count_dropped(int(dropped))
         elif table == "kernel_events":
-            self.windows.add(job_id, data)
+            self.windows.add(job_id, data, ticket=ticket, now_ns=time.time_ns() + offset)
             return self.uploader.generation
         elif table == "steps":
-            self.windows.steps(job_id, data)  # they place the job's kernels in windows
+            self.windows.steps(job_id, data, time.time_ns() + offset)  # they place the job's kernels
         return self.uploader.add(job_id, table, data, offset)
 
     def _negative(self, job_id: str, table: str, rows: int) -> None:
@@ -512,15 +586,28 @@ class NodeAgent:
     def _window_loop(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                for job_id, summaries in self.windows.ready(time.time_ns() + self.offset_ns):
-                    self.uploader.add(job_id, "kernel_summaries", summaries, self.offset_ns)
-                late = self.windows.late_events
-                if late > self._late_reported:
-                    log.warning("argus agent: %d kernel events arrived after their window closed", late)
-                    self.uploader.count_dropped(late - self._late_reported)
-                    self._late_reported = late
+                self._close_windows(self.windows.ready(time.time_ns() + self.offset_ns))
             except Exception:
                 log.warning("argus agent: compressing kernel windows failed", exc_info=True)
+
+    def _close_windows(self, summaries: list[tuple[str, pa.Table]]) -> None:
+        """Queue the summaries of windows just closed, release the frames done with, count drops."""
+        for job_id, rows in summaries:
+            self.uploader.add(job_id, "kernel_summaries", rows, self.offset_ns)
+        self._release(self.windows.released(), self.uploader.generation)
+        w = self.windows
+        with self._lock:
+            dropped, self._late_reported = w.dropped_events - self._late_reported, w.dropped_events
+        if dropped > 0:
+            log.warning(
+                "argus agent: %d kernel events dropped (so far: %d after their window closed, %d too far "
+                "ahead of the clock, %d over the bound of held events)",
+                dropped,
+                w.late_events,
+                w.future_events,
+                w.overflow_events,
+            )
+            self.uploader.count_dropped(dropped)
 
     def _log_stats(self) -> None:
         s = self.uploader.stats
@@ -536,6 +623,14 @@ class NodeAgent:
             self.spool.dropped_rows,
             self.negative_durations,
         )
+
+
+def _takes_one(hello: dict[str, Any]) -> bool:
+    """Whether the probe of ``hello`` understands ``ACK_ONE`` (protocol version 2 and later)."""
+    try:
+        return int(hello.get("version", 1)) >= 2
+    except (TypeError, ValueError):
+        return False
 
 
 def _probe_key(hello: dict[str, Any]) -> tuple[str, ...]:
