@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import grp
 import itertools
 import logging
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -130,6 +132,8 @@ class NodeAgent:
         tls_cert: PEM certificate of the collector (TLS).
         flush_s: Seconds between batches to the collector.
         grace_s: Seconds a kernel window waits for late events.
+        socket_group: Group (name or gid) of the socket and its folder; None: the agent's own
+            (see :func:`_bind`).
     """
 
     def __init__(
@@ -144,8 +148,10 @@ class NodeAgent:
         tls_cert: str | None = None,
         flush_s: float = 1.0,
         grace_s: float = 5.0,
+        socket_group: str | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.socket_group = socket_group
         self.agent_id = new_agent_id()
         self.spool = Spool(spool_dir, spool_max_bytes)
         self.uploader = Uploader(
@@ -196,7 +202,7 @@ class NodeAgent:
         Raises:
             ConfigError: another agent listens on the socket, or it cannot be bound.
         """
-        self._listener = _bind(self.socket_path)
+        self._listener = _bind(self.socket_path, self.socket_group)
         self.uploader.start()
         for target, name in (
             (self._accept_loop, "argus-accept"),
@@ -659,22 +665,65 @@ def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -
     return pa.Table.from_pydict(row, schema=wire_schema("ranks"))
 
 
-def _bind(path: str) -> socket.socket:
-    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent.
+def _group_id(group: str) -> int:
+    """The gid of ``group`` (a name or a number).
 
     Raises:
-        ConfigError: another agent listens there, the socket's directory belongs to another
-            user, or the socket cannot be bound.
+        ConfigError: no such group.
     """
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    owner, me = p.parent.stat().st_uid, os.geteuid()
-    if owner != me:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"--socket-group: no group named {group!r} on this host") from None
+
+
+def _socket_dir(folder: Path, gid: int | None) -> None:
+    """Make ``folder`` (mode 0700, or 0750 of group ``gid``), or check the one there.
+
+    Raises:
+        ConfigError: it belongs to another user, or users other than its owner may write it:
+            they could replace the socket and read every probe's data.
+    """
+    mode = 0o700 if gid is None else 0o750
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=mode, exist_ok=True)
+        os.chmod(folder, mode)  # the umask may have taken bits off
+        if gid is not None:
+            os.chown(folder, -1, gid)
+    st, me = folder.stat(), os.geteuid()
+    if st.st_uid != me:
         raise ConfigError(
-            f"the socket directory {p.parent} belongs to uid {owner}, not to this user (uid {me}): "
+            f"the socket directory {folder} belongs to uid {st.st_uid}, not to this user (uid {me}): "
             "its owner could replace the socket and read every probe's data; give --socket a path "
             "in a directory you own (e.g. $XDG_RUNTIME_DIR/argus)"
         )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"the socket directory {folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+            "they could replace the socket and read every probe's data; give --socket a path in a "
+            "directory only you can write (e.g. $XDG_RUNTIME_DIR/argus), or chmod go-w it"
+        )
+    if gid is not None and (st.st_gid != gid or st.st_mode & 0o050 != 0o050):
+        os.chown(folder, -1, gid)  # the group's members must reach the socket in it
+        os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o050)
+
+
+def _bind(path: str, group: str | None = None) -> socket.socket:
+    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent.
+
+    The socket is mode 0660, of ``group`` when given (its folder then 0750 of that group: the
+    group's members may connect), else of the agent's own group in a folder of mode 0700
+    (:func:`_socket_dir`).
+
+    Raises:
+        ConfigError: another agent listens there, the socket's directory belongs to another
+            user or others may write it, ``group`` does not exist, or the socket cannot be bound.
+    """
+    p = Path(path)
+    gid = _group_id(group) if group is not None else None
+    _socket_dir(p.parent, gid)
     if p.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -688,6 +737,9 @@ def _bind(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
+        os.chmod(path, 0o660)
+        if gid is not None:
+            os.chown(path, -1, gid)
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {path}: {exc}") from exc
@@ -710,6 +762,7 @@ def main(args: argparse.Namespace) -> int:
         settings.window_s,
         token=settings.token,
         tls_cert=settings.tls_cert,
+        socket_group=settings.socket_group,
     )
     agent.start()
 
