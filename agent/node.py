@@ -187,7 +187,7 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._late_reported = 0
+        self._window_drops_reported = 0
         #: Probe connections served so far.
         self.connections = 0
         #: Rows dropped on arrival because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
@@ -603,7 +603,10 @@ class NodeAgent:
         self._release(self.windows.released(), self.uploader.generation)
         w = self.windows
         with self._lock:
-            dropped, self._late_reported = w.dropped_events - self._late_reported, w.dropped_events
+            dropped, self._window_drops_reported = (
+                w.dropped_events - self._window_drops_reported,
+                w.dropped_events,
+            )
         if dropped > 0:
             log.warning(
                 "argus agent: %d kernel events dropped (so far: %d after their window closed, %d too far "
