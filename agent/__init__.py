@@ -30,8 +30,8 @@ def attach(*, job_id: str | None = None, socket_path: str | None = None) -> None
 
     Records steps, phases, collectives, rank lifecycle and host signals (and
     GPU kernels through CUPTI on CUDA machines) and ships them to the node
-    agent at ``socket_path`` (default ``$ARGUS_SOCKET``, else
-    ``/tmp/argus/agent.sock``). Idempotent; safe to call before or after
+    agent at ``socket_path`` (default ``$ARGUS_SOCKET``, else the node agent's
+    default, :func:`argus.config.find_socket`). Idempotent; safe to call before or after
     ``torch.distributed.init_process_group``. With ``ARGUS_DISABLE=1`` it does
     nothing. It never raises: a probe that cannot start logs a warning and
     training goes on without it.

@@ -23,6 +23,19 @@ throughout).
 
 Raw events also go to a ring bounded by rows; they leave the node only when asked for
 (:meth:`KernelWindows.raw`), as ``kernel_events`` rows.
+
+Bounds. The held events are bounded in rows (``max_held_rows``: past it, new events are dropped)
+and in time: an event that starts more than ``ahead_s`` after the ``now_ns`` it is added at (a
+clock far off, a corrupt timestamp) would hold its window, and memory, open until then; it is
+dropped instead, and so are capture spans that far ahead (steps that far ahead are stored,
+but not kept here). Every drop is counted (:attr:`KernelWindows.dropped_events`; the node agent
+reports it as lost rows).
+
+Tickets (the node agent's acknowledgements). :meth:`add` and :meth:`cover` take a ticket naming
+the probe's frame; :meth:`released` returns the tickets whose every event has left the windows
+(summarised by a :meth:`ready` whose summaries the caller then spools, or dropped and counted),
+and the capture frames whose windows are summarised (or, for a job holding no kernel event,
+due). The node agent acknowledges a frame only then: what it acknowledged is in the spool.
 """
 
 from __future__ import annotations
@@ -43,6 +56,8 @@ __all__ = ["KernelWindows"]
 RESOLUTION_NS = 1
 #: Open at the start of time: no window of a job was summarised yet.
 _NONE_CLOSED = -(1 << 62)
+#: Column holding each held event's ticket (-1: none); never leaves this module.
+_TICKET = "_ticket"
 
 
 class KernelWindows:
@@ -53,6 +68,8 @@ class KernelWindows:
         grace_s: How long after its end a window waits for late events and steps.
         ring_rows: Bound on raw events kept for on-demand upload.
         step_wait_s: How much longer a kernel waits for the end of its step (default: one window).
+        max_held_rows: Bound on events awaiting their windows; new ones past it are dropped.
+        ahead_s: Events and spans starting more than this after ``now_ns`` are dropped.
 
     Raises:
         ValueError: ``window_s`` <= 0.
@@ -64,6 +81,8 @@ class KernelWindows:
         grace_s: float = 5.0,
         ring_rows: int = 1_000_000,
         step_wait_s: float | None = None,
+        max_held_rows: int = 4_000_000,
+        ahead_s: float = 120.0,
     ) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
@@ -71,7 +90,14 @@ class KernelWindows:
         self.grace_ns = int(grace_s * 1e9)
         self.step_wait_ns = self.window_ns if step_wait_s is None else int(step_wait_s * 1e9)
         self.ring_rows = ring_rows
+        self.max_held_rows = max_held_rows
+        self.ahead_ns = int(ahead_s * 1e9)
         self._lock = threading.Lock()
+        self._held_rows = 0
+        #: Kernel tickets with events held; capture tickets: (job, end of their last span).
+        self._tickets: set[int] = set()
+        self._cover_tickets: dict[int, tuple[str, int]] = {}
+        self._released: list[int] = []
         self._held: dict[str, list[pa.Table]] = {}
         self._steps: dict[str, list[tuple[int, int, int]]] = {}
         self._closed_upto: dict[str, int] = {}
@@ -83,25 +109,36 @@ class KernelWindows:
         self._next_prune_ns = _NONE_CLOSED
         #: Events that arrived after their window was summarised (monotonic).
         self.late_events = 0
+        #: Events and capture spans dropped for starting more than ``ahead_s`` ahead (monotonic).
+        self.future_events = 0
+        #: Events dropped because ``max_held_rows`` were held (monotonic).
+        self.overflow_events = 0
 
-    def add(self, job_id: str, events: pa.Table) -> None:
-        """Take ``kernel_events`` wire rows of ``job_id``."""
-        if events.num_rows == 0:
-            return
+    @property
+    def dropped_events(self) -> int:
+        """Every event lost here so far: late, too far ahead, over the bound (monotonic)."""
+        return self.late_events + self.future_events + self.overflow_events
+
+    def add(self, job_id: str, events: pa.Table, *, ticket: int = -1, now_ns: int | None = None) -> None:
+        """Take ``kernel_events`` wire rows of ``job_id``.
+
+        Args:
+            ticket: Names the frame that carried them (>= 0), for :meth:`released`; -1: none.
+            now_ns: The time now (the events' clock); events past it by ``ahead_s`` are dropped.
+        """
         with self._lock:
-            self._ring.append((job_id, events))
-            self._ring_size += events.num_rows
-            while self._ring_size > self.ring_rows and len(self._ring) > 1:
-                _, old = self._ring.popleft()
-                self._ring_size -= old.num_rows
-            closed = self._closed_upto.get(job_id, _NONE_CLOSED)
-            if pc.min(events["start_ns"]).as_py() < closed:
-                events = self._drop_late(job_id, events, closed)
-            if events.num_rows:
-                self._hold(job_id, [events])
+            held = self._take(job_id, events, ticket, now_ns)
+            if ticket >= 0:
+                if held:
+                    self._tickets.add(ticket)
+                else:
+                    self._released.append(ticket)
 
-    def steps(self, job_id: str, steps: pa.Table) -> None:
-        """Take ``steps`` wire rows of ``job_id``: they place its kernels in windows."""
+    def steps(self, job_id: str, steps: pa.Table, now_ns: int | None = None) -> None:
+        """Take ``steps`` wire rows of ``job_id``: they place its kernels in windows (those
+        starting more than ``ahead_s`` after ``now_ns``, when given, are not kept for that)."""
+        if steps.num_rows and now_ns is not None:
+            steps = steps.filter(pa.array(steps["start_ns"].to_numpy() <= now_ns + self.ahead_ns))
         if steps.num_rows == 0:
             return
         rank = steps["rank"].to_numpy().tolist()
@@ -112,11 +149,39 @@ class KernelWindows:
                 (int(r), int(s), int(s) + int(d)) for r, s, d in zip(rank, start, dur, strict=True)
             )
 
-    def cover(self, job_id: str, rank: int, spans: list[tuple[int, int]]) -> None:
-        """Note that ``rank`` of ``job_id`` captured kernels during ``spans`` (``(start_ns, end_ns)``)."""
-        if spans:
-            with self._lock:
+    def cover(
+        self,
+        job_id: str,
+        rank: int,
+        spans: list[tuple[int, int]],
+        *,
+        ticket: int = -1,
+        now_ns: int | None = None,
+    ) -> None:
+        """Note that ``rank`` of ``job_id`` captured kernels during ``spans`` (``(start_ns, end_ns)``).
+
+        Args:
+            ticket: Names the frame that carried them (>= 0), for :meth:`released`; -1: none.
+            now_ns: The time now; spans starting more than ``ahead_s`` after it are dropped.
+        """
+        with self._lock:
+            if now_ns is not None:
+                kept = [(a, b) for a, b in spans if a <= now_ns + self.ahead_ns]
+                self.future_events += len(spans) - len(kept)
+                spans = kept
+            if spans:
                 self._spans.setdefault((job_id, rank), []).extend(spans)
+            if ticket >= 0:
+                if spans:
+                    self._cover_tickets[ticket] = (job_id, max(b for _, b in spans))
+                else:
+                    self._released.append(ticket)
+
+    def released(self) -> list[int]:
+        """Tickets released since the last call (module doc), in no particular order."""
+        with self._lock:
+            out, self._released = self._released, []
+        return out
 
     def ready(self, now_ns: int) -> list[tuple[str, pa.Table]]:
         """Summarise every window that is due at ``now_ns`` (module doc): ``(job_id, summaries)``."""
@@ -133,6 +198,7 @@ class KernelWindows:
             if now_ns >= self._next_prune_ns:
                 self._next_prune_ns = now_ns + self.window_ns
                 self._prune(now_ns)
+            self._release(closing)
         return out
 
     def flush_all(self) -> list[tuple[str, pa.Table]]:
@@ -151,9 +217,52 @@ class KernelWindows:
 
     # --- internals (under the lock) --------------------------------------------------------------
 
+    def _take(self, job_id: str, events: pa.Table, ticket: int, now_ns: int | None) -> bool:
+        """Ring and hold ``events`` but those dropped (module doc); True when some are held."""
+        if events.num_rows and now_ns is not None:
+            ahead = events["start_ns"].to_numpy() > now_ns + self.ahead_ns
+            if ahead.any():
+                self.future_events += int(ahead.sum())
+                events = events.filter(pa.array(~ahead))
+        if events.num_rows == 0:
+            return False
+        if self._held_rows + events.num_rows > self.max_held_rows:
+            self.overflow_events += events.num_rows
+            return False
+        self._ring.append((job_id, events))
+        self._ring_size += events.num_rows
+        while self._ring_size > self.ring_rows and len(self._ring) > 1:
+            _, old = self._ring.popleft()
+            self._ring_size -= old.num_rows
+        closed = self._closed_upto.get(job_id, _NONE_CLOSED)
+        if pc.min(events["start_ns"]).as_py() < closed:
+            events = self._drop_late(job_id, events, closed)
+        if events.num_rows == 0:
+            return False
+        tickets = pa.array(np.full(events.num_rows, ticket, np.int64))
+        self._hold(job_id, [events.append_column(_TICKET, tickets)])
+        return True
+
+    def _release(self, closing: int) -> None:
+        """Move the tickets whose events and windows are done to ``_released`` (module doc)."""
+        held: set[int] = set()
+        for tables in self._held.values():
+            for t in tables:
+                held.update(np.unique(t[_TICKET].to_numpy()).tolist())
+        done = self._tickets - held
+        self._tickets -= done
+        self._released.extend(done)
+        for ticket, (job_id, end_ns) in list(self._cover_tickets.items()):
+            window = end_ns // self.window_ns * self.window_ns
+            summarised = window < self._closed_upto.get(job_id, _NONE_CLOSED)
+            if summarised or (job_id not in self._held and window < closing):
+                del self._cover_tickets[ticket]
+                self._released.append(ticket)
+
     def _hold(self, job_id: str, tables: list[pa.Table]) -> None:
         """Keep ``tables`` of ``job_id`` for later; note the earliest window they start in."""
         first = min(pc.min(t["start_ns"]).as_py() for t in tables) // self.window_ns * self.window_ns
+        self._held_rows += sum(t.num_rows for t in tables)
         self._held.setdefault(job_id, []).extend(tables)
         self._first_window[job_id] = min(self._first_window.get(job_id, first), first)
 
@@ -189,6 +298,7 @@ class KernelWindows:
     def _due(self, job_id: str, now_ns: int) -> pa.Table | None:
         tables = self._held.pop(job_id)
         del self._first_window[job_id]
+        self._held_rows -= sum(t.num_rows for t in tables)
         data = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         events = KernelEvents.from_wire(data)
         steps, window, waiting = self._place(job_id, events, now_ns)

@@ -10,8 +10,14 @@ so an agent killed at any moment loses nothing it acknowledged: the probe
 sends the rest again to the next agent. A probe whose connection drops sends
 its unacknowledged frames again on the next one; the agent remembers the last
 frame it took from each probe and acknowledges those without taking them
-twice. (Kernel events wait in memory for their window by design; they are
-acknowledged in the same order.)
+twice. Kernel events and capture spans wait in memory for their windows
+(:mod:`argus.agent.kernels`): their frame is acknowledged once every event it
+carried is summarised and the summaries are spooled (or the events were dropped,
+counted), and since acknowledgements are cumulative, the frames a probe sent after
+it wait for it too (up to a window and its grace: a probe keeps that much
+unacknowledged, within its bound). An agent killed while holding them loses
+nothing: the probe sends them again. (A frame whose events straddle two windows,
+one already spooled when the agent died, has that window summarised twice.)
 
 Clocks: the agent estimates its clock's offset to the collector's (NTP-style,
 :mod:`argus.agent.clock`) at start and every :data:`CLOCK_EVERY_S`, and checks
@@ -35,12 +41,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import grp
+import itertools
 import logging
 import os
 import signal
 import socket
+import stat
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
+from argus.agent.durations import drop_negative_durations
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
 from argus.agent.protocol import (
@@ -86,6 +97,19 @@ def new_agent_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
 
 
+@dataclass
+class _Ack:
+    """A frame's acknowledgement, sent once flush ``generation`` is spooled."""
+
+    conn: socket.socket
+    seq: int
+    #: None while its kernel events or spans wait in the windows under ``ticket``.
+    generation: int | None
+    ticket: int = -1
+    #: The probe takes ``ACK_ONE`` (HELLO version >= 2): it may be acknowledged past a held frame.
+    one: bool = False
+
+
 def _pid_gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -108,6 +132,8 @@ class NodeAgent:
         tls_cert: PEM certificate of the collector (TLS).
         flush_s: Seconds between batches to the collector.
         grace_s: Seconds a kernel window waits for late events.
+        socket_group: Group (name or gid) of the socket and its folder; None: the agent's own
+            (see :func:`_bind`).
     """
 
     def __init__(
@@ -122,8 +148,10 @@ class NodeAgent:
         tls_cert: str | None = None,
         flush_s: float = 1.0,
         grace_s: float = 5.0,
+        socket_group: str | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.socket_group = socket_group
         self.agent_id = new_agent_id()
         self.spool = Spool(spool_dir, spool_max_bytes)
         self.uploader = Uploader(
@@ -131,13 +159,17 @@ class NodeAgent:
         )
         self.windows = KernelWindows(window_s, grace_s=grace_s)
         self.uploader.on_spooled = self._spooled
-        # Acknowledgements waiting for their rows to be spooled: (connection, seq, generation), in order.
-        self._acks: list[tuple[socket.socket, int, int]] = []
+        # Acknowledgements waiting for their rows to be spooled, in frame order per connection.
+        self._acks: list[_Ack] = []
+        # Those waiting for the windows, by ticket; tickets released before their frame was noted.
+        self._waiting: dict[int, list[_Ack]] = {}
+        self._released_early: dict[int, int] = {}
+        self._tickets = itertools.count()
         self._ack_lock = threading.Lock()
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
-        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its generation.
-        self._taken: dict[tuple[str, ...], tuple[int, int]] = {}
+        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its acknowledgement.
+        self._taken: dict[tuple[str, ...], tuple[int, _Ack]] = {}
         self._closing = False
         #: Offset to add to this node's timestamps, per clock epoch.
         self.clock = OffsetMap()
@@ -155,9 +187,12 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._late_reported = 0
+        self._window_drops_reported = 0
         #: Probe connections served so far.
         self.connections = 0
+        #: Rows dropped on arrival because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
+        self.negative_durations = 0
+        self._negative_warn_after = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -167,7 +202,7 @@ class NodeAgent:
         Raises:
             ConfigError: another agent listens on the socket, or it cannot be bound.
         """
-        self._listener = _bind(self.socket_path)
+        self._listener = _bind(self.socket_path, self.socket_group)
         self.uploader.start()
         for target, name in (
             (self._accept_loop, "argus-accept"),
@@ -201,6 +236,8 @@ class NodeAgent:
         with self._intake:
             self._closing = True
         with contextlib.suppress(Exception):
+            self._close_windows(self.windows.flush_all())
+        with contextlib.suppress(Exception):
             self.uploader.flush()  # spools what was taken and acknowledges it
         with self._lock:
             conns = list(self._conns)
@@ -209,8 +246,7 @@ class NodeAgent:
                 conn.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout=2)
-        for job_id, summaries in self.windows.flush_all():
-            self.uploader.add(job_id, "kernel_summaries", summaries, self.offset_ns)
+        self._close_windows(self.windows.flush_all())
         self.uploader.close(drain_s)
         self._log_stats()
 
@@ -272,7 +308,7 @@ class NodeAgent:
                 self._conns.discard(conn)
                 self._hellos.pop(conn, None)
             with self._ack_lock:
-                self._acks = [a for a in self._acks if a[0] is not conn]
+                self._acks = [a for a in self._acks if a.conn is not conn]
                 conn.close()
         if hello is not None and not clean and not self._stop.is_set():
             self._maybe_lost(hello)
@@ -296,15 +332,22 @@ class NodeAgent:
                 if self._closing:
                     return False
                 if not self._taken_before(hello, conn, seq):
-                    self._took(hello, conn, seq, self._ingest(job_id, table, data))
+                    if table == "kernel_events":
+                        ticket = next(self._tickets)
+                        self._ingest(job_id, table, data, ticket)
+                        self._took(hello, conn, seq, None, ticket)
+                    else:
+                        self._took(hello, conn, seq, self._ingest(job_id, table, data))
             return True
         spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
         with self._intake:
             if self._closing:
                 return False
             if not self._taken_before(hello, conn, seq):
-                self.windows.cover(job_id, int(hello["rank"]), spans)
-                self._took(hello, conn, seq, self.uploader.generation)
+                ticket = next(self._tickets)
+                now = time.time_ns() + self.offset_ns
+                self.windows.cover(job_id, int(hello["rank"]), spans, ticket=ticket, now_ns=now)
+                self._took(hello, conn, seq, None, ticket)
         return True
 
     def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
@@ -350,30 +393,74 @@ class NodeAgent:
         last = self._taken.get(_probe_key(hello))
         if last is None or seq > last[0]:
             return False
-        self._ack_later(conn, seq, last[1])
+        with self._ack_lock:
+            self._ack_later(_Ack(conn, seq, last[1].generation, last[1].ticket, _takes_one(hello)))
         return True
 
-    def _took(self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int) -> None:
-        """Frame ``seq`` of the probe is taken into ``generation``: acknowledge it once that is spooled."""
-        self._taken[_probe_key(hello)] = (seq, generation)
-        self._ack_later(conn, seq, generation)
-
-    def _ack_later(self, conn: socket.socket, seq: int, generation: int) -> None:
-        """Acknowledge frame ``seq`` once the rows of flush ``generation`` are spooled."""
+    def _took(
+        self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int | None, ticket: int = -1
+    ) -> None:
+        """Frame ``seq`` of the probe is taken into ``generation`` (None: into the windows under
+        ``ticket``): acknowledge it once that is spooled."""
         with self._ack_lock:
-            self._acks.append((conn, seq, generation))
+            if generation is None:
+                generation = self._released_early.pop(ticket, None)
+            ack = _Ack(conn, seq, generation, ticket, _takes_one(hello))
+            self._taken[_probe_key(hello)] = (seq, ack)
+            self._ack_later(ack)
+
+    def _ack_later(self, ack: _Ack) -> None:
+        """Note ``ack`` (held: ``_ack_lock``); one still waiting for the windows waits by ticket."""
+        self._acks.append(ack)
+        if ack.generation is None:
+            self._waiting.setdefault(ack.ticket, []).append(ack)
+
+    def _release(self, tickets: list[int], generation: int) -> None:
+        """The windows are done with ``tickets``: their frames wait for flush ``generation`` now."""
+        with self._ack_lock:
+            for ticket in tickets:
+                waiting = self._waiting.pop(ticket, None)
+                if waiting is None:
+                    self._released_early[ticket] = generation
+                for ack in waiting or ():
+                    ack.generation = generation
 
     def _spooled(self, generation: int) -> None:
-        """Uploader callback: send the acknowledgements of every frame up to ``generation``, in order."""
-        with self._ack_lock:
-            due = [a for a in self._acks if a[2] <= generation]
-            self._acks = [a for a in self._acks if a[2] > generation]
-            for conn, seq, _ in due:
-                with contextlib.suppress(OSError):
-                    conn.sendall(encode_frame(FrameType.ACK, seq))
+        """Uploader callback: acknowledge the frames whose rows are spooled by ``generation``.
 
-    def _ingest(self, job_id: str, table: str, data: pa.Table) -> int:
-        """Take rows of a probe (or of the agent itself); returns the uploader generation holding them."""
+        Per connection, those before the first that is not are acknowledged by one ``ACK`` (it
+        covers every frame up to its sequence); those after it, one ``ACK_ONE`` each where the
+        probe takes it (else they wait for the held frame).
+        """
+        with self._ack_lock:
+            blocked: set[socket.socket] = set()
+            last: dict[socket.socket, int] = {}
+            keep: list[_Ack] = []
+            for ack in self._acks:
+                durable = ack.generation is not None and ack.generation <= generation
+                if durable and ack.conn not in blocked:
+                    last[ack.conn] = ack.seq
+                elif durable and ack.one:
+                    self._send(ack.conn, encode_frame(FrameType.ACK_ONE, ack.seq))
+                else:
+                    blocked.add(ack.conn)
+                    keep.append(ack)
+            self._acks = keep
+            for conn, seq in last.items():
+                self._send(conn, encode_frame(FrameType.ACK, seq))
+
+    @staticmethod
+    def _send(conn: socket.socket, frame: bytes) -> None:
+        """Send ``frame`` to a probe; a connection that broke is dropped by its own thread."""
+        with contextlib.suppress(OSError):
+            conn.sendall(frame)
+
+    def _ingest(self, job_id: str, table: str, data: pa.Table, ticket: int = -1) -> int:
+        """Take rows of a probe (or of the agent itself); returns the uploader generation holding them
+        (kernel events: held in the windows under ``ticket``, see :meth:`_release`)."""
+        data, negative = drop_negative_durations(data)
+        if negative:
+            self._negative(job_id, table, negative)
         self._check_step()  # rows stamped after a step are never shifted by the old offset
         local_time = data["time_ns"].to_numpy() if table == "ranks" else None
         data = shift_times(table, data, self.clock)
@@ -397,11 +484,31 @@ class NodeAgent:
                 log.warning("argus agent: probes of job %s report %d dropped events", job_id, dropped)
                 self.uploader.count_dropped(int(dropped))
         elif table == "kernel_events":
-            self.windows.add(job_id, data)
+            self.windows.add(job_id, data, ticket=ticket, now_ns=time.time_ns() + offset)
             return self.uploader.generation
         elif table == "steps":
-            self.windows.steps(job_id, data)  # they place the job's kernels in windows
+            self.windows.steps(job_id, data, time.time_ns() + offset)  # they place the job's kernels
         return self.uploader.add(job_id, table, data, offset)
+
+    def _negative(self, job_id: str, table: str, rows: int) -> None:
+        """Count ``rows`` of ``table`` dropped for a negative ``dur_ns`` (lost rows; logged, first of a
+        minute)."""
+        self.uploader.count_dropped(rows)
+        with self._lock:
+            self.negative_durations += rows
+            now = time.monotonic()
+            loud = now >= self._negative_warn_after
+            if loud:
+                self._negative_warn_after = now + STATS_EVERY_S
+        if loud:
+            log.warning(
+                "argus agent: dropped %d %s row(s) of job %s whose end precedes their start "
+                "(%d so far); the rest of the batch goes on",
+                rows,
+                table,
+                job_id,
+                self.negative_durations,
+            )
 
     def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:
         """Queue the raw kernel events of ``job_id`` in ``[start_ns, end_ns)`` still held; returns rows."""
@@ -485,21 +592,37 @@ class NodeAgent:
     def _window_loop(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                for job_id, summaries in self.windows.ready(time.time_ns() + self.offset_ns):
-                    self.uploader.add(job_id, "kernel_summaries", summaries, self.offset_ns)
-                late = self.windows.late_events
-                if late > self._late_reported:
-                    log.warning("argus agent: %d kernel events arrived after their window closed", late)
-                    self.uploader.count_dropped(late - self._late_reported)
-                    self._late_reported = late
+                self._close_windows(self.windows.ready(time.time_ns() + self.offset_ns))
             except Exception:
                 log.warning("argus agent: compressing kernel windows failed", exc_info=True)
+
+    def _close_windows(self, summaries: list[tuple[str, pa.Table]]) -> None:
+        """Queue the summaries of windows just closed, release the frames done with, count drops."""
+        for job_id, rows in summaries:
+            self.uploader.add(job_id, "kernel_summaries", rows, self.offset_ns)
+        self._release(self.windows.released(), self.uploader.generation)
+        w = self.windows
+        with self._lock:
+            dropped, self._window_drops_reported = (
+                w.dropped_events - self._window_drops_reported,
+                w.dropped_events,
+            )
+        if dropped > 0:
+            log.warning(
+                "argus agent: %d kernel events dropped (so far: %d after their window closed, %d too far "
+                "ahead of the clock, %d over the bound of held events)",
+                dropped,
+                w.late_events,
+                w.future_events,
+                w.overflow_events,
+            )
+            self.uploader.count_dropped(dropped)
 
     def _log_stats(self) -> None:
         s = self.uploader.stats
         log.info(
             "argus agent: batches stored %d, duplicate %d, rejected %d (%d rows); spooled %d (%d bytes); "
-            "spool drops %d rows",
+            "spool drops %d rows; negative durations dropped %d rows",
             s.batches_stored,
             s.batches_duplicate,
             s.batches_rejected,
@@ -507,7 +630,16 @@ class NodeAgent:
             len(self.spool),
             self.spool.size_bytes,
             self.spool.dropped_rows,
+            self.negative_durations,
         )
+
+
+def _takes_one(hello: dict[str, Any]) -> bool:
+    """Whether the probe of ``hello`` understands ``ACK_ONE`` (protocol version 2 and later)."""
+    try:
+        return int(hello.get("version", 1)) >= 2
+    except (TypeError, ValueError):
+        return False
 
 
 def _probe_key(hello: dict[str, Any]) -> tuple[str, ...]:
@@ -536,22 +668,65 @@ def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -
     return pa.Table.from_pydict(row, schema=wire_schema("ranks"))
 
 
-def _bind(path: str) -> socket.socket:
-    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent.
+def _group_id(group: str) -> int:
+    """The gid of ``group`` (a name or a number).
 
     Raises:
-        ConfigError: another agent listens there, the socket's directory belongs to another
-            user, or the socket cannot be bound.
+        ConfigError: no such group.
     """
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    owner, me = p.parent.stat().st_uid, os.geteuid()
-    if owner != me:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"--socket-group: no group named {group!r} on this host") from None
+
+
+def _socket_dir(folder: Path, gid: int | None) -> None:
+    """Make ``folder`` (mode 0700, or 0750 of group ``gid``), or check the one there.
+
+    Raises:
+        ConfigError: it belongs to another user, or users other than its owner may write it:
+            they could replace the socket and read every probe's data.
+    """
+    mode = 0o700 if gid is None else 0o750
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=mode, exist_ok=True)
+        os.chmod(folder, mode)  # the umask may have taken bits off
+        if gid is not None:
+            os.chown(folder, -1, gid)
+    st, me = folder.stat(), os.geteuid()
+    if st.st_uid != me:
         raise ConfigError(
-            f"the socket directory {p.parent} belongs to uid {owner}, not to this user (uid {me}): "
+            f"the socket directory {folder} belongs to uid {st.st_uid}, not to this user (uid {me}): "
             "its owner could replace the socket and read every probe's data; give --socket a path "
             "in a directory you own (e.g. $XDG_RUNTIME_DIR/argus)"
         )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"the socket directory {folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+            "they could replace the socket and read every probe's data; give --socket a path in a "
+            "directory only you can write (e.g. $XDG_RUNTIME_DIR/argus), or chmod go-w it"
+        )
+    if gid is not None and (st.st_gid != gid or st.st_mode & 0o050 != 0o050):
+        os.chown(folder, -1, gid)  # the group's members must reach the socket in it
+        os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o050)
+
+
+def _bind(path: str, group: str | None = None) -> socket.socket:
+    """Listen on unix socket ``path``, replacing a stale socket file but never a live agent.
+
+    The socket is mode 0660, of ``group`` when given (its folder then 0750 of that group: the
+    group's members may connect), else of the agent's own group in a folder of mode 0700
+    (:func:`_socket_dir`).
+
+    Raises:
+        ConfigError: another agent listens there, the socket's directory belongs to another
+            user or others may write it, ``group`` does not exist, or the socket cannot be bound.
+    """
+    p = Path(path)
+    gid = _group_id(group) if group is not None else None
+    _socket_dir(p.parent, gid)
     if p.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -565,6 +740,9 @@ def _bind(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
+        os.chmod(path, 0o660)
+        if gid is not None:
+            os.chown(path, -1, gid)
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {path}: {exc}") from exc
@@ -587,6 +765,7 @@ def main(args: argparse.Namespace) -> int:
         settings.window_s,
         token=settings.token,
         tls_cert=settings.tls_cert,
+        socket_group=settings.socket_group,
     )
     agent.start()
 

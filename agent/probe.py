@@ -58,7 +58,7 @@ class Probe:
     def __init__(self, job_id: str | None = None, socket_path: str | None = None, flush_s: float = FLUSH_S):
         self.pid = os.getpid()
         self.attach_ns = time.time_ns()
-        self.socket_path = socket_path or os.environ.get(config.ENV_SOCKET) or config.DEFAULT_SOCKET
+        self.socket_path = socket_path or config.find_socket()
         self.flush_s = flush_s
         self.recorder = Recorder(self.attach_ns)
         self.gpu: GpuCapture | None = None

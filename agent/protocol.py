@@ -9,10 +9,14 @@ frames (``u8`` table code of ``argus.v1.Table``, then an Arrow IPC stream of
 exactly :func:`argus.schema.wire_schema` of that table), ``CAPTURE`` frames
 (JSON ``{"spans": [[start_ns, end_ns], ...]}``: when the rank's CUPTI capture
 ran, host clock), and a ``BYE`` (JSON ``{"exit_code": int}``) when the process
-exits. Agent → probe: one ``ACK`` per ``BATCH`` or ``CAPTURE`` once the agent
-has taken it (queued in its spool or its kernel window), carrying the frame's
-message sequence. A probe resends frames that were never acknowledged when it
-reconnects to a (restarted) agent.
+exits. Agent → probe: ``ACK`` once the rows of a ``BATCH`` or ``CAPTURE`` are
+durable (in the spool; kernel events and spans: their window's summaries),
+carrying the frame's message sequence; it acknowledges every frame up to that
+one. A frame that is durable while one before it is not (held in a kernel
+window) gets an ``ACK_ONE``, which acknowledges that frame alone; the agent sends
+it to probes whose HELLO has ``version`` >= 2 (older ones wait for the ``ACK``).
+A probe resends frames that were never acknowledged when it reconnects to a
+(restarted) agent.
 
 Any client may send ``DUMP`` (JSON ``{"job_id", "start_ns", "end_ns"}``) to ask
 the agent to upload the raw kernel events it still holds for that range; the
@@ -63,6 +67,7 @@ class FrameType(enum.IntEnum):
     ACK = 4
     DUMP = 5
     CAPTURE = 6
+    ACK_ONE = 7
 
 
 class ProtocolError(Exception):

@@ -14,8 +14,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import pyarrow as pa
+
+from argus.agent.durations import drop_negative_durations
 from argus.agent.gpu import GpuCapture
 from argus.agent.host import HostSampler
 from argus.agent.identity import Identity
@@ -26,6 +29,8 @@ from argus.agent.sink import AgentLink
 __all__ = ["FLUSH_S", "IDLE_STEP_NS", "SAMPLE_S", "Shipper"]
 
 log = logging.getLogger(__name__)
+
+_Rows = TypeVar("_Rows", pa.Table, pa.RecordBatch)
 
 #: Seconds between two shipments to the node agent.
 FLUSH_S = 0.5
@@ -87,6 +92,8 @@ class Shipper:
         self._next_sample = 0.0
         self._dropped_reported = 0
         self._errors = 0
+        #: Rows dropped because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
+        self.negative_durations = 0
 
     def connect(self, final: bool = False) -> bool:
         """Learn this rank's identity and open the link to the node agent, once; True when done."""
@@ -144,7 +151,9 @@ class Shipper:
         if self.gpu is not None:
             kernels = self.gpu.rows(identity.rank, now, final)
             if kernels is not None:
-                link.enqueue("kernel_events", kernels)
+                kernels = self._checked("kernel_events", kernels)
+                if kernels.num_rows:
+                    link.enqueue("kernel_events", kernels)
         recorder.scan_groups()
         mono = time.monotonic()
         if force_sample or mono >= self._next_sample:
@@ -155,16 +164,34 @@ class Shipper:
         for table, buf in recorder.buffers.items():
             rows = buf.take()
             if rows:
-                link.enqueue(table, record_batch(table, rows, constants))
+                batch = self._checked(table, record_batch(table, rows, constants))
+                if batch.num_rows:
+                    link.enqueue(table, batch)
         if self.gpu is not None:
-            spans = self.gpu.take_spans(now)
-            if spans:
-                link.enqueue_capture(spans)
+            self._ship_spans(link, self.gpu.take_spans(now))
         link.pump()
 
+    def _ship_spans(self, link: AgentLink, spans: list[tuple[int, int]]) -> None:
+        """Queue the capture spans that end after they start (the others are counted)."""
+        kept = [(a, b) for a, b in spans if b >= a]
+        self.negative_durations += len(spans) - len(kept)
+        if kept:
+            link.enqueue_capture(kept)
+
+    def _checked(self, table: str, rows: _Rows) -> _Rows:
+        """``rows`` without those whose end precedes their start (counted; the first logged)."""
+        rows, dropped = drop_negative_durations(rows)
+        if dropped:
+            if not self.negative_durations:
+                log.warning("argus: dropped %d %s row(s) whose end precedes their start", dropped, table)
+            self.negative_durations += dropped
+        return rows
+
     def _take_dropped(self) -> int:
-        """Rows lost since the last host sample: buffers, pending bound, CUPTI, the link's queue."""
+        """Rows lost since the last host sample: buffers, pending bound, CUPTI, the link's queue,
+        negative durations."""
         total = self.recorder.dropped() + (self.gpu.dropped() if self.gpu is not None else 0)
+        total += self.negative_durations
         if self.link is not None:
             total += self.link.dropped_rows
         new = total - self._dropped_reported

@@ -211,12 +211,21 @@ class AgentLink:
             if len(self._rx) < HEADER.size + length:
                 break
             del self._rx[: HEADER.size + length]
+            if kind == FrameType.ACK_ONE:
+                for msg in self._unacked:
+                    if msg.seq == seq:
+                        self._unacked.remove(msg)
+                        self._acked(msg)
+                        break
+                continue
             if kind != FrameType.ACK:
                 raise ProtocolError(f"unexpected frame type {kind} from the agent")
             while self._unacked and self._unacked[0].seq <= seq:
-                msg = self._unacked.popleft()
-                self._bytes -= len(msg.frame)
-                self.acked_rows += msg.rows
+                self._acked(self._unacked.popleft())
+
+    def _acked(self, msg: _Msg) -> None:
+        self._bytes -= len(msg.frame)
+        self.acked_rows += msg.rows
 
     def _warn_losses(self) -> None:
         now = time.monotonic()

@@ -14,7 +14,10 @@
 - When the stream breaks (collector down, restarted, network), the sender
   reconnects with exponential back-off and resends every batch still spooled;
   the collector deduplicates by (agent id, seq). ``RESOURCE_EXHAUSTED`` halves
-  the size limit and re-splits the spooled batches above it.
+  the size limit and re-splits the spooled batches above it: each part is a new
+  batch (next seq) carrying ``Batch.parent``, the identity its rows had when first
+  spooled and its part index (:func:`split_parts`), so the collector stores each
+  row once even when the batch was stored whole before its ack was lost.
 - A poison batch (the collector ends the stream on it the same way
   :data:`POISON_TRIES` times in a row) is set aside, logged and counted as lost
   rows, so the batches behind it are stored.
@@ -43,7 +46,7 @@ from argus.agent.spool import Spool
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2, collector_pb2_grpc
 
-__all__ = ["POISON_TRIES", "UploadStats", "Uploader", "split_rows"]
+__all__ = ["POISON_TRIES", "UploadStats", "Uploader", "split_parts", "split_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,24 @@ def split_rows(data: pa.Table, max_bytes: int) -> list[pa.Table]:
         return [data]
     half = data.num_rows // 2
     return split_rows(data.slice(0, half), max_bytes) + split_rows(data.slice(half), max_bytes)
+
+
+def split_parts(data: pa.Table, max_bytes: int, part: int = 1) -> list[tuple[int, pa.Table]]:
+    """Like :func:`split_rows`, with each slice's part index in heap order under ``part``.
+
+    The whole of ``data`` is ``part``; its halves are ``2 * part`` and ``2 * part + 1``, and so
+    on down: two slices share rows only when one index is an ancestor of the other, which is
+    how the collector deduplicates parts (:mod:`argus.collector.ingest`).
+
+    Returns:
+        ``(part index, rows)`` in row order.
+    """
+    if data.num_rows <= 1 or data.nbytes <= max_bytes // 2 or len(ipc_bytes(data)) <= max_bytes:
+        return [(part, data)]
+    half = data.num_rows // 2
+    return split_parts(data.slice(0, half), max_bytes, 2 * part) + split_parts(
+        data.slice(half), max_bytes, 2 * part + 1
+    )
 
 
 class Uploader:
@@ -310,7 +331,14 @@ class Uploader:
             sender.start()
         return sender
 
-    def _spool_batch(self, job_id: str, table: str, data: pa.Table, offset: int) -> int:
+    def _spool_batch(
+        self,
+        job_id: str,
+        table: str,
+        data: pa.Table,
+        offset: int,
+        parent: collector_pb2.Batch.Parent | None = None,
+    ) -> int:
         agent_id = self.agent_id
         with self._lock:
             dropped, self._dropped_unreported = self._dropped_unreported, 0
@@ -323,6 +351,7 @@ class Uploader:
             arrow_ipc=ipc_bytes(data),
             dropped_events=dropped,
             clock_offset_ns=offset,
+            parent=parent,
         )
         try:
             evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
@@ -352,10 +381,16 @@ class Uploader:
             batch = collector_pb2.Batch.FromString(raw)
             data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
             name = collector_pb2.Table.Name(batch.table).lower()
+            # Its rows keep the identity they were first spooled with: the part of the parent.
+            if batch.HasField("parent"):
+                origin = (batch.parent.agent_id, batch.parent.seq, max(batch.parent.part, 1))
+            else:
+                origin = (batch.agent_id, batch.seq, 1)
             parts: list[int] = []
             try:
-                for chunk in split_rows(data, limit - _HEADROOM):
-                    parts.append(self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns))
+                for index, chunk in split_parts(data, limit - _HEADROOM, origin[2]):
+                    parent = collector_pb2.Batch.Parent(agent_id=origin[0], seq=origin[1], part=index)
+                    parts.append(self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns, parent))
             except OSError as exc:  # the spool is full or read-only: keep the batch whole
                 for part in parts:
                     self.spool.remove(self.agent_id, part)
@@ -364,6 +399,7 @@ class Uploader:
                 )
                 continue
             self.spool.remove(agent_id, seq)
+            self.count_dropped(batch.dropped_events)  # reported again, with the next batch spooled
 
 
 class _Sender:

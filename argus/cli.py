@@ -55,8 +55,9 @@ def _store(p: _Options, *, default: str | None = config.DEFAULT_STORE_URL) -> No
     )
 
 
-def _collector(p: argparse.ArgumentParser) -> None:
-    """``--collector HOST:PORT`` (``$ARGUS_COLLECTOR``) and ``--socket PATH`` (``$ARGUS_SOCKET``)."""
+def _collector(p: argparse.ArgumentParser, *, client: bool = False) -> None:
+    """``--collector HOST:PORT`` (``$ARGUS_COLLECTOR``) and ``--socket PATH`` (``$ARGUS_SOCKET``;
+    default :func:`argus.config.default_socket`, for a ``client`` :func:`argus.config.find_socket`)."""
     p.add_argument(
         "--collector",
         default=_env(config.ENV_COLLECTOR, config.DEFAULT_COLLECTOR),
@@ -65,7 +66,7 @@ def _collector(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--socket",
-        default=_env(config.ENV_SOCKET, config.DEFAULT_SOCKET),
+        default=config.find_socket() if client else _env(config.ENV_SOCKET, config.default_socket()),
         metavar="PATH",
         help="the node agent's unix socket for probes (default %(default)s)",
     )
@@ -175,6 +176,13 @@ def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=config.DEFAULT_SPOOL_MAX_BYTES,
         help="spool bound (default %(default)s)",
     )
+    p.add_argument(
+        "--socket-group",
+        default=None,
+        metavar="GROUP",
+        help="group (name or gid) whose members' probes may connect: the socket is mode 0660 and "
+        "its folder 0750 with this group (default: the agent's own group, folder 0700)",
+    )
     _window(p, "kernel compression window")
     _auth(p, server=False)
 
@@ -184,7 +192,7 @@ def _run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "run", help="run COMMAND (e.g. torchrun ...) with the probe attached to every Python rank"
     )
-    _collector(p)
+    _collector(p, client=True)
     p.add_argument(
         "--job-id",
         default=_env(config.ENV_JOB_ID, None),

@@ -28,7 +28,6 @@ __all__ = [
     "DEFAULT_MIN_LOSS_PCT",
     "DEFAULT_RETENTION_DAYS",
     "DEFAULT_SERVER_URL",
-    "DEFAULT_SOCKET",
     "DEFAULT_SPOOL_MAX_BYTES",
     "DEFAULT_STORE_URL",
     "DEFAULT_WINDOW_S",
@@ -50,6 +49,7 @@ __all__ = [
     "ENV_STORE",
     "ENV_TOKEN",
     "MAX_MESSAGE_BYTES",
+    "SYSTEM_SOCKET",
     "AgentConfig",
     "ServerConfig",
     "TlsFiles",
@@ -69,8 +69,9 @@ DEFAULT_COLLECTOR = "127.0.0.1:7470"
 DEFAULT_SERVER_URL = "http://127.0.0.1:7471"
 #: Embedded ClickHouse (chDB) under ./argus-data.
 DEFAULT_STORE_URL = "chdb://./argus-data"
-#: Unix socket between probes and the node agent of their node.
-DEFAULT_SOCKET = "/tmp/argus/agent.sock"
+#: The unix socket of a node agent run as root (systemd, the Kubernetes DaemonSet): see
+#: :func:`default_socket`.
+SYSTEM_SOCKET = "/run/argus/agent.sock"
 #: Analysis window and node-side compression window, seconds.
 DEFAULT_WINDOW_S = 10.0
 #: Sustained loss (percent of wall time over the confirmation span) below which no diagnosis opens
@@ -130,6 +131,38 @@ ENVIRONMENT: dict[str, str] = {
     ENV_AUTOATTACH: "set by `argus run` for its processes: attach the probe at start-up",
     ENV_COMMAND: "set by `argus run`: the job's command line, as the probe reports it",
 }
+
+
+def default_socket(environ: Mapping[str, str] | None = None, euid: int | None = None) -> str:
+    """Where a node agent listens when ``--socket`` is not given: never under ``/tmp``.
+
+    Root: :data:`SYSTEM_SOCKET`. Others: ``$XDG_RUNTIME_DIR/argus/agent.sock`` (systemd's per-user
+    runtime folder, mode 0700), else ``$XDG_STATE_HOME/argus/agent.sock`` (``~/.local/state``). The
+    agent creates the folder mode 0700 (0750 with ``--socket-group``) and refuses one another user
+    owns or others may write (:func:`argus.agent.node.main`).
+    """
+    env = os.environ if environ is None else environ
+    if (os.geteuid() if euid is None else euid) == 0:
+        return SYSTEM_SOCKET
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return str(Path(runtime) / "argus" / "agent.sock")
+    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(state) / "argus" / "agent.sock")
+
+
+def find_socket(environ: Mapping[str, str] | None = None, euid: int | None = None) -> str:
+    """The socket a probe or `argus run` uses: ``$ARGUS_SOCKET``, else :func:`default_socket`, else,
+    when nothing is there and a system-wide agent's socket exists that this user may connect to
+    (a member of its ``--socket-group``), :data:`SYSTEM_SOCKET`."""
+    env = os.environ if environ is None else environ
+    given = env.get(ENV_SOCKET)
+    if given:
+        return given
+    own = default_socket(env, euid)
+    if not os.path.exists(own) and os.access(SYSTEM_SOCKET, os.W_OK):
+        return SYSTEM_SOCKET
+    return own
 
 
 def default_spool_dir() -> Path:
@@ -258,7 +291,9 @@ class AgentConfig:
     """The settings of `argus agent`; checked when built (:class:`~argus.errors.ConfigError`).
 
     Attributes:
-        socket: Unix socket the node's probes connect to.
+        socket: Unix socket the node's probes connect to (default :func:`default_socket`).
+        socket_group: Group (name or gid) given the socket (mode 0660) and its folder (0750), so
+            its members' probes may connect; None: the agent's own group, folder 0700.
         collector: Collector address, ``HOST:PORT``.
         spool_dir: Spool of unacknowledged batches (default: one per collector, :func:`spool_dir_for`).
         spool_max_bytes: Bound on the spool, bytes (> 0).
@@ -268,7 +303,7 @@ class AgentConfig:
         drain_s: Seconds a stopping agent keeps sending (``$ARGUS_AGENT_DRAIN_S``).
     """
 
-    socket: str = DEFAULT_SOCKET
+    socket: str = ""
     collector: str = DEFAULT_COLLECTOR
     spool_dir: str = ""
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
@@ -276,6 +311,7 @@ class AgentConfig:
     token: str | None = None
     tls_cert: str | None = None
     drain_s: float = DEFAULT_AGENT_DRAIN_S
+    socket_group: str | None = None
 
     def __post_init__(self) -> None:
         _positive("--window-s", self.window_s)
@@ -284,6 +320,8 @@ class AgentConfig:
             raise ConfigError(f"{ENV_AGENT_DRAIN_S} must be >= 0, got {self.drain_s}")
         if not self.spool_dir:
             object.__setattr__(self, "spool_dir", str(spool_dir_for(self.collector)))
+        if not self.socket:
+            object.__setattr__(self, "socket", default_socket())
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -307,4 +345,5 @@ class AgentConfig:
             token=args.token,
             tls_cert=args.tls_cert,
             drain_s=drain_s,
+            socket_group=getattr(args, "socket_group", None),
         )

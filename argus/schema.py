@@ -456,6 +456,7 @@ INGEST_BATCHES = TableDef(
         _c("seq", "UInt64", pa.uint64()),
         _c("table_name", "LowCardinality(String)", pa.string()),
         _c("rows", "UInt64", pa.uint64()),
+        _c("part", "UInt64", pa.uint64(), "part of a re-split batch (collector.ingest; 0: whole)", 0),
     ),
     ("agent_id", "seq"),
     "Every stored batch, so a retried one is acknowledged as a duplicate.",

@@ -6,12 +6,18 @@ events in Python: decode the IPC stream (zero-copy), check it against
 insert with ``insert_deduplication_token = "{agent_id}:{seq}"``.
 
 Deduplication (DESIGN §3): every stored batch is recorded in ``ingest_batches``;
-a batch whose ``(agent_id, seq)`` is found there is acknowledged as a duplicate
-without touching its table. The record is written *after* the data and before
-the ack, so a crash between the two makes the retry insert again with the same
-token, and ClickHouse's token deduplication drops it: the table holds the rows
-once either way. The same token also covers two collectors racing on one
-retried batch.
+a batch whose ``(agent_id, seq, part)`` is found there is acknowledged as a duplicate
+without touching its table. ``part`` is 0 for a whole batch; a part of a batch the
+agent re-split after a too-large refusal carries its parent's identity
+(``Batch.parent``) and a part index in heap order (the halves of part ``p`` are
+``2p`` and ``2p + 1``, the whole batch is 1, stored as 0), so it is a duplicate
+when it, an ancestor (the batch stored whole before the split) or a descendant
+(its own parts, from a crash between the spool's writes) was stored.
+
+The record is written *after* the data and before the ack, so a crash between
+the two makes the retry insert again with the same token, and ClickHouse's token
+deduplication drops it: the table holds the rows once either way. The same token
+also covers two collectors racing on one retried batch.
 
 :func:`write_group` stores several batches at once (one lookup and one record
 insert for the group, one data insert per batch): what the collector's writer
@@ -68,16 +74,23 @@ class Decoded:
     #: Size of the Arrow payload as received, bytes.
     payload_bytes: int = 0
     dropped_events: int = 0
+    #: ``Batch.parent`` of a part of a re-split batch: ``(agent_id, seq, part)``; None when whole.
+    parent: tuple[str, int, int] | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
-        """The deduplication key ``(agent_id, seq)``."""
-        return (self.agent_id, self.seq)
+    def key(self) -> tuple[str, int, int]:
+        """The deduplication key ``(agent_id, seq, part)`` (the parent's, for a part; module doc)."""
+        if self.parent is None:
+            return (self.agent_id, self.seq, 0)
+        agent_id, seq, part = self.parent
+        return (agent_id, seq, 0 if part <= 1 else part)
 
     @property
     def dedup_token(self) -> str:
-        """ClickHouse ``insert_deduplication_token`` of this batch: ``"{agent_id}:{seq}"``."""
-        return f"{self.agent_id}:{self.seq}"
+        """ClickHouse ``insert_deduplication_token`` of this batch: ``"{agent_id}:{seq}"``, and
+        ``":{part}"`` after it for a part."""
+        agent_id, seq, part = self.key
+        return f"{agent_id}:{seq}:{part}" if part else f"{agent_id}:{seq}"
 
 
 def encode_arrow_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
@@ -200,6 +213,11 @@ def decode(batch: pb.Batch) -> Decoded:
     data = validate_columns(table, _read_ipc(batch.arrow_ipc))
     # One dictionary entry, not num_rows copies of the string: job_id is LowCardinality.
     job_id = pa.DictionaryArray.from_arrays(np.zeros(data.num_rows, np.int32), pa.array([batch.job_id]))
+    parent = None
+    if batch.HasField("parent"):
+        if not batch.parent.agent_id:
+            raise InvalidBatch("parent.agent_id: empty; a part names the batch it was split from")
+        parent = (batch.parent.agent_id, batch.parent.seq, batch.parent.part)
     return Decoded(
         table,
         data.append_column("job_id", job_id),
@@ -208,11 +226,38 @@ def decode(batch: pb.Batch) -> Decoded:
         batch.job_id,
         payload_bytes=len(batch.arrow_ipc),
         dropped_events=batch.dropped_events,
+        parent=parent,
     )
 
 
-def stored_rows(store: Store, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    """Rows of each ``(agent_id, seq)`` in ``keys`` that was stored before (one query).
+def _related(a: int, b: int) -> bool:
+    """Whether parts ``a`` and ``b`` of one batch share rows: equal, or one an ancestor (module doc)."""
+    a, b = max(a, 1), max(b, 1)
+    if a > b:
+        a, b = b, a
+    while b > a:
+        b >>= 1
+    return a == b
+
+
+def _found(parts: dict[int, int], part: int) -> int | None:
+    """Rows stored under parts related to ``part`` (``parts``: part → rows of one batch), or None."""
+    hits = [rows for p, rows in parts.items() if _related(p, part)]
+    return sum(hits) if hits else None
+
+
+def _written_before(written: Sequence[Decoded], key: tuple[str, int, int]) -> int | None:
+    """Rows of a part related to ``key`` stored earlier in the same group, or None."""
+    agent_id, seq, part = key
+    return _found({d.key[2]: d.data.num_rows for d in written if d.key[:2] == (agent_id, seq)}, part)
+
+
+_Key = tuple[str, int] | tuple[str, int, int]
+
+
+def stored_rows(store: Store, keys: Sequence[_Key]) -> dict[_Key, int]:
+    """Rows stored before under each key of ``keys`` (one query): ``(agent_id, seq)`` for a whole
+    batch or ``(agent_id, seq, part)``; a key with a related part stored counts (module doc).
 
     Raises:
         StoreError: the lookup failed.
@@ -220,29 +265,37 @@ def stored_rows(store: Store, keys: Sequence[tuple[str, int]]) -> dict[tuple[str
     if not keys:
         return {}
     found = store.query(
-        "SELECT agent_id, seq, rows FROM ingest_batches "
+        "SELECT agent_id, seq, part, rows FROM ingest_batches "
         "WHERE agent_id IN {agents:Array(String)} AND seq IN {seqs:Array(UInt64)}",
-        {"agents": sorted({a for a, _ in keys}), "seqs": sorted({s for _, s in keys})},
+        {"agents": sorted({k[0] for k in keys}), "seqs": sorted({k[1] for k in keys})},
     )
-    wanted = set(keys)
-    rows = zip(*(found.column(c).to_pylist() for c in ("agent_id", "seq", "rows")), strict=True)
-    return {(a, s): n for a, s, n in rows if (a, s) in wanted}
+    parts: dict[tuple[str, int], dict[int, int]] = {}
+    columns = (found.column(c).to_pylist() for c in ("agent_id", "seq", "part", "rows"))
+    for a, s, p, n in zip(*columns, strict=True):
+        parts.setdefault((a, s), {})[p] = n
+    out: dict[_Key, int] = {}
+    for key in keys:
+        rows = _found(parts.get((key[0], key[1]), {}), key[2] if len(key) == 3 else 0)
+        if rows is not None:
+            out[key] = rows
+    return out
 
 
-def already_stored(store: Store, agent_id: str, seq: int) -> int | None:
-    """Rows of the stored batch ``(agent_id, seq)``, or None when it was never stored.
+def already_stored(store: Store, agent_id: str, seq: int, part: int = 0) -> int | None:
+    """Rows of the stored batch ``(agent_id, seq, part)`` (or a related part), or None when never stored.
 
     Raises:
         StoreError: the lookup failed.
     """
-    return stored_rows(store, [(agent_id, seq)]).get((agent_id, seq))
+    return stored_rows(store, [(agent_id, seq, part)]).get((agent_id, seq, part))
 
 
 def _record(store: Store, stored: Sequence[Decoded]) -> None:
     record = pa.table(
         {
-            "agent_id": pa.array([d.agent_id for d in stored], pa.string()),
-            "seq": pa.array([d.seq for d in stored], pa.uint64()),
+            "agent_id": pa.array([d.key[0] for d in stored], pa.string()),
+            "seq": pa.array([d.key[1] for d in stored], pa.uint64()),
+            "part": pa.array([d.key[2] for d in stored], pa.uint64()),
             "table_name": pa.array([d.table for d in stored], pa.string()),
             "rows": pa.array([d.data.num_rows for d in stored], pa.uint64()),
             "job_id": pa.array([d.job_id for d in stored], pa.string()),
@@ -279,7 +332,7 @@ def write_group(
     outcomes: list[pb.Ack | StoreError] = []
     written: list[Decoded] = []
     for decoded in group:
-        rows = known.get(decoded.key)
+        rows = known.get(decoded.key, _written_before(written, decoded.key))
         if rows is not None:
             outcomes.append(pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows))
             continue

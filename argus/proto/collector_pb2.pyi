@@ -57,6 +57,33 @@ Global___Table: _TypeAlias = Table  # noqa: Y015
 class Batch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class Parent(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        AGENT_ID_FIELD_NUMBER: _builtins.int
+        SEQ_FIELD_NUMBER: _builtins.int
+        PART_FIELD_NUMBER: _builtins.int
+        agent_id: _builtins.str
+        seq: _builtins.int
+        part: _builtins.int
+        """Part index in heap order: the whole batch is 1, the halves of part p
+        are 2p and 2p + 1, so parts of one batch never share rows unless one
+        is an ancestor of the other.
+        """
+        def __init__(
+            self,
+            *,
+            agent_id: _builtins.str = ...,
+            seq: _builtins.int = ...,
+            part: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "part", b"part", "seq", b"seq"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     AGENT_ID_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
@@ -64,6 +91,7 @@ class Batch(_message.Message):
     ARROW_IPC_FIELD_NUMBER: _builtins.int
     DROPPED_EVENTS_FIELD_NUMBER: _builtins.int
     CLOCK_OFFSET_NS_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """Unique per agent process: never reused with a reset sequence
     (agents include their start time in it).
@@ -80,6 +108,14 @@ class Batch(_message.Message):
     """
     clock_offset_ns: _builtins.int
     """Clock offset the agent added to every timestamp in this batch, ns."""
+    @_builtins.property
+    def parent(self) -> Global___Batch.Parent:
+        """Set on a part of a batch re-split after the collector refused its size
+        (RESOURCE_EXHAUSTED): the identity the rows had when first spooled, so a
+        replayed part, or a part of a batch already stored whole, is a duplicate.
+        The deduplication key is then (parent.agent_id, parent.seq, parent.part).
+        """
+
     def __init__(
         self,
         *,
@@ -90,10 +126,11 @@ class Batch(_message.Message):
         arrow_ipc: _builtins.bytes = ...,
         dropped_events: _builtins.int = ...,
         clock_offset_ns: _builtins.int = ...,
+        parent: Global___Batch.Parent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parent", b"parent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "arrow_ipc", b"arrow_ipc", "clock_offset_ns", b"clock_offset_ns", "dropped_events", b"dropped_events", "job_id", b"job_id", "seq", b"seq", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "arrow_ipc", b"arrow_ipc", "clock_offset_ns", b"clock_offset_ns", "dropped_events", b"dropped_events", "job_id", b"job_id", "parent", b"parent", "seq", b"seq", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

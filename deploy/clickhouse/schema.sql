@@ -267,6 +267,7 @@ CREATE TABLE IF NOT EXISTS argus.ingest_batches_local ON CLUSTER argus (
     `seq` UInt64,
     `table_name` LowCardinality(String),
     `rows` UInt64,
+    `part` UInt64 DEFAULT 0,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
