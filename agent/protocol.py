@@ -14,6 +14,10 @@ has taken it (queued in its spool or its kernel window), carrying the frame's
 message sequence. A probe resends frames that were never acknowledged when it
 reconnects to a (restarted) agent.
 
+Agent → probe, when the node agent cannot sample the rank with py-spy
+(:mod:`argus.agent.captures`): ``SAMPLE`` (JSON ``{"capture_id", "duration_ms"}``): the probe
+samples its own threads for that long and sends the rows as a ``stacks`` ``BATCH``.
+
 Any client may send ``DUMP`` (JSON ``{"job_id", "start_ns", "end_ns"}``) to ask
 the agent to upload the raw kernel events it still holds for that range; the
 agent answers with an ``ACK`` whose sequence is the number of rows queued.
@@ -63,6 +67,7 @@ class FrameType(enum.IntEnum):
     ACK = 4
     DUMP = 5
     CAPTURE = 6
+    SAMPLE = 7
 
 
 class ProtocolError(Exception):

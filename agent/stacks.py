@@ -35,13 +35,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pyarrow as pa
+
 from argus.errors import ArgusError
+from argus.schema import wire_table
 
 __all__ = [
     "IN_PROCESS",
@@ -54,6 +57,7 @@ __all__ = [
     "pyspy_path",
     "sample_pyspy",
     "sample_threads",
+    "stack_table",
 ]
 
 #: Sampler names, as the ``stacks.sampler`` column and the evidence give them.
@@ -211,3 +215,33 @@ def sample_threads(seconds: float, rate_hz: float = DEFAULT_RATE_HZ) -> list[Sta
             break
         time.sleep(period)
     return aggregate(samples)
+
+
+def stack_table(
+    rows: Sequence[StackRow],
+    *,
+    rank: int,
+    pid: int,
+    capture_id: str,
+    time_ns: int,
+    duration_ns: int,
+    sampler: str,
+) -> pa.Table:
+    """``rows`` of one capture as a ``stacks`` table (wire schema, :data:`argus.schema.TABLES`)."""
+    n = len(rows)
+    return wire_table(
+        "stacks",
+        {
+            "rank": [rank] * n,
+            "pid": [pid] * n,
+            "capture_id": [capture_id] * n,
+            "time_ns": [time_ns] * n,
+            "duration_ns": [duration_ns] * n,
+            "sampler": [sampler] * n,
+            "thread": [r.thread for r in rows],
+            "frames": [r.frames for r in rows],
+            "count": [r.count for r in rows],
+            "idle": [int(r.idle) for r in rows],
+            "gil": [int(r.gil) for r in rows],
+        },
+    )
