@@ -419,6 +419,7 @@ STACK_REQUESTS = TableDef(
     (
         _c("request_id", "String", pa.string(), "the capture's id (stacks.capture_id)"),
         _c("diagnosis_id", "String", pa.string(), "the diagnosis that asked for it"),
+        _c("cause", "LowCardinality(String)", pa.string(), "the diagnosis's cause when it asked"),
         _c("ranks", "Array(UInt32)", pa.list_(pa.uint32()), "the ranks to sample: flagged, then the peer"),
         _c("flagged", "Array(UInt32)", pa.list_(pa.uint32()), "the diagnosis's ranks among them"),
         _c("peer", "Int32", pa.int32(), "the healthy peer of the same role, -1 when none"),

@@ -304,6 +304,7 @@ CREATE TABLE IF NOT EXISTS argus.stack_requests_local ON CLUSTER argus (
     job_id LowCardinality(String),
     `request_id` String,
     `diagnosis_id` String,
+    `cause` LowCardinality(String),
     `ranks` Array(UInt32),
     `flagged` Array(UInt32),
     `peer` Int32,
