@@ -11,8 +11,10 @@
   store is the only memory: what was asked last is read back, so a restarted analyzer (or
   another one) asks again only when the interval has passed.
 - **What.** :func:`top_frames` compares the flagged rank's samples with the peer's of the
-  same capture: per function (``function``, its file), the share of the rank's samples whose
-  stack holds it; the functions whose share most exceeds the peer's come first. Each version
+  same capture: per function (``function``, its file), the share of the rank's samples (one
+  sample: one look at every thread of the process) in which a thread's stack holds it; the
+  functions whose share most exceeds the peer's come first. Argus's own threads (``argus-…``)
+  are left out. Each version
   of the diagnosis written after the stacks are stored carries them as ``evidence.top_frames``
   (with ``evidence.stacks``: the capture, its sampler and the ranks compared).
 """
@@ -102,12 +104,27 @@ def _function(label: str) -> tuple[str, str, int]:
     return m["function"], m["file"], int(m["line"])
 
 
-def _shares(rows: list[tuple[str, int]]) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
-    """Per (function, file): share of the samples whose stack holds it; its most sampled line."""
-    total = sum(n for _, n in rows)
+def _samples(rows: list[tuple[str, str, int]]) -> int:
+    """Samples of a capture: those of its most sampled thread (each sample sees every thread once)."""
+    per_thread: Counter[str] = Counter()
+    for thread, _, n in rows:
+        per_thread[thread] += n
+    return max(per_thread.values(), default=0)
+
+
+def _shares(
+    rows: list[tuple[str, str, int]],
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
+    """Per (function, file): share of the samples in which a stack holds it; its most sampled line.
+
+    Each sample sees every thread once, so the samples are those of the most sampled thread.
+    """
+    total = _samples(rows)
     holding: Counter[tuple[str, str]] = Counter()
     lines: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
-    for frames, n in rows:
+    for thread, frames, n in rows:
+        if thread.startswith("argus-"):
+            continue
         seen = set()
         for label in frames.split(";") if frames else []:
             function, file, line = _function(label)
@@ -116,25 +133,26 @@ def _shares(rows: list[tuple[str, int]]) -> tuple[dict[tuple[str, str], float], 
             if key not in seen:
                 seen.add(key)
                 holding[key] += n
-    shares = {k: v / total for k, v in holding.items()} if total else {}
+    shares = {k: min(v / total, 1.0) for k, v in holding.items()} if total else {}
     return shares, {k: c.most_common(1)[0][0] for k, c in lines.items()}
 
 
 def top_frames(
-    flagged: list[tuple[str, int]], peer: list[tuple[str, int]], n: int = TOP_FRAMES
+    flagged: list[tuple[str, str, int]], peer: list[tuple[str, str, int]], n: int = TOP_FRAMES
 ) -> list[dict[str, Any]]:
     """The functions that set the flagged rank's stacks apart from its peer's.
 
     Args:
-        flagged: The flagged rank's rows of one capture, ``(frames, count)``: ``frames`` root to
-            leaf, ``;``-joined ``function (file:line)`` (the ``stacks`` table's).
+        flagged: The flagged rank's rows of one capture, ``(thread, frames, count)``: ``frames``
+            root to leaf, ``;``-joined ``function (file:line)`` (the ``stacks`` table's).
         peer: The peer's rows of the same capture (empty: no peer; shares are then the rank's own).
         n: How many to keep.
 
     Returns:
         Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
         ``share - peer_share`` first, each > 0: ``share`` is the fraction (0-1) of the flagged
-        rank's samples (all threads) whose stack holds the function, ``line`` its most sampled line.
+        rank's samples in which one of its threads was in the function, ``line`` its most sampled
+        line.
     """
     mine, lines = _shares(flagged)
     theirs, _ = _shares(peer)
@@ -277,9 +295,9 @@ class Stacks:
         if not captures:
             return list(diagnoses)
         rows = self.store.query(
-            "SELECT capture_id, rank, sampler, time_ns, frames, sum(count) AS n FROM stacks "
+            "SELECT capture_id, rank, sampler, time_ns, thread, frames, sum(count) AS n FROM stacks "
             "WHERE job_id = {job:String} AND capture_id IN {ids:Array(String)} "
-            "GROUP BY capture_id, rank, sampler, time_ns, frames",
+            "GROUP BY capture_id, rank, sampler, time_ns, thread, frames",
             {"job": job_id, "ids": [c["request_id"] for c in captures]},
         )
         return _attach(diagnoses, captures, rows)
@@ -297,12 +315,12 @@ class Stacks:
 def _attach(
     diagnoses: Sequence[Diagnosis], captures: list[dict[str, Any]], rows: pa.Table
 ) -> list[Diagnosis]:
-    by_capture: dict[str, dict[int, list[tuple[str, int]]]] = defaultdict(lambda: defaultdict(list))
+    by_capture: dict[str, dict[int, list[tuple[str, str, int]]]] = defaultdict(lambda: defaultdict(list))
     sampler: dict[tuple[str, int], str] = {}
     started: dict[str, int] = {}
     for r in rows.to_pylist():
         cid, rank = str(r["capture_id"]), int(r["rank"])
-        by_capture[cid][rank].append((str(r["frames"]), int(r["n"])))
+        by_capture[cid][rank].append((str(r["thread"]), str(r["frames"]), int(r["n"])))
         sampler[(cid, rank)] = str(r["sampler"])
         started[cid] = min(started.get(cid, int(r["time_ns"])), int(r["time_ns"]))
     latest = {str(c["diagnosis_id"]): c for c in captures}
@@ -328,7 +346,7 @@ def _attach(
             "rank": rank,
             "peer": peer if peer_rows else None,
             "sampler": sampler[(cid, rank)],
-            "samples": sum(n for _, n in per_rank[rank]),
+            "samples": _samples(per_rank[rank]),
         }
         out.append(replace(d, evidence=evidence))
     return out

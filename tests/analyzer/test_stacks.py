@@ -35,19 +35,24 @@ def test_peer_is_healthy_of_the_same_role_and_nearest() -> None:
 def test_top_frames_name_what_the_rank_does_and_its_peer_does_not() -> None:
     base = "<module> (train.py:90);main (train.py:70)"
     flagged = [
-        (f"{base};save_shard (ckpt.py:88);write (ckpt.py:12)", 30),
-        (f"{base};save_shard (ckpt.py:91)", 10),
-        (f"{base};allreduce (dist.py:5)", 40),
-        ("Thread.run (threading.py:982);loop (probe.py:3)", 80),
+        ("MainThread", f"{base};save_shard (ckpt.py:88);write (ckpt.py:12)", 30),
+        ("MainThread", f"{base};save_shard (ckpt.py:91)", 10),
+        ("MainThread", f"{base};allreduce (dist.py:5)", 40),
+        ("pin_memory", "Thread.run (threading.py:982);loop (pin.py:3)", 80),
+        ("argus-probe", "Thread.run (threading.py:982);ship (shipper.py:3)", 80),
     ]
-    peer = [(f"{base};allreduce (dist.py:5)", 80), ("Thread.run (threading.py:982);loop (probe.py:3)", 80)]
+    peer = [
+        ("MainThread", f"{base};allreduce (dist.py:5)", 80),
+        ("pin_memory", "Thread.run (threading.py:982);loop (pin.py:3)", 80),
+    ]
     top = top_frames(flagged, peer)
-    assert [t["function"] for t in top] == ["save_shard", "write"]
+    assert [t["function"] for t in top] == ["save_shard", "write"]  # Argus's own thread is left out
+    # Shares are of the 80 samples (each sees every thread once), not of the 240 thread-samples.
     assert top[0] == {
         "function": "save_shard",
         "file": "ckpt.py",
         "line": 88,
-        "share": 0.25,
+        "share": 0.5,
         "peer_share": 0.0,
     }
     assert top_frames(peer, peer) == []  # nothing sets a rank apart from itself
