@@ -43,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from argus import config
 from argus.errors import ArgusError
 from argus.schema import wire_table
 
@@ -102,7 +103,11 @@ def aggregate(samples: Iterable[tuple[str, str, bool, bool]]) -> list[StackRow]:
 
 
 def pyspy_path() -> str | None:
-    """The py-spy executable: beside this Python (a venv's ``bin``), else on ``PATH``; None if absent."""
+    """The py-spy executable: ``$ARGUS_PYSPY`` (``off``: none), else beside this Python (a venv's
+    ``bin``), else on ``PATH``; None if absent."""
+    chosen = os.environ.get(config.ENV_PYSPY, "").strip()
+    if chosen:
+        return None if chosen.lower() == "off" else chosen
     beside = Path(sys.executable).with_name("py-spy")
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)

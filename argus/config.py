@@ -47,6 +47,7 @@ __all__ = [
     "ENV_DISABLE",
     "ENV_JOB_ID",
     "ENV_LIBCUPTI",
+    "ENV_PYSPY",
     "ENV_SERVER",
     "ENV_SOCKET",
     "ENV_STORE",
@@ -117,6 +118,7 @@ ENV_AGENT_DRAIN_S = "ARGUS_AGENT_DRAIN_S"
 ENV_AGENT_LOG = "ARGUS_AGENT_LOG"
 ENV_AUTOATTACH = "ARGUS_AUTOATTACH"
 ENV_COMMAND = "ARGUS_COMMAND"
+ENV_PYSPY = "ARGUS_PYSPY"
 
 #: Every environment variable Argus reads, and what it does.
 ENVIRONMENT: dict[str, str] = {
@@ -136,6 +138,8 @@ ENVIRONMENT: dict[str, str] = {
     ENV_AGENT_LOG: "log file of a node agent `argus run` starts (default next to the spool)",
     ENV_AUTOATTACH: "set by `argus run` for its processes: attach the probe at start-up",
     ENV_COMMAND: "set by `argus run`: the job's command line, as the probe reports it",
+    ENV_PYSPY: "py-spy executable of the node agent's stack captures (default: beside its Python, else "
+    "on PATH); `off`: the probes sample their own threads",
 }
 
 
