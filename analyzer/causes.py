@@ -72,8 +72,10 @@ CLOCK_DROP = 0.05
 CPU_SHARE = 0.5
 #: With fewer healthy ranks than this as the reference, one window cannot open a diagnosis.
 MIN_REFERENCE = 4
-#: More than this share of a rank's excess in its worst third of steps: spikes, not a steady slowdown.
-SPIKY_SHARE = 0.75
+#: A rank's median step excess (from the fault's onset) below this share of its mean excess: the
+#: excess comes in a minority of steps (pauses), not a steady slowdown. The median, not the
+#: share of the worst steps, because per-step noise concentrates any excess in some steps.
+SPIKY_TYPICAL = 0.5
 #: A straggler whose lead over a stronger one, summed over the window's steps, is under this share
 #: of the stronger one's lead over it hid behind it (:func:`_drop_hidden`). Two equally slow ranks
 #: lead each other alike (a ratio near 1); a rank the job never waited for, near 0.
@@ -262,6 +264,22 @@ def _stalls(l2: PhaseResult, i: int) -> dict[str, Any]:
     return out
 
 
+def _typical_share(l2: PhaseResult, i: int) -> float:
+    """A rank's median step excess over its mean, from the fault's onset (1 = steady, 0 = spikes).
+
+    Signed excess (a step faster than its reference counts below zero), so noise around a
+    steady slowdown leaves the median near the mean; NaN when the mean excess is not positive.
+    The onset is as in :func:`_spiky_share`.
+    """
+    e = l2.excess_matrix[i]
+    e = e[np.isfinite(e)]
+    if e.size == 0 or e.max() <= 0:
+        return np.nan
+    e = e[int(np.argmax(e >= 0.5 * e.max())) :]
+    mean = float(np.mean(e))
+    return float(np.median(e) / mean) if mean > 0 else np.nan
+
+
 def _spiky_share(l2: PhaseResult, i: int) -> float:
     """Share of a rank's positive excess carried by its worst third of steps (1/3 = even, 1 = spikes).
 
@@ -296,8 +314,8 @@ def _stall_or_compute(
     * Inside the compute phases, by votes: CPU (CPU ranks, when the excess is well above
       the peers' CPU-accounting noise: extra CPU below :data:`CPU_SHARE` of the extra self
       time votes stall, else compute; GC pauses explaining half of it vote stall) and
-      spikiness (more than :data:`SPIKY_SHARE` of the excess in the worst third of the steps
-      votes stall: pauses, not slower work); kernels that got slower vote compute. The
+      spikiness (a median step excess under :data:`SPIKY_TYPICAL` of the mean votes stall:
+      pauses, not slower work); kernels that got slower vote compute. The
       majority wins; a tie goes to compute.
     """
     host = ctx.host
@@ -329,9 +347,11 @@ def _stall_or_compute(
             cpu_vote = rho < CPU_SHARE
     if cpu_vote is not None:
         votes.append(cpu_vote)
-    spiky = ev.get("excess_in_worst_third_of_steps")
-    if isinstance(spiky, float):
-        votes.append(spiky > SPIKY_SHARE)
+    if i is not None:
+        typical = _typical_share(ctx.l2, i)
+        if np.isfinite(typical):
+            ev["median_to_mean_excess"] = _r(typical, 2)
+            votes.append(typical < SPIKY_TYPICAL)
     if l3_score >= 1.0:
         votes.append(False)
     return Cause.HOST_STALL if 2 * sum(votes) > len(votes) else Cause.COMPUTE

@@ -8,7 +8,12 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   score (:data:`OPEN_SCORE`) in every one of consecutive windows spanning at
   least :data:`CONFIRM_NS` (one 10 s window; two 6 s or five 2 s windows): on
   an oversubscribed host the scheduler can slow a rank by 10 % or more for
-  several seconds, and that is no fail-slow fault. This is hysteresis proper:
+  several seconds, and that is no fail-slow fault. The span is the job's time
+  as well as the windows': the steps of those windows must add up to half of
+  :data:`CONFIRM_NS` at least (not all of it: windows cut steps at their edges,
+  and a step's wall time leaves out what a job does between steps), so a job's
+  first or last window, which its steps fill only in part (a job that ran 2 s
+  of steps in one 10 s window), never opens a fault alone. This is hysteresis proper:
   the opening threshold must hold for the whole confirmation span, the keep
   threshold only keeps what is open (a window at 0.6 followed by one at 1.1
   is not 10 s of evidence at 1). A finding that ``needs_confirmation`` (its
@@ -36,6 +41,8 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   the wall time of that span (with ``window_slowdown_pct`` for the latest window alone).
 * The job-level fault (family ``job``, :data:`argus.analyzer.findings.JOB_SUBJECT`)
   is one diagnosis however its cause moves: its cause is the one most windows named.
+  When the ranks it names are only an open straggler's and those the straggler slowed
+  down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`).
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
   open every straggler of its cause joins it.
@@ -53,7 +60,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from argus.analyzer.findings import Finding, family
+from argus.analyzer.findings import JOB_SUBJECT, Finding, family
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
 from argus.config import DEFAULT_WINDOW_S
 from argus.diagnosis import Diagnosis, State
@@ -105,6 +112,8 @@ class _Open:
     #: Summed over the windows that updated it: the lost time it accounts for and the wall time, ns.
     lost_ns: float = 0.0
     wall_ns: float = 0.0
+    #: Of ``lost_ns``, the job's residual loss it took in (see :meth:`Tracker._fold_job_loss`), ns.
+    knock_on_ns: float = 0.0
 
 
 @dataclass
@@ -114,7 +123,8 @@ class _Streak:
     seen: int = 0
     #: Of those, the consecutive windows (up to the last) at its opening score.
     opening: int = 0
-    #: (lost time it accounted for and wall time, ns; cause) of its latest windows, oldest first.
+    #: (lost time it accounted for and wall time of the steps, ns; cause) of its latest windows,
+    #: oldest first.
     costs: tuple[tuple[float, float, str], ...] = ()
 
 
@@ -168,6 +178,7 @@ class Tracker:
                 o.causes[d.cause] = int(d.evidence.get("windows", 1))
             o.lost_ns = float(state.get("lost_ns", 0.0))
             o.wall_ns = float(state.get("wall_ns", 0.0))
+            o.knock_on_ns = float(state.get("knock_on_ns", 0.0))
             self._open[(family(d.cause, o.subject), o.subject)] = o
 
     def state(self, diagnosis_id: str) -> dict[str, Any]:
@@ -179,6 +190,7 @@ class Tracker:
                     "cause_votes": dict(o.causes),
                     "lost_ns": o.lost_ns,
                     "wall_ns": o.wall_ns,
+                    "knock_on_ns": o.knock_on_ns,
                 }
         return {}
 
@@ -206,19 +218,15 @@ class Tracker:
                     s.opening = was.opening + 1
                 streak[(f.family, f.subject)] = s
         self._streak = streak
+        findings, knock_on = self._fold_job_loss(findings)
         changed: list[Diagnosis] = []
         matched: set[tuple[str, str]] = set()
         for f in sorted(findings, key=lambda f: -f.score):
             key = (f.family, f.subject)
             o = self._open.get(key)
             if o is None:
-                needed = 1 if f.family == "unresponsive" else self.confirm_windows
-                # The job's own loss has no peers to stand out from: one window of it, however
-                # large (a checkpoint), is no sustained loss.
-                if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
-                    needed = max(needed, 2)
                 s = streak.get(key, _Streak())
-                if f.score < _open_score(f) or s.opening < needed or not self._costly(f, s, needed):
+                if not self._ready(f, s):
                     continue
                 # The fault was first seen when its streak of windows began: its cost counts from there.
                 d = self._new(window_ns - (s.seen - 1) * self.window_ns, f)
@@ -231,6 +239,9 @@ class Tracker:
                 continue
             o.causes[f.cause] += 1
             o.clean = 0
+            taken = knock_on.pop(key, 0.0)
+            o.lost_ns += taken
+            o.knock_on_ns += taken
             o.diagnosis = self._refresh(o, window_ns, f)
             matched.add(key)
             changed.append(o.diagnosis)
@@ -244,6 +255,71 @@ class Tracker:
                 del self._open[key]
                 changed.append(replace(o.diagnosis, state=State.RESOLVED.value))
         return changed
+
+    def _ready(self, f: Finding, s: _Streak) -> bool:
+        """A fault with no open diagnosis opens now: its score held over the confirmation span."""
+        needed = 1 if f.family == "unresponsive" else self.confirm_windows
+        # The job's own loss has no peers to stand out from: one window of it, however
+        # large (a checkpoint), is no sustained loss.
+        if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
+            needed = max(needed, 2)
+        if f.score < _open_score(f) or s.opening < needed:
+            return False
+        return self._long_enough(f, s) and self._costly(f, s, needed)
+
+    def _fold_job_loss(self, findings: list[Finding]) -> tuple[list[Finding], dict[tuple[str, str], float]]:
+        """The job's residual loss joins the straggler diagnosis whose fault it is.
+
+        When the job loses more than the time it waited for a straggler and the ranks behind
+        their own past (the job-level finding's ranks) are only that straggler's ranks and the
+        ranks it slowed down while they waited for it (``knock_on_ranks``: on a shared host, the
+        straggler's extra work slows its neighbours too), the residual is the straggler's fault
+        as well: its lost time joins that diagnosis (``evidence.knock_on_lost_s``) instead of
+        opening a second one for the same ranks. The straggler's diagnosis is open or opens in
+        this window. The first window of it folds only once the residual would open on its own
+        (the same rules), taking in its streak's earlier windows; after that, every window's
+        residual of those ranks (at the keep score) joins it.
+
+        Returns:
+            ``(findings without the job-level one if it joined, {straggler key: lost time it takes in, ns})``.
+        """
+        key = ("job", JOB_SUBJECT)
+        job = next((f for f in findings if f.family == "job"), None)
+        if job is None or not job.ranks or job.score < KEEP_SCORE or key in self._open:
+            return findings, {}
+        for f in sorted(findings, key=lambda f: -f.score):
+            host = (f.family, f.subject)
+            o = self._open.get(host)
+            if f.family != "straggler" or f.score < KEEP_SCORE:
+                continue
+            if o is None and not self._ready(f, self._streak.get(host, _Streak())):
+                continue
+            covered = {*f.ranks, *(o.diagnosis.ranks if o else ()), *f.evidence.get("knock_on_ranks", ())}
+            if not set(job.ranks) <= covered:
+                continue
+            s = self._streak.get(key, _Streak())
+            take = job.lost_ns
+            if o is None or not o.knock_on_ns:
+                if not self._ready(job, s):
+                    return findings, {}
+                take += sum(c[0] for c in s.costs[:-1])
+            self._streak.pop(key, None)
+            return [x for x in findings if x is not job], {host: take}
+        return findings, {}
+
+    def _long_enough(self, f: Finding, s: _Streak) -> bool:
+        """The steps of the streak's opening windows add up to half of :data:`CONFIRM_NS` at least.
+
+        ``unresponsive`` is exempt (its thresholds are durations, and a hung job takes no steps).
+        Windows whose steps' wall time is unknown (0) count as their length (the window count
+        already holds then).
+        """
+        if f.family == "unresponsive":
+            return True
+        recent = s.costs[-s.opening :]
+        if not any(c[1] > 0 for c in recent):
+            return True
+        return 2 * sum(c[1] for c in recent) >= CONFIRM_NS
 
     def _costly(self, f: Finding, s: _Streak, windows: int) -> bool:
         """The fault cost the job at least the loss threshold over its latest ``windows`` windows."""
@@ -353,6 +429,8 @@ class Tracker:
             "span_s": round(o.wall_ns / 1e9, 3),
             "window_slowdown_pct": round(f.slowdown_pct, 3),
         }
+        if o.knock_on_ns:
+            evidence["knock_on_lost_s"] = round(o.knock_on_ns / 1e9, 3)
         same = cause == f.cause or not o.diagnosis.evidence
         ranks = list(f.ranks)
         if f.member_scores:

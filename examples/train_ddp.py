@@ -2,8 +2,10 @@
 
 Run it under torchrun, with Argus attached from the outside:
 
-    argus run -- torchrun --nproc_per_node 2 examples/train_ddp.py --steps 200
+    argus run -- torchrun --nproc_per_node 2 examples/train_ddp.py --steps 3000
 
+(3,000 steps take about 30 s on two CPU cores: three analysis windows. Argus judges a fault over
+10 s of a job's steps, so the default 200 steps, about 2 s, only show that the probe attaches.)
 It trains a small MLP classifier on synthetic data over gloo (CPU) or NCCL (GPU).
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from argus.analyzer.findings import Finding
 from argus.analyzer.lifecycle import RESOLVE_WINDOWS, Tracker, diagnosis_id
 
@@ -190,3 +192,55 @@ def test_finish_resolves_everything() -> None:
     done = t.finish()
     assert {d.state for d in done} == {"resolved"} and all(d.evidence["job_finished"] for d in done)
     assert t.open == []
+
+
+def test_a_window_its_steps_fill_only_in_part_does_not_open_a_fault_alone() -> None:
+    """A job that ran 2 s of steps in one 10 s window (the README's example run) is no 10 s of
+    evidence, however slow one of its ranks looked; the same fault over a window its steps fill
+    opens, and a job's short first window followed by a full one opens at the second."""
+    short = _run(Tracker("job"), [[_f(2, 3.0, lost_ns=0.4e9, wall_ns=2e9)]])
+    assert short == [[]]
+    full = _run(Tracker("job"), [[_f(2, 3.0, lost_ns=2e9, wall_ns=10e9)]])
+    assert [(d.rank, d.state) for d in full[0]] == [(2, "open")]
+    late = _run(
+        Tracker("job"), [[_f(2, 3.0, lost_ns=0.4e9, wall_ns=2e9)], [_f(2, 3.0, lost_ns=2e9, wall_ns=10e9)]]
+    )
+    assert late[0] == [] and [d.first_window_ns for d in late[1]] == [0]
+
+
+def _job(ranks: tuple[int, ...], score: float, lost_ns: float) -> Finding:
+    """The job-level finding: a loss no rank explains, naming the ranks behind their own past."""
+    return Finding(
+        cause="compute",
+        rank=None,
+        ranks=ranks,
+        group=None,
+        phase="forward",
+        kernel=None,
+        score=score,
+        slowdown_pct=100 * lost_ns / W,
+        subject="job",
+        lost_ns=lost_ns,
+        wall_ns=float(W),
+    )
+
+
+def test_a_residual_of_the_stragglers_own_ranks_joins_its_diagnosis_another_opens_its_own() -> None:
+    """Rank 3 is slow and slows rank 2 beside it (``knock_on_ranks``); the job loses 0.5 s a window
+    more than it waited for rank 3, and the ranks behind their own past are ranks 2 and 3: one
+    diagnosis, rank 3's, takes in that loss. A residual that names ranks the straggler did not
+    touch is a fault of its own."""
+    straggler = replace(_f(3, 3.0, lost_ns=1e9), evidence={"knock_on_ranks": [2]})
+    t = Tracker("job")
+    out = _run(t, [[straggler, _job((2, 3), 1.5, 0.5e9)] for _ in range(4)])
+    ids = {d.id for ch in out for d in ch}
+    assert len(ids) == 1 and [(d.rank, d.cause) for d in t.open] == [(3, "compute")]
+    (d,) = t.open
+    # Four windows of rank 3's own 1 s, and the residual of the windows from its streak's start.
+    assert d.evidence["lost_s"] == 4 + 2.0 and d.evidence["knock_on_lost_s"] == 2.0
+    assert t.state(d.id)["knock_on_ns"] == 2e9
+
+    t = Tracker("job")
+    _run(t, [[straggler, _job((0, 1, 2, 3), 1.5, 0.5e9)] for _ in range(4)])
+    assert sorted((d.ranks, d.cause) for d in t.open) == [([0, 1, 2, 3], "compute"), ([3], "compute")]
+    assert "knock_on_lost_s" not in next(d for d in t.open if d.rank == 3).evidence
