@@ -58,6 +58,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from argus.agent.captures import RankProcess, StackCaptures
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
 from argus.agent.durations import drop_negative_durations
 from argus.agent.kernels import KernelWindows
@@ -68,6 +69,7 @@ from argus.agent.protocol import (
     decode_batch,
     decode_json,
     encode_frame,
+    encode_json,
     read_frame,
 )
 from argus.agent.spool import Spool
@@ -159,6 +161,9 @@ class NodeAgent:
         )
         self.windows = KernelWindows(window_s, grace_s=grace_s)
         self.uploader.on_spooled = self._spooled
+        #: Stack captures collectors ask for (argus.agent.captures), run in threads of their own.
+        self.captures = StackCaptures(self._rank_process, self._ship_stacks, self._ask_probe)
+        self.uploader.on_control = self.captures.take
         # Acknowledgements waiting for their rows to be spooled, in frame order per connection.
         self._acks: list[_Ack] = []
         # Those waiting for the windows, by ticket; tickets released before their frame was noted.
@@ -246,6 +251,7 @@ class NodeAgent:
                 conn.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout=2)
+        self.captures.join(timeout_s=2)
         self._close_windows(self.windows.flush_all())
         self.uploader.close(drain_s)
         self._log_stats()
@@ -355,6 +361,23 @@ class NodeAgent:
         rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
         with self._ack_lock:
             conn.sendall(encode_frame(FrameType.ACK, rows))
+
+    def _rank_process(self, job_id: str, rank: int) -> RankProcess | None:
+        """The process of ``rank`` of ``job_id`` if its probe is connected here (registered pids only)."""
+        with self._lock:
+            for conn, hello in self._hellos.items():
+                if str(hello.get("job_id")) == job_id and int(hello.get("rank", -1)) == rank:
+                    return RankProcess(int(hello["pid"]), conn)
+        return None
+
+    def _ship_stacks(self, job_id: str, table: pa.Table) -> None:
+        with self._intake:
+            if not self._closing:
+                self._ingest(job_id, "stacks", table)
+
+    def _ask_probe(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+        with self._ack_lock:
+            conn.sendall(encode_json(FrameType.SAMPLE, 0, doc))
 
     def _on_hello(self, hello: dict[str, Any]) -> None:
         job_id = str(hello["job_id"])

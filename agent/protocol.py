@@ -18,6 +18,10 @@ it to probes whose HELLO has ``version`` >= 2 (older ones wait for the ``ACK``).
 A probe resends frames that were never acknowledged when it reconnects to a
 (restarted) agent.
 
+Agent → probe, when the node agent cannot sample the rank with py-spy
+(:mod:`argus.agent.captures`): ``SAMPLE`` (JSON ``{"capture_id", "duration_ms"}``): the probe
+samples its own threads for that long and sends the rows as a ``stacks`` ``BATCH``.
+
 Any client may send ``DUMP`` (JSON ``{"job_id", "start_ns", "end_ns"}``) to ask
 the agent to upload the raw kernel events it still holds for that range; the
 agent answers with an ``ACK`` whose sequence is the number of rows queued.
@@ -68,6 +72,7 @@ class FrameType(enum.IntEnum):
     DUMP = 5
     CAPTURE = 6
     ACK_ONE = 7
+    SAMPLE = 8
 
 
 class ProtocolError(Exception):

@@ -5,19 +5,25 @@ notes new process groups, samples the host signals (the rank's heartbeat, every
 :data:`SAMPLE_S`), turns every buffer's rows into a batch of its table's wire schema
 (:func:`argus.agent.rows.record_batch`) and hands them to the
 :class:`~argus.agent.sink.AgentLink`. Between shipments it wakes at the edges of the CUPTI duty
-cycle. It never raises into training: a failed shipment is logged (the first three) and counted.
+cycle. When the node agent asks (a ``SAMPLE`` frame: it could not attach py-spy), a thread of
+its own samples this process's threads (:func:`argus.agent.stacks.sample_threads`) and the next
+shipment carries the ``stacks`` rows. It never raises into training: a failed shipment is
+logged (the first three) and counted.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from argus.agent import stacks
 from argus.agent.durations import drop_negative_durations
 from argus.agent.gpu import GpuCapture
 from argus.agent.host import HostSampler
@@ -94,6 +100,8 @@ class Shipper:
         self._errors = 0
         #: Rows dropped because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
         self.negative_durations = 0
+        #: ``stacks`` tables sampled in-process, waiting for the next shipment.
+        self._stacks: deque[pa.Table] = deque()
 
     def connect(self, final: bool = False) -> bool:
         """Learn this rank's identity and open the link to the node agent, once; True when done."""
@@ -101,6 +109,7 @@ class Shipper:
             self.identity = self._identify(final)
             if self.identity is not None:
                 self.link = AgentLink(self.socket_path, self.identity.hello())
+                self.link.on_sample = self._sample_stacks
         return self.identity is not None
 
     def start(self) -> None:
@@ -167,6 +176,8 @@ class Shipper:
                 batch = self._checked(table, record_batch(table, rows, constants))
                 if batch.num_rows:
                     link.enqueue(table, batch)
+        while self._stacks:
+            link.enqueue("stacks", self._stacks.popleft())
         if self.gpu is not None:
             self._ship_spans(link, self.gpu.take_spans(now))
         link.pump()
@@ -186,6 +197,34 @@ class Shipper:
                 log.warning("argus: dropped %d %s row(s) whose end precedes their start", dropped, table)
             self.negative_durations += dropped
         return rows
+
+    def _sample_stacks(self, doc: dict[str, Any]) -> None:
+        """A ``SAMPLE`` request: sample this process's threads in a thread of its own."""
+        identity = self.identity
+        if identity is None:
+            return
+        capture_id = str(doc.get("capture_id", ""))
+        seconds = min(max(float(doc.get("duration_ms", 0)) / 1000, 0.0), 30.0)
+
+        def run() -> None:
+            try:
+                start_ns, t0 = time.time_ns(), time.monotonic()
+                rows = stacks.sample_threads(seconds)
+                self._stacks.append(
+                    stacks.stack_table(
+                        rows,
+                        rank=identity.rank,
+                        pid=os.getpid(),
+                        capture_id=capture_id,
+                        time_ns=start_ns,
+                        duration_ns=int((time.monotonic() - t0) * 1e9),
+                        sampler=stacks.IN_PROCESS,
+                    )
+                )
+            except Exception:
+                log.warning("argus: sampling this rank's stacks failed", exc_info=True)
+
+        threading.Thread(target=run, name="argus-stacks", daemon=True).start()
 
     def _take_dropped(self) -> int:
         """Rows lost since the last host sample: buffers, pending bound, CUPTI, the link's queue,

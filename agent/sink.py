@@ -15,6 +15,7 @@ import select
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from argus.agent.protocol import (
     HEADER,
     FrameType,
     ProtocolError,
+    decode_json,
     encode_batch,
     encode_json,
 )
@@ -76,6 +78,8 @@ class AgentLink:
         self.dropped_rows = 0
         #: Rows acknowledged by an agent (monotonic).
         self.acked_rows = 0
+        #: Called with the JSON document of a ``SAMPLE`` request from the agent (the shipper's thread).
+        self.on_sample: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -210,6 +214,7 @@ class AgentLink:
             length, kind, seq = HEADER.unpack_from(self._rx)
             if len(self._rx) < HEADER.size + length:
                 break
+            payload = bytes(self._rx[HEADER.size : HEADER.size + length])
             del self._rx[: HEADER.size + length]
             if kind == FrameType.ACK_ONE:
                 for msg in self._unacked:
@@ -217,6 +222,10 @@ class AgentLink:
                         self._unacked.remove(msg)
                         self._acked(msg)
                         break
+                continue
+            if kind == FrameType.SAMPLE:
+                if self.on_sample is not None:
+                    self.on_sample(decode_json(payload))
                 continue
             if kind != FrameType.ACK:
                 raise ProtocolError(f"unexpected frame type {kind} from the agent")

@@ -178,6 +178,8 @@ class Uploader:
         self._generation = 0
         #: Called with a generation once every row added in it (and before) is spooled.
         self.on_spooled: Callable[[int], None] | None = None
+        #: Called (in a sender's thread) with every ``Ack`` that carries control messages.
+        self.on_control: Callable[[collector_pb2.Ack], None] | None = None
         self._seq = itertools.count(1)
         self._dropped_unreported = 0
         self._spool_warn_after = 0.0
@@ -556,6 +558,12 @@ class _Sender:
             self._inflight.pop(ack.seq, None)
             self._cond.notify_all()
         self._failures.pop(ack.seq, None)
+        control = self.up.on_control
+        if control is not None and ack.stack_captures:
+            try:
+                control(ack)
+            except Exception:
+                log.warning("argus agent: a control message failed", exc_info=True)
         if ack.status == collector_pb2.Ack.STORED:
             stats.batches_stored += 1
             stats.rows_stored += ack.rows

@@ -67,6 +67,7 @@ from argus import render
 from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting
 from argus.analyzer.pipeline import JobAnalysis
+from argus.analyzer.stacks import Stacks
 from argus.analyzer.store_io import (
     JobSpan,
     Liveness,
@@ -77,6 +78,7 @@ from argus.analyzer.store_io import (
     write_roles,
     write_window,
 )
+from argus.config import DEFAULT_STACK_INTERVAL_S
 from argus.diagnosis import (
     Diagnosis,
     State,
@@ -140,6 +142,8 @@ class Analyzer:
         backlog_s: Start at most this far before now on a new job; None = from its first row.
         min_loss_pct: Loss threshold: sustained loss (percent of wall time over the
             confirmation span) below which nothing opens.
+        stack_interval_s: Seconds between two stack captures of one open diagnosis
+            (:mod:`argus.analyzer.stacks`).
 
     Raises:
         ConfigError: ``window_s`` is not positive.
@@ -155,13 +159,17 @@ class Analyzer:
         grace_s: float | None = None,
         backlog_s: float | None = DEFAULT_BACKLOG_S,
         min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
+        stack_interval_s: float = DEFAULT_STACK_INTERVAL_S,
     ) -> None:
         if not window_s > 0:
             raise ConfigError(f"--window-s must be > 0, got {window_s}")
         if not 0 < min_loss_pct < 100:
             raise ConfigError(f"--min-loss-pct must be in (0, 100), got {min_loss_pct}")
+        if not stack_interval_s > 0:
+            raise ConfigError(f"--stack-interval-s must be > 0, got {stack_interval_s}")
         self.min_loss_pct = min_loss_pct
         self.store = store
+        self.stacks = Stacks(store, stack_interval_s)
         self.window_s = window_s
         self.metrics = metrics
         self.job = job
@@ -305,7 +313,18 @@ class Analyzer:
         self._last_version = max(time.time_ns(), self._last_version + 1)
         states = {d.id: job.analysis.tracker.state(d.id) for d in changed}
         try:
+            # L5: the stacks of flagged ranks go into the evidence; new captures are asked for.
+            requests = self.stacks.requests(
+                changed,
+                job.analysis.tracker.open,
+                list(job.last_seen),
+                job.analysis.roles,
+                time.time_ns(),
+                self.window_ns,
+            )
+            changed = self.stacks.with_top_frames(changed)
             write_diagnoses(self.store, changed, self._last_version, analysed_to_ns=w1, states=states)
+            self.stacks.write(requests)
             self._account(job, w0, result.accounting)
             if result.roles is not None:
                 write_roles(self.store, job.analysis.job_id, result.roles, self._last_version)
@@ -392,6 +411,7 @@ def main(args: argparse.Namespace) -> int:
         job=args.job,
         backlog_s=None if args.once else DEFAULT_BACKLOG_S,
         min_loss_pct=args.min_loss_pct,
+        stack_interval_s=args.stack_interval_s,
     )
     if not args.once:
         try:

@@ -109,6 +109,18 @@ def _min_loss(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _stack_interval(p: argparse.ArgumentParser) -> None:
+    """``--stack-interval-s S``: how often one open diagnosis gets a stack capture."""
+    p.add_argument(
+        "--stack-interval-s",
+        type=float,
+        default=config.DEFAULT_STACK_INTERVAL_S,
+        metavar="S",
+        help="seconds between two stack captures (py-spy) of the ranks of one open diagnosis; one is "
+        "taken when it opens or its cause changes (default %(default)s)",
+    )
+
+
 def _window(p: argparse.ArgumentParser, what: str) -> None:
     """``--window-s S``: the analysis window (and the node agent's compression window)."""
     p.add_argument(
@@ -139,6 +151,7 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _auth(p, server=True)
     _window(p, "analysis window")
     _min_loss(p)
+    _stack_interval(p)
     p.add_argument(
         "--retention-days",
         type=int,
@@ -258,6 +271,7 @@ def _analyze_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _store(p)
     _window(p, "analysis window")
     _min_loss(p)
+    _stack_interval(p)
     p.add_argument("--once", action="store_true", help="analyze what is stored, then exit")
     p.add_argument("--job", default=None, help="only this job")
 

@@ -29,6 +29,8 @@ __all__ = [
     "DEFAULT_RETENTION_DAYS",
     "DEFAULT_SERVER_URL",
     "DEFAULT_SPOOL_MAX_BYTES",
+    "DEFAULT_STACK_INTERVAL_S",
+    "DEFAULT_STACK_SECONDS",
     "DEFAULT_STORE_URL",
     "DEFAULT_WINDOW_S",
     "ENVIRONMENT",
@@ -44,6 +46,7 @@ __all__ = [
     "ENV_DISABLE",
     "ENV_JOB_ID",
     "ENV_LIBCUPTI",
+    "ENV_PYSPY",
     "ENV_SERVER",
     "ENV_SOCKET",
     "ENV_STORE",
@@ -82,6 +85,11 @@ DEFAULT_WINDOW_S = 10.0
 #: named a rank the scheduler slowed (a known failure, issue 16). 5 % keeps a 5 %-costly
 #: tensor-parallel straggler diagnosable there (README, "How the analyzer decides").
 DEFAULT_MIN_LOSS_PCT = 5.0
+#: Seconds between two stack captures of one diagnosis (DESIGN §5, L5; argus.analyzer.stacks): one
+#: when it opens or its cause changes, then at most one per this many seconds while it stays open.
+DEFAULT_STACK_INTERVAL_S = 300.0
+#: Seconds one stack capture samples each rank (py-spy at 10 Hz: 30 samples).
+DEFAULT_STACK_SECONDS = 3.0
 #: Rows are dropped this many days after they were stored.
 DEFAULT_RETENTION_DAYS = 30
 #: Bound on the node agent's on-disk spool of unacknowledged batches.
@@ -111,6 +119,7 @@ ENV_AGENT_DRAIN_S = "ARGUS_AGENT_DRAIN_S"
 ENV_AGENT_LOG = "ARGUS_AGENT_LOG"
 ENV_AUTOATTACH = "ARGUS_AUTOATTACH"
 ENV_COMMAND = "ARGUS_COMMAND"
+ENV_PYSPY = "ARGUS_PYSPY"
 
 #: Every environment variable Argus reads, and what it does.
 ENVIRONMENT: dict[str, str] = {
@@ -130,6 +139,8 @@ ENVIRONMENT: dict[str, str] = {
     ENV_AGENT_LOG: "log file of a node agent `argus run` starts (default next to the spool)",
     ENV_AUTOATTACH: "set by `argus run` for its processes: attach the probe at start-up",
     ENV_COMMAND: "set by `argus run`: the job's command line, as the probe reports it",
+    ENV_PYSPY: "py-spy executable of the node agent's stack captures (default: beside its Python, else "
+    "on PATH); `off`: the probes sample their own threads",
 }
 
 
@@ -239,6 +250,7 @@ class ServerConfig:
         tls: Certificate and key to serve TLS with, or None.
         analyzer: Run the analyzer in the server.
         max_upload_bytes: Cap on a trace upload's body and decompressed text, bytes (>= 1; 413 past it).
+        stack_interval_s: Seconds between two stack captures of one open diagnosis (> 0).
     """
 
     store: str = DEFAULT_STORE_URL
@@ -252,9 +264,11 @@ class ServerConfig:
     tls: TlsFiles | None = None
     analyzer: bool = True
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    stack_interval_s: float = DEFAULT_STACK_INTERVAL_S
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
+        _positive("--stack-interval-s", self.stack_interval_s)
         parse_listen(self.http_listen, "--http-listen")
         _positive("--window-s", self.window_s)
         if self.min_loss_pct < 0:
@@ -283,6 +297,7 @@ class ServerConfig:
             tls=TlsFiles.of(args.tls_cert, args.tls_key),
             analyzer=not args.no_analyzer,
             max_upload_bytes=args.max_upload_bytes,
+            stack_interval_s=args.stack_interval_s,
         )
 
 

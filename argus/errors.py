@@ -13,6 +13,7 @@ gRPC status codes in one place and the REST API to HTTP statuses in another.
     ├── Unauthenticated      missing or wrong bearer token      → UNAUTHENTICATED / 401
     ├── TraceError           a trace file that cannot be imported → 422
     ├── TooLarge             an upload past its size cap        → 413
+    ├── SamplerError         py-spy absent or cannot attach (argus.agent.stacks; the probe samples itself)
     └── NotBuiltYet          a CLI command that does not exist yet
 """
 

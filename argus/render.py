@@ -8,7 +8,8 @@
 
 All name the rank(s) (:func:`who`), the place (:func:`where`) and the evidence the same
 way. Under a headline comes the diagnosis's summary sentence, then at most five evidence figures
-with units (:func:`argus.summary.lines`); the whole evidence is in ``--json``. Evidence keys an
+with units (:func:`argus.summary.lines`), then the top frames of the rank's sampled stacks when
+there are some (:func:`top_frames`); the whole evidence is in ``--json``. Evidence keys an
 older analyzer kept for its own bookkeeping are not shown.
 """
 
@@ -26,7 +27,7 @@ from rich.text import Text
 from argus.diagnosis import Diagnosis, State
 from argus.summary import lines as summary_lines
 
-__all__ = ["evidence", "jobs", "line", "lost", "report", "table", "where", "who"]
+__all__ = ["evidence", "jobs", "line", "lost", "report", "table", "top_frames", "where", "who"]
 
 #: Evidence keys an older analyzer kept there for its own bookkeeping (now its own columns), not for a
 #: person reading a diagnosis.
@@ -87,6 +88,24 @@ def lost(d: Diagnosis) -> str:
     return f"{value:.1f} s" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
 
 
+def top_frames(d: Diagnosis) -> list[str]:
+    """Lines naming the functions that set the rank's stacks apart from its peer's
+    (``evidence.top_frames``, :mod:`argus.analyzer.stacks`); none without stacks."""
+    frames = d.evidence.get("top_frames")
+    about = d.evidence.get("stacks")
+    if not isinstance(frames, list) or not frames or not isinstance(about, Mapping):
+        return []
+    peer = about.get("peer")
+    versus = f" against rank {peer}" if peer is not None else ""
+    out = [f"    top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}, share of samples):"]
+    for f in frames:
+        out.append(
+            f"      {100 * float(f['share']):5.1f} %  {f['function']} ({f['file']}:{f['line']})"
+            + (f"  peer {100 * float(f['peer_share']):.1f} %" if peer is not None else "")
+        )
+    return out
+
+
 def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableType:
     """The job's lines (status, ranks, open diagnoses; its lost time), a table of its diagnoses,
     then under it each one's headline, summary and at most five evidence figures.
@@ -144,7 +163,7 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
     details: list[RenderableType] = []
     for d in ordered:
         details.append(Text.assemble("\n", (d.state.upper(), "bold"), f" {who(d)}: ", (d.cause, "bold")))
-        details.extend(Text(text) for text in summary_lines(d))
+        details.extend(Text(text) for text in summary_lines(d) + top_frames(d))
     return Group(header, grid, *details)
 
 
@@ -164,7 +183,7 @@ def report(diagnoses: Sequence[Diagnosis]) -> RenderableType:
                 f" — costs the job about {d.slowdown_pct:.0f}% of its throughput (score {d.score:.1f})",
             )
         )
-        blocks.extend(Text(text) for text in summary_lines(d))
+        blocks.extend(Text(text) for text in summary_lines(d) + top_frames(d))
     return Group(*blocks)
 
 

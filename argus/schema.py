@@ -10,8 +10,8 @@ Time columns are integer nanoseconds since the Unix epoch (``*_ns``); durations
 are ``dur_ns`` (non-negative). Ranks are global ranks in the job's world.
 
 Tables (DESIGN §3): jobs, ranks, steps, phases, collectives, kernel_summaries,
-kernel_events, host_samples, diagnoses; the analyzer's analysis_windows (lost
-time per window) and roles; plus ingest_batches, the collector's record of
+kernel_events, host_samples, stacks, diagnoses; the analyzer's analysis_windows (lost
+time per window), roles and stack_requests; plus ingest_batches, the collector's record of
 stored (agent_id, seq) pairs used to acknowledge duplicates.
 
 Schema changes migrate. A column added after a table first shipped carries a
@@ -378,6 +378,61 @@ HOST_SAMPLES = TableDef(
     "Rows with rank -1 are the node's: one per network interface (net_if) per interval.",
 )
 
+STACKS = TableDef(
+    "stacks",
+    (
+        _RANK,
+        _c(
+            "pid",
+            "UInt32",
+            pa.uint32(),
+            "the rank's process id (its DataLoader workers' threads read 'name [pid N]')",
+        ),
+        _c(
+            "capture_id",
+            "String",
+            pa.string(),
+            "the capture: the request_id of the stack_requests row it answers",
+        ),
+        _c("time_ns", "Int64", pa.int64(), "when the capture began", epoch=True),
+        _c("duration_ns", "Int64", pa.int64(), "how long it sampled (0: one dump)"),
+        _c(
+            "sampler",
+            "LowCardinality(String)",
+            pa.string(),
+            "'py-spy' (non-blocking dumps), 'py-spy-native' (one blocking dump, native frames) or "
+            "'in-process' (the probe sampled its own threads; no idle or GIL state)",
+        ),
+        _c("thread", "String", pa.string(), "thread name"),
+        _c("frames", "String", pa.string(), "the stack, root to leaf: ';'-joined 'function (file:line)'"),
+        _c("count", "UInt32", pa.uint32(), "samples that found the thread in this stack"),
+        _c("idle", "UInt8", pa.uint8(), "1: the thread was not running in these samples"),
+        _c("gil", "UInt8", pa.uint8(), "1: it held the GIL in these samples"),
+    ),
+    ("job_id", "rank", "time_ns"),
+    "Sampled CPU stacks of flagged ranks and a healthy peer (argus.agent.stacks), one row per "
+    "(capture, thread, stack, idle, gil).",
+)
+
+STACK_REQUESTS = TableDef(
+    "stack_requests",
+    (
+        _c("request_id", "String", pa.string(), "the capture's id (stacks.capture_id)"),
+        _c("diagnosis_id", "String", pa.string(), "the diagnosis that asked for it"),
+        _c("cause", "LowCardinality(String)", pa.string(), "the diagnosis's cause when it asked"),
+        _c("ranks", "Array(UInt32)", pa.list_(pa.uint32()), "the ranks to sample: flagged, then the peer"),
+        _c("flagged", "Array(UInt32)", pa.list_(pa.uint32()), "the diagnosis's ranks among them"),
+        _c("peer", "Int32", pa.int32(), "the healthy peer of the same role, -1 when none"),
+        _c("duration_ms", "UInt32", pa.uint32(), "how long to sample"),
+        _c("blocking", "UInt8", pa.uint8(), "1: one blocking dump with native frames (a hung rank)"),
+        _c("requested_ns", "Int64", pa.int64(), "when the analyzer asked"),
+    ),
+    ("job_id", "requested_ns"),
+    "Stack captures the analyzer asks for; collectors pass the pending ones to node agents "
+    "(argus.collector.captures).",
+    wire=False,
+)
+
 DIAGNOSES = TableDef(
     "diagnoses",
     (
@@ -474,10 +529,12 @@ TABLES: dict[str, TableDef] = {
         KERNEL_SUMMARIES,
         KERNEL_EVENTS,
         HOST_SAMPLES,
+        STACKS,
         DIAGNOSES,
         ANALYSIS_WINDOWS,
         ROLES,
         INGEST_BATCHES,
+        STACK_REQUESTS,
     )
 }
 #: Tables node agents fill through gRPC, by name.

@@ -78,7 +78,11 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
         collector = start_collector(store, metrics, config.grpc_listen, token=config.token, tls=config.tls)
         if config.analyzer:
             service = Analyzer(
-                store, window_s=config.window_s, metrics=metrics, min_loss_pct=config.min_loss_pct
+                store,
+                window_s=config.window_s,
+                metrics=metrics,
+                min_loss_pct=config.min_loss_pct,
+                stack_interval_s=config.stack_interval_s,
             )
             thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
             thread.start()

@@ -9,6 +9,8 @@ status codes in one place, :data:`GRPC_CODES`:
   acknowledged, so the agent keeps it in its spool and sends it again later.
 - a missing or wrong bearer token → the call ends with ``UNAUTHENTICATED`` before
   any batch is read.
+- each ``Ack`` carries the pending stack captures of the batch's job not yet passed on that
+  stream (:mod:`argus.collector.captures`).
 - a message over :data:`argus.config.MAX_MESSAGE_BYTES` → gRPC itself ends the
   stream with ``RESOURCE_EXHAUSTED``; the server keeps serving other streams.
 """
@@ -28,6 +30,7 @@ from typing import Any, NoReturn
 import grpc
 
 from argus.collector import ingest
+from argus.collector.captures import PendingCaptures
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
 from argus.config import MAX_MESSAGE_BYTES, TlsFiles
 from argus.errors import (
@@ -109,6 +112,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self.metrics = metrics
         self.writer = BatchWriter(store, metrics)
+        self.captures = PendingCaptures(store)
         self._gate = _Gate()
 
     def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
@@ -134,8 +138,14 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             self._gate.leave()
 
     def Stream(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
+        passed: set[str] = set()  # capture ids passed on this stream
         for batch in request_iterator:
-            yield self._answer(batch, context)
+            ack = self._answer(batch, context)
+            for capture in self.captures.for_job(batch.job_id):
+                if capture.capture_id not in passed:
+                    passed.add(capture.capture_id)
+                    ack.stack_captures.append(capture)
+            yield ack
 
     def Clock(self, request: pb.ClockRequest, context: grpc.ServicerContext) -> pb.ClockReply:  # noqa: N802
         return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())

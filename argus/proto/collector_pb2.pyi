@@ -9,8 +9,10 @@ travel as an Arrow IPC stream, so the collector never loops over events in
 Python. Time is integer nanoseconds since the Unix epoch everywhere.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -38,6 +40,7 @@ class _TableEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Table.ValueType
     KERNEL_SUMMARIES: _Table.ValueType  # 6
     KERNEL_EVENTS: _Table.ValueType  # 7
     HOST_SAMPLES: _Table.ValueType  # 8
+    STACKS: _Table.ValueType  # 9
 
 class Table(_Table, metaclass=_TableEnumTypeWrapper):
     """The store table a batch fills. Names match the ClickHouse tables."""
@@ -51,6 +54,7 @@ COLLECTIVES: Table.ValueType  # 5
 KERNEL_SUMMARIES: Table.ValueType  # 6
 KERNEL_EVENTS: Table.ValueType  # 7
 HOST_SAMPLES: Table.ValueType  # 8
+STACKS: Table.ValueType  # 9
 Global___Table: _TypeAlias = Table  # noqa: Y015
 
 @_typing.final
@@ -168,6 +172,7 @@ class Ack(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    STACK_CAPTURES_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     status: Global___Ack.Status.ValueType
     code: _builtins.str
@@ -176,6 +181,13 @@ class Ack(_message.Message):
     """What was wrong with the batch, naming the column or field."""
     rows: _builtins.int
     """Rows written (STORED) or found (DUPLICATE)."""
+    @_builtins.property
+    def stack_captures(self) -> _containers.RepeatedCompositeFieldContainer[Global___StackCapture]:
+        """Control messages to the agent, in the range reserved for them (10 to 19).
+        Stack captures the analyzer asks for, of ranks of this batch's job; an
+        agent runs those of the ranks it serves, once per capture_id.
+        """
+
     def __init__(
         self,
         *,
@@ -184,14 +196,50 @@ class Ack(_message.Message):
         code: _builtins.str = ...,
         message: _builtins.str = ...,
         rows: _builtins.int = ...,
+        stack_captures: _abc.Iterable[Global___StackCapture] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "rows", b"rows", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "rows", b"rows", "seq", b"seq", "stack_captures", b"stack_captures", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Ack: _TypeAlias = Ack  # noqa: Y015
+
+@_typing.final
+class StackCapture(_message.Message):
+    """Sample the CPU stacks of ranks (argus.agent.stacks); rows go to STACKS."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPTURE_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    BLOCKING_FIELD_NUMBER: _builtins.int
+    capture_id: _builtins.str
+    job_id: _builtins.str
+    duration_ms: _builtins.int
+    blocking: _builtins.bool
+    """One blocking dump of every thread with native frames (a hung rank)."""
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        capture_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        duration_ms: _builtins.int = ...,
+        blocking: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocking", b"blocking", "capture_id", b"capture_id", "duration_ms", b"duration_ms", "job_id", b"job_id", "ranks", b"ranks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StackCapture: _TypeAlias = StackCapture  # noqa: Y015
 
 @_typing.final
 class ClockRequest(_message.Message):

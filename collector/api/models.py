@@ -27,6 +27,8 @@ __all__ = [
     "ProcessGroup",
     "Rank",
     "RankPage",
+    "StackPage",
+    "StackRow",
     "TraceDocument",
     "model_of",
 ]
@@ -103,6 +105,27 @@ class Rank(BaseModel):
 
 class RankPage(BaseModel):
     items: list[Rank]
+    next: str | None
+
+
+class StackRow(BaseModel):
+    """Samples that found one thread of a rank in one stack, in one capture (the ``stacks`` table)."""
+
+    rank: int
+    pid: int
+    capture_id: str
+    time_ns: int = Field(description="when the capture began, ns since the epoch")
+    duration_ns: int = Field(description="how long it sampled, ns (0: one blocking dump)")
+    sampler: str = Field(description="`py-spy`, `py-spy-native` or `in-process`")
+    thread: str
+    frames: str = Field(description="root to leaf, `;`-joined `function (file:line)`")
+    count: int = Field(description="samples")
+    idle: bool = Field(description="the thread was not running (in-process: always false)")
+    gil: bool = Field(description="it held the GIL (in-process: always false)")
+
+
+class StackPage(BaseModel):
+    items: list[StackRow]
     next: str | None
 
 

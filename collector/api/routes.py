@@ -20,9 +20,11 @@ from argus.collector.api.models import (
     Job,
     JobPage,
     RankPage,
+    StackPage,
     TraceDocument,
 )
 from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse_time_ns
+from argus.collector.api.stacks import stacks_answer
 from argus.collector.api.trace import chrome_trace
 from argus.collector.importer import import_traces
 from argus.config import DEFAULT_MAX_UPLOAD_BYTES
@@ -137,6 +139,31 @@ def build_router(
             store, job_id, state=None if state == "all" else state, cause=cause, limit=limit, cursor=cursor
         )
         return {"items": items, "next": nxt}
+
+    @router.get(
+        "/jobs/{job_id}/stacks",
+        response_model=StackPage,
+        responses={**_NOT_FOUND, 200: {"content": {"text/plain": {}}}},
+        summary="Sampled CPU stacks of a job's ranks (JSON, or folded text for flame graphs)",
+    )
+    def get_stacks(
+        job_id: JobId,
+        rank: Annotated[int | None, Query(ge=0, le=2**32 - 1, description="only this rank")] = None,
+        start: TimeParam = None,
+        end: TimeParam = None,
+        format: Annotated[
+            Literal["json", "collapsed"],
+            Query(description="`json` (pages of rows) or `collapsed` (folded stacks, all rows asked for)"),
+        ] = "json",
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Any:
+        """Stack rows of captures overlapping [start, end] (argus.agent.stacks): thread, frames (root
+        to leaf), samples, idle, GIL, and the sampler that took them."""
+        lo, hi = _range(start, end)
+        return stacks_answer(
+            store, job_id, rank, lo, hi, collapsed=format == "collapsed", limit=limit, cursor=cursor
+        )
 
     @router.get(
         "/jobs/{job_id}/trace",

@@ -196,6 +196,29 @@ SETTINGS replicated_deduplication_window = 100000;
 CREATE TABLE IF NOT EXISTS argus.host_samples ON CLUSTER argus AS argus.host_samples_local
 ENGINE = Distributed(argus, argus, host_samples_local, cityHash64(job_id));
 
+CREATE TABLE IF NOT EXISTS argus.stacks_local ON CLUSTER argus (
+    job_id LowCardinality(String),
+    `rank` UInt32,
+    `pid` UInt32,
+    `capture_id` String,
+    `time_ns` Int64,
+    `duration_ns` Int64,
+    `sampler` LowCardinality(String),
+    `thread` String,
+    `frames` String,
+    `count` UInt32,
+    `idle` UInt8,
+    `gil` UInt8,
+    stored_at DateTime DEFAULT now()
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+ORDER BY (job_id, rank, time_ns)
+TTL stored_at + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 100000;
+
+CREATE TABLE IF NOT EXISTS argus.stacks ON CLUSTER argus AS argus.stacks_local
+ENGINE = Distributed(argus, argus, stacks_local, cityHash64(job_id));
+
 CREATE TABLE IF NOT EXISTS argus.diagnoses_local ON CLUSTER argus (
     job_id LowCardinality(String),
     `id` String,
@@ -277,3 +300,24 @@ SETTINGS replicated_deduplication_window = 100000;
 
 CREATE TABLE IF NOT EXISTS argus.ingest_batches ON CLUSTER argus AS argus.ingest_batches_local
 ENGINE = Distributed(argus, argus, ingest_batches_local, cityHash64(job_id));
+
+CREATE TABLE IF NOT EXISTS argus.stack_requests_local ON CLUSTER argus (
+    job_id LowCardinality(String),
+    `request_id` String,
+    `diagnosis_id` String,
+    `cause` LowCardinality(String),
+    `ranks` Array(UInt32),
+    `flagged` Array(UInt32),
+    `peer` Int32,
+    `duration_ms` UInt32,
+    `blocking` UInt8,
+    `requested_ns` Int64,
+    stored_at DateTime DEFAULT now()
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
+ORDER BY (job_id, requested_ns)
+TTL stored_at + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 100000;
+
+CREATE TABLE IF NOT EXISTS argus.stack_requests ON CLUSTER argus AS argus.stack_requests_local
+ENGINE = Distributed(argus, argus, stack_requests_local, cityHash64(job_id));

@@ -32,6 +32,7 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
         self.failed: list[int] = []  # seqs the stream ended on
         self.clock_skew_ns = 0
         self.received = 0
+        self.stack_captures: list[collector_pb2.StackCapture] = []  # sent on every STORED ack
 
     def Stream(self, request_iterator: Any, context: Any) -> Any:
         for batch in request_iterator:
@@ -65,7 +66,12 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
                 self.tables[name].append(
                     data.append_column("job_id", pa.array([batch.job_id] * data.num_rows))
                 )
-            yield collector_pb2.Ack(seq=batch.seq, status=collector_pb2.Ack.STORED, rows=data.num_rows)
+            yield collector_pb2.Ack(
+                seq=batch.seq,
+                status=collector_pb2.Ack.STORED,
+                rows=data.num_rows,
+                stack_captures=list(self.stack_captures),
+            )
 
     def Clock(self, request: Any, context: Any) -> Any:
         return collector_pb2.ClockReply(

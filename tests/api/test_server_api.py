@@ -52,6 +52,7 @@ ENDPOINTS = [
     "/api/v1/jobs/{job}/diagnoses",
     "/api/v1/jobs/{job}/trace",
     "/api/v1/jobs/{job}/heatmap",
+    "/api/v1/jobs/{job}/stacks",
 ]
 
 pytestmark = pytest.mark.slow

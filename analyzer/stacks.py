@@ -1,0 +1,352 @@
+"""L5, stacks (DESIGN §5): which diagnoses get a stack capture, and what the stacks say.
+
+- **When.** A diagnosis that is open with a host-side cause (:data:`STACK_CAUSES`) gets a
+  capture request when it opens, when its cause changes, and then at most once per
+  ``interval`` while it stays open (``--stack-interval-s``, default
+  :data:`argus.config.DEFAULT_STACK_INTERVAL_S`). The request (a ``stack_requests`` row) names
+  the diagnosis's ranks (at most :data:`MAX_FLAGGED`) and one healthy peer of the same role
+  (:func:`pick_peer`); an ``unresponsive`` one asks for a blocking dump with native frames
+  (a hung rank may never run the Python code a non-blocking sampler would catch moving).
+  Collectors pass pending requests to the node agents (:mod:`argus.collector.captures`). The
+  store is the only memory: what was asked last is read back, so a restarted analyzer (or
+  another one) asks again only when the interval has passed.
+- **What.** :func:`top_frames` compares the flagged rank's samples with the peer's of the
+  same capture: per function (``function``, its file), the share of the rank's samples (one
+  sample: one look at every thread of the process) in which a thread's stack holds it; the
+  functions whose share most exceeds the peer's come first. Argus's own threads (``argus-…``)
+  are left out. Each version
+  of the diagnosis written after the stacks are stored carries them as ``evidence.top_frames``
+  (with ``evidence.stacks``: the capture, its sampler and the ranks compared).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from argus.analyzer.roles import Roles
+from argus.config import DEFAULT_STACK_INTERVAL_S, DEFAULT_STACK_SECONDS
+from argus.diagnosis import Cause, Diagnosis, State
+from argus.schema import wire_table
+from argus.store import Store
+
+__all__ = [
+    "MAX_FLAGGED",
+    "STACK_CAUSES",
+    "StackRequest",
+    "Stacks",
+    "pick_peer",
+    "top_frames",
+]
+
+#: Causes whose diagnoses get stacks: the rank's host is where the time goes.
+STACK_CAUSES = frozenset(
+    {Cause.HOST_STALL, Cause.DATALOADER, Cause.COMPUTE, Cause.UNKNOWN, Cause.UNRESPONSIVE}
+)
+#: Ranks of one diagnosis sampled at most (a many-rank diagnosis: its lowest ranks).
+MAX_FLAGGED = 4
+#: Top frames kept in the evidence.
+TOP_FRAMES = 5
+#: A fault whose latest window ended longer ago than this is not sampled (its rank moved on), ns.
+STALE_NS = 60 * 10**9
+_LABEL = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+
+
+@dataclass(frozen=True)
+class StackRequest:
+    """One capture the analyzer asks for (a ``stack_requests`` row)."""
+
+    request_id: str
+    job_id: str
+    diagnosis_id: str
+    cause: str
+    flagged: tuple[int, ...]
+    #: The healthy peer, -1 when none.
+    peer: int
+    duration_ms: int
+    blocking: bool
+    requested_ns: int
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks to sample: flagged, then the peer."""
+        return self.flagged + ((self.peer,) if self.peer >= 0 else ())
+
+
+def pick_peer(flagged: Sequence[int], ranks: Sequence[int], busy: set[int], roles: Roles | None) -> int:
+    """A healthy peer of ``flagged[0]``: a rank of the same role, in no open diagnosis (``busy``).
+
+    The nearest rank number wins (deterministic); without one of the same role, the nearest
+    healthy rank of any role; -1 when every rank is flagged or busy.
+    """
+    first = flagged[0]
+    healthy = [r for r in sorted(set(ranks)) if r not in flagged and r not in busy]
+    if not healthy:
+        return -1
+    if roles is not None:
+        role = roles.of(np.array([first], np.int64))[0]
+        same = [r for r, q in zip(healthy, roles.of(np.array(healthy, np.int64)), strict=True) if q == role]
+        healthy = same or healthy
+    return min(healthy, key=lambda r: (abs(r - first), r))
+
+
+def _function(label: str) -> tuple[str, str, int]:
+    m = _LABEL.match(label)
+    if m is None:
+        return label, "", 0
+    return m["function"], m["file"], int(m["line"])
+
+
+def _samples(rows: list[tuple[str, str, int]]) -> int:
+    """Samples of a capture: those of its most sampled thread (each sample sees every thread once)."""
+    per_thread: Counter[str] = Counter()
+    for thread, _, n in rows:
+        per_thread[thread] += n
+    return max(per_thread.values(), default=0)
+
+
+def _shares(
+    rows: list[tuple[str, str, int]],
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
+    """Per (function, file): share of the samples in which a stack holds it; its most sampled line.
+
+    Each sample sees every thread once, so the samples are those of the most sampled thread.
+    """
+    total = _samples(rows)
+    holding: Counter[tuple[str, str]] = Counter()
+    lines: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+    for thread, frames, n in rows:
+        if thread.startswith("argus-"):
+            continue
+        seen = set()
+        for label in frames.split(";") if frames else []:
+            function, file, line = _function(label)
+            key = (function, file)
+            lines[key][line] += n
+            if key not in seen:
+                seen.add(key)
+                holding[key] += n
+    shares = {k: min(v / total, 1.0) for k, v in holding.items()} if total else {}
+    return shares, {k: c.most_common(1)[0][0] for k, c in lines.items()}
+
+
+def top_frames(
+    flagged: list[tuple[str, str, int]], peer: list[tuple[str, str, int]], n: int = TOP_FRAMES
+) -> list[dict[str, Any]]:
+    """The functions that set the flagged rank's stacks apart from its peer's.
+
+    Args:
+        flagged: The flagged rank's rows of one capture, ``(thread, frames, count)``: ``frames``
+            root to leaf, ``;``-joined ``function (file:line)`` (the ``stacks`` table's).
+        peer: The peer's rows of the same capture (empty: no peer; shares are then the rank's own).
+        n: How many to keep.
+
+    Returns:
+        Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
+        ``share - peer_share`` first, each > 0: ``share`` is the fraction (0-1) of the flagged
+        rank's samples in which one of its threads was in the function, ``line`` its most sampled
+        line.
+    """
+    mine, lines = _shares(flagged)
+    theirs, _ = _shares(peer)
+    excess = sorted(((s - theirs.get(k, 0.0), k) for k, s in mine.items()), key=lambda e: (-e[0], e[1]))
+    return [
+        {
+            "function": k[0],
+            "file": k[1],
+            "line": lines[k],
+            "share": round(mine[k], 4),
+            "peer_share": round(theirs.get(k, 0.0), 4),
+        }
+        for gap, k in excess[:n]
+        if gap > 0
+    ]
+
+
+class Stacks:
+    """The analyzer's L5 around the store: asks for captures, puts their top frames in the evidence.
+
+    Args:
+        store: Where ``stack_requests`` are written and ``stacks`` read.
+        interval_s: Seconds between two captures of one open diagnosis.
+        seconds: How long each capture samples.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        interval_s: float = DEFAULT_STACK_INTERVAL_S,
+        seconds: float = DEFAULT_STACK_SECONDS,
+    ) -> None:
+        self.store = store
+        self.interval_ns = int(interval_s * 1e9)
+        self.duration_ms = int(seconds * 1000)
+
+    def requests(
+        self,
+        changed: Sequence[Diagnosis],
+        open_: Sequence[Diagnosis],
+        ranks: Sequence[int],
+        roles: Roles | None,
+        now_ns: int,
+        window_ns: int,
+    ) -> list[StackRequest]:
+        """The captures due for ``changed`` diagnoses (nothing written; see :meth:`write`).
+
+        Args:
+            changed: Diagnoses written by this window.
+            open_: Every open diagnosis of the job (their ranks are no healthy peers).
+            ranks: The job's ranks that report.
+            roles: Their roles, or None when not known yet.
+            now_ns: The present, ns since the epoch.
+            window_ns: The analysis window, ns.
+
+        Raises:
+            StoreError: reading the earlier requests failed.
+        """
+        wanted = [
+            d
+            for d in changed
+            if d.state == State.OPEN.value
+            and d.cause in STACK_CAUSES
+            and (d.ranks or d.rank is not None)
+            and now_ns - (d.last_window_ns + window_ns) < STALE_NS
+        ]
+        if not wanted:
+            return []
+        last = self._last_requests(wanted[0].job_id, [d.id for d in wanted])
+        busy = {r for d in open_ for r in d.ranks}
+        out = []
+        for d in wanted:
+            before = last.get(d.id)
+            if before is not None and before[0] == d.cause and now_ns - before[1] < self.interval_ns:
+                continue
+            first = [d.rank] if d.rank is not None else []
+            flagged = tuple(first + [r for r in sorted(d.ranks) if r != d.rank])[:MAX_FLAGGED]
+            out.append(
+                StackRequest(
+                    request_id=uuid.uuid4().hex,
+                    job_id=d.job_id,
+                    diagnosis_id=d.id,
+                    cause=d.cause,
+                    flagged=flagged,
+                    peer=pick_peer(flagged, ranks, busy, roles),
+                    duration_ms=self.duration_ms,
+                    blocking=d.cause == Cause.UNRESPONSIVE,
+                    requested_ns=now_ns,
+                )
+            )
+        return out
+
+    def write(self, requests: Sequence[StackRequest]) -> None:
+        """Store ``requests`` (``stack_requests`` rows) for collectors to pass on.
+
+        Raises:
+            StoreError: the insert failed.
+        """
+        by_job: dict[str, list[StackRequest]] = defaultdict(list)
+        for r in requests:
+            by_job[r.job_id].append(r)
+        for job_id, rs in by_job.items():
+            table = wire_table(
+                "stack_requests",
+                {
+                    "request_id": [r.request_id for r in rs],
+                    "diagnosis_id": [r.diagnosis_id for r in rs],
+                    "cause": [r.cause for r in rs],
+                    "ranks": [list(r.ranks) for r in rs],
+                    "flagged": [list(r.flagged) for r in rs],
+                    "peer": [r.peer for r in rs],
+                    "duration_ms": [r.duration_ms for r in rs],
+                    "blocking": [int(r.blocking) for r in rs],
+                    "requested_ns": [r.requested_ns for r in rs],
+                },
+                job_id=job_id,
+            )
+            self.store.insert("stack_requests", table)
+
+    def with_top_frames(self, diagnoses: Sequence[Diagnosis]) -> list[Diagnosis]:
+        """``diagnoses`` with ``evidence.top_frames`` and ``evidence.stacks`` where stacks are stored.
+
+        The newest capture of each diagnosis that has rows counts; a diagnosis without one is
+        returned as it is.
+
+        Raises:
+            StoreError: a read failed.
+        """
+        if not diagnoses:
+            return []
+        job_id = diagnoses[0].job_id
+        captures = self.store.query(
+            "SELECT r.diagnosis_id AS diagnosis_id, r.request_id AS request_id, r.flagged AS flagged, "
+            "r.peer AS peer FROM stack_requests AS r "
+            "WHERE r.job_id = {job:String} AND r.diagnosis_id IN {ids:Array(String)} "
+            "AND r.request_id IN (SELECT DISTINCT capture_id FROM stacks WHERE job_id = {job:String}) "
+            "ORDER BY r.requested_ns DESC LIMIT 1 BY r.diagnosis_id",
+            {"job": job_id, "ids": [d.id for d in diagnoses]},
+        ).to_pylist()
+        if not captures:
+            return list(diagnoses)
+        rows = self.store.query(
+            "SELECT capture_id, rank, sampler, time_ns, thread, frames, sum(count) AS n FROM stacks "
+            "WHERE job_id = {job:String} AND capture_id IN {ids:Array(String)} "
+            "GROUP BY capture_id, rank, sampler, time_ns, thread, frames",
+            {"job": job_id, "ids": [c["request_id"] for c in captures]},
+        )
+        return _attach(diagnoses, captures, rows)
+
+    def _last_requests(self, job_id: str, ids: list[str]) -> dict[str, tuple[str, int]]:
+        got = self.store.query(
+            "SELECT diagnosis_id, cause, requested_ns FROM stack_requests "
+            "WHERE job_id = {job:String} AND diagnosis_id IN {ids:Array(String)} "
+            "ORDER BY requested_ns DESC LIMIT 1 BY diagnosis_id",
+            {"job": job_id, "ids": ids},
+        ).to_pylist()
+        return {str(r["diagnosis_id"]): (str(r["cause"]), int(r["requested_ns"])) for r in got}
+
+
+def _attach(
+    diagnoses: Sequence[Diagnosis], captures: list[dict[str, Any]], rows: pa.Table
+) -> list[Diagnosis]:
+    by_capture: dict[str, dict[int, list[tuple[str, str, int]]]] = defaultdict(lambda: defaultdict(list))
+    sampler: dict[tuple[str, int], str] = {}
+    started: dict[str, int] = {}
+    for r in rows.to_pylist():
+        cid, rank = str(r["capture_id"]), int(r["rank"])
+        by_capture[cid][rank].append((str(r["thread"]), str(r["frames"]), int(r["n"])))
+        sampler[(cid, rank)] = str(r["sampler"])
+        started[cid] = min(started.get(cid, int(r["time_ns"])), int(r["time_ns"]))
+    latest = {str(c["diagnosis_id"]): c for c in captures}
+    out = []
+    for d in diagnoses:
+        c = latest.get(d.id)
+        if c is None:
+            out.append(d)
+            continue
+        cid, peer = str(c["request_id"]), int(c["peer"])
+        per_rank = by_capture.get(cid, {})
+        flagged = [int(r) for r in c["flagged"] if int(r) in per_rank]
+        if not flagged:
+            out.append(d)
+            continue
+        rank = d.rank if d.rank in flagged else flagged[0]
+        peer_rows = per_rank.get(peer, [])
+        evidence = dict(d.evidence)
+        evidence["top_frames"] = top_frames(per_rank[rank], peer_rows)
+        evidence["stacks"] = {
+            "capture_id": cid,
+            "time_ns": started.get(cid, 0),
+            "rank": rank,
+            "peer": peer if peer_rows else None,
+            "sampler": sampler[(cid, rank)],
+            "samples": _samples(per_rank[rank]),
+        }
+        out.append(replace(d, evidence=evidence))
+    return out

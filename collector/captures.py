@@ -1,0 +1,87 @@
+"""Pending stack captures, passed from the store to node agents on their streams (DESIGN §3, §5).
+
+The analyzer writes capture requests into ``stack_requests`` (:mod:`argus.analyzer.stacks`);
+collectors hold no state of their own about them, so any number of collectors behind one
+address, apart from the analyzer, pass them on. A request is *pending* for the ranks of it
+that have no ``stacks`` rows of its capture id yet, for :data:`HORIZON_S` after it was made.
+:class:`PendingCaptures` reads them (one query per :data:`REFRESH_S` for every stream of this
+collector), and each stream adds to the ``Ack`` of a batch of a job the captures of that job it
+has not passed on that stream yet (``Ack.stack_captures``). A node agent runs those of the
+ranks it serves, once per capture id (:mod:`argus.agent.captures`). A store error keeps the
+previous list: ingest never fails for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+
+from argus.errors import StoreError
+from argus.proto import collector_pb2 as pb
+from argus.store import Store
+
+__all__ = ["HORIZON_S", "REFRESH_S", "PendingCaptures"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two reads of the pending requests.
+REFRESH_S = 1.0
+#: A request is pending for this long after it was made, seconds (then its ranks are gone or
+#: their agents cannot sample them).
+HORIZON_S = 120.0
+
+
+class PendingCaptures:
+    """The pending capture requests, per job, re-read at most every ``refresh_s``; thread-safe."""
+
+    def __init__(self, store: Store, refresh_s: float = REFRESH_S, horizon_s: float = HORIZON_S) -> None:
+        self.store = store
+        self.refresh_s = refresh_s
+        self.horizon_ns = int(horizon_s * 1e9)
+        self._lock = threading.Lock()
+        self._by_job: dict[str, list[pb.StackCapture]] = {}
+        self._read_at = float("-inf")
+
+    def for_job(self, job_id: str) -> list[pb.StackCapture]:
+        """The pending captures of ``job_id`` (a read of the store when the last is stale)."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.refresh_s:
+                self._read_at = time.monotonic()
+                try:
+                    self._by_job = self._read()
+                except StoreError as exc:
+                    log.warning("cannot read pending stack captures: %s", exc)
+            return self._by_job.get(job_id, [])
+
+    def _read(self) -> dict[str, list[pb.StackCapture]]:
+        since = time.time_ns() - self.horizon_ns
+        requests = self.store.query(
+            "SELECT job_id, request_id, ranks, duration_ms, blocking FROM stack_requests "
+            "WHERE requested_ns > {since:Int64}",
+            {"since": since},
+        ).to_pylist()
+        if not requests:
+            return {}
+        answered = self.store.query(
+            "SELECT DISTINCT capture_id, rank FROM stacks WHERE capture_id IN "
+            "(SELECT request_id FROM stack_requests WHERE requested_ns > {since:Int64})",
+            {"since": since},
+        ).to_pylist()
+        done = {(str(r["capture_id"]), int(r["rank"])) for r in answered}
+        out: dict[str, list[pb.StackCapture]] = defaultdict(list)
+        for r in requests:
+            cid = str(r["request_id"])
+            ranks = [int(x) for x in r["ranks"] if (cid, int(x)) not in done]
+            if ranks:
+                out[str(r["job_id"])].append(
+                    pb.StackCapture(
+                        capture_id=cid,
+                        job_id=str(r["job_id"]),
+                        ranks=ranks,
+                        duration_ms=int(r["duration_ms"]),
+                        blocking=bool(r["blocking"]),
+                    )
+                )
+        return dict(out)

@@ -1,0 +1,106 @@
+"""Stack captures through the node agent: a collector's StackCapture in, ``stacks`` rows out.
+
+Real node agent, real gRPC (the test sink), real processes: py-spy samples a registered child
+that spins in a distinctive function; a process py-spy cannot read makes the agent ask the
+rank's probe to sample itself (a SAMPLE frame on its connection).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pyarrow.compute as pc
+
+from argus.agent.identity import Identity
+from argus.agent.node import NodeAgent
+from argus.agent.shipper import Shipper
+from argus.agent.sink import AgentLink
+from argus.proto import collector_pb2
+from tests.agent.collector_sink import Sink
+from tests.agent.jobs import short_dir
+from tests.agent.test_node_agent import HELLO, wait_for
+from tests.agent.test_stacks import CHILD
+
+
+def _hello(pid: int) -> dict[str, Any]:
+    return {**HELLO, "pid": pid, "job_id": "job-s"}
+
+
+def test_agent_samples_a_registered_rank_with_pyspy_and_ships_rows() -> None:
+    sink = Sink()
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with short_dir() as work:
+            agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0)
+            agent.start()
+            try:
+                link = AgentLink(str(work / "a.sock"), _hello(child.pid))
+                link.pump()
+                wait_for(lambda: agent._rank_process("job-s", 3) is not None)
+                capture = collector_pb2.StackCapture(
+                    capture_id="cap-1", job_id="job-s", ranks=[3, 5], duration_ms=800
+                )
+                sink.servicer.stack_captures = [capture]  # on every ack from now on: run once
+                wait_for(lambda: sink.table("stacks").num_rows > 0)
+                time.sleep(1.5)
+                stacks = sink.table("stacks")
+            finally:
+                agent.stop(drain_s=2)
+    finally:
+        child.kill()
+        child.wait()
+    assert set(stacks["capture_id"].to_pylist()) == {"cap-1"}
+    assert set(stacks["rank"].to_pylist()) == {3}  # rank 5 has no probe here: not sampled
+    assert set(stacks["sampler"].to_pylist()) == {"py-spy"}
+    assert set(stacks["pid"].to_pylist()) == {child.pid}
+    assert set(stacks["job_id"].to_pylist()) == {"job-s"}
+    spin = stacks.filter(pc.match_substring(stacks["frames"], "very_distinctive_spin_for_stacks"))
+    assert spin.num_rows and pc.sum(spin["count"]).as_py() >= 4
+    assert agent.captures.counts == {"py-spy": 1}  # passed on many acks, run once
+
+
+def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
+    sink = Sink()
+    not_python = subprocess.Popen(["sleep", "30"])
+    try:
+        with short_dir() as work:
+            agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0)
+            agent.start()
+            try:
+                link = AgentLink(str(work / "a.sock"), _hello(not_python.pid))
+                asked: list[dict[str, Any]] = []
+                link.on_sample = asked.append
+                link.pump()
+                wait_for(lambda: agent._rank_process("job-s", 3) is not None)
+                sink.servicer.stack_captures = [
+                    collector_pb2.StackCapture(capture_id="cap-2", job_id="job-s", ranks=[3], duration_ms=300)
+                ]
+
+                def got() -> bool:
+                    link.pump()
+                    return bool(asked)
+
+                wait_for(got)
+            finally:
+                agent.stop(drain_s=2)
+    finally:
+        not_python.kill()
+        not_python.wait()
+    assert asked == [{"capture_id": "cap-2", "duration_ms": 300}]
+    assert agent.captures.counts == {"in-process": 1}
+
+
+def test_probe_samples_itself_on_request() -> None:
+    shipper = Shipper(None, None, None, "/nonexistent", lambda final: None)  # type: ignore[arg-type]
+    shipper.identity = Identity("job-s", 2, 0, 4, "h", 42, "cpu", "x", 1)
+    shipper._sample_stacks({"capture_id": "cap-3", "duration_ms": 300})
+    wait_for(lambda: bool(shipper._stacks), timeout=5)
+    table = shipper._stacks.popleft()
+    assert set(table["sampler"].to_pylist()) == {"in-process"}
+    assert set(table["capture_id"].to_pylist()) == {"cap-3"}
+    assert set(table["rank"].to_pylist()) == {2}
+    assert any("wait_for" in f for f in table["frames"].to_pylist())  # this test's own thread

@@ -1,0 +1,99 @@
+"""L5 (argus.analyzer.stacks): which diagnoses get captures, and the top frames of their stacks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from argus.analyzer.roles import Roles
+from argus.analyzer.stacks import Stacks, pick_peer, top_frames
+from argus.diagnosis import Diagnosis
+from argus.schema import wire_table
+from argus.store import Store
+
+S = 10**9
+
+
+def diagnosis(cause: str = "host_stall", rank: int | None = 3, ranks: list[int] | None = None) -> Diagnosis:
+    return Diagnosis(
+        id="d1", job_id="j", rank=rank, ranks=ranks if ranks is not None else [3], group=None, cause=cause,
+        phase=None, kernel=None, score=2.0, slowdown_pct=20.0, first_window_ns=100 * S,
+        last_window_ns=110 * S, state="open",
+    )  # fmt: skip
+
+
+def test_peer_is_healthy_of_the_same_role_and_nearest() -> None:
+    roles = Roles(np.arange(6), np.array([0, 1, 0, 1, 0, 1]), np.zeros(6, np.int64), ("a", "b"))
+    assert pick_peer([3], range(6), set(), roles) == 1  # same role as 3: 1 and 5
+    assert pick_peer([3], range(6), {1}, roles) == 5  # 1 is in another open diagnosis
+    assert pick_peer([3], range(6), {1, 5}, roles) == 2  # no healthy rank of its role: the nearest
+    assert pick_peer([3], range(6), set(), None) == 2
+    assert pick_peer([0], [0], set(), None) == -1
+
+
+def test_top_frames_name_what_the_rank_does_and_its_peer_does_not() -> None:
+    base = "<module> (train.py:90);main (train.py:70)"
+    flagged = [
+        ("MainThread", f"{base};save_shard (ckpt.py:88);write (ckpt.py:12)", 30),
+        ("MainThread", f"{base};save_shard (ckpt.py:91)", 10),
+        ("MainThread", f"{base};allreduce (dist.py:5)", 40),
+        ("pin_memory", "Thread.run (threading.py:982);loop (pin.py:3)", 80),
+        ("argus-probe", "Thread.run (threading.py:982);ship (shipper.py:3)", 80),
+    ]
+    peer = [
+        ("MainThread", f"{base};allreduce (dist.py:5)", 80),
+        ("pin_memory", "Thread.run (threading.py:982);loop (pin.py:3)", 80),
+    ]
+    top = top_frames(flagged, peer)
+    assert [t["function"] for t in top] == ["save_shard", "write"]  # Argus's own thread is left out
+    # Shares are of the 80 samples (each sees every thread once), not of the 240 thread-samples.
+    assert top[0] == {
+        "function": "save_shard",
+        "file": "ckpt.py",
+        "line": 88,
+        "share": 0.5,
+        "peer_share": 0.0,
+    }
+    assert top_frames(peer, peer) == []  # nothing sets a rank apart from itself
+
+
+def test_requests_on_open_on_cause_change_then_once_per_interval(store: Store) -> None:
+    stacks = Stacks(store, interval_s=300, seconds=2)
+    now = 125 * S
+    d = diagnosis()
+    [r] = stacks.requests([d], [d], [0, 1, 2, 3], None, now, 10 * S)
+    assert (r.flagged, r.peer, r.ranks, r.duration_ms, r.blocking) == ((3,), 2, (3, 2), 2000, False)
+    stacks.write([r])
+    assert stacks.requests([d], [d], [0, 1, 2, 3], None, now + 10 * S, 10 * S) == []  # within the interval
+    later = replace(d, last_window_ns=d.last_window_ns + 300 * S)  # still open 5 minutes on
+    assert len(stacks.requests([later], [later], [0, 1, 2, 3], None, now + 301 * S, 10 * S)) == 1
+    hung = diagnosis("unresponsive")
+    [h] = stacks.requests([hung], [hung], [0, 1, 2, 3], None, now + 10 * S, 10 * S)  # its cause changed
+    assert h.blocking
+    assert stacks.requests([diagnosis("communication")], [], [0, 1, 2, 3], None, now, 10 * S) == []
+    assert stacks.requests([d], [d], [0, 1, 2, 3], None, now + 120 * S, 10 * S) == []  # stale: long past
+
+
+def test_evidence_gets_top_frames_once_stacks_are_stored(store: Store) -> None:
+    stacks = Stacks(store, interval_s=300, seconds=2)
+    d = diagnosis()
+    [r] = stacks.requests([d], [d], [0, 1, 2, 3], None, 125 * S, 10 * S)
+    stacks.write([r])
+    assert stacks.with_top_frames([d]) == [d]  # no stacks yet
+    rows = {
+        "rank": [3, 3, 2], "pid": [7, 7, 8], "capture_id": [r.request_id] * 3, "time_ns": [126 * S] * 3,
+        "duration_ns": [2 * S] * 3, "sampler": ["py-spy"] * 3, "thread": ["MainThread"] * 3,
+        "frames": ["main (t.py:1);very_distinctive_checkpoint_stall (t.py:9)", "main (t.py:1);step (t.py:4)",
+                   "main (t.py:1);step (t.py:4)"],
+        "count": [12, 8, 20], "idle": [1, 0, 0], "gil": [0, 1, 1],
+    }  # fmt: skip
+    store.insert("stacks", wire_table("stacks", rows, job_id="j"))
+    [got] = stacks.with_top_frames([d])
+    top = got.evidence["top_frames"]
+    assert top[0]["function"] == "very_distinctive_checkpoint_stall" and top[0]["share"] == 0.6
+    assert all(t["function"] != "step" for t in top)  # the peer spends more time there
+    assert got.evidence["stacks"] == {
+        "capture_id": r.request_id, "time_ns": 126 * S, "rank": 3, "peer": 2, "sampler": "py-spy",
+        "samples": 20,
+    }  # fmt: skip

@@ -1,0 +1,64 @@
+"""Capture requests through the store: the analyzer's row → a collector's Ack → a node agent → stacks rows.
+
+Real chDB store, real collector over gRPC, real node agent, a real child process registered on the
+agent's socket.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pyarrow.compute as pc
+
+from argus.agent.node import NodeAgent
+from argus.agent.sink import AgentLink
+from argus.analyzer.stacks import StackRequest, Stacks
+from argus.collector.grpc_service import start_collector
+from argus.metrics import Metrics
+from argus.store import Store
+from tests.agent.jobs import short_dir
+from tests.agent.test_node_agent import HELLO, wait_for
+from tests.agent.test_stacks import CHILD
+
+
+def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back(store: Store) -> None:
+    collector = start_collector(store, Metrics(), "127.0.0.1:0")
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with short_dir() as work:
+            agent = NodeAgent(str(work / "a.sock"), collector.address, str(work / "spool"), 1 << 30, 1.0)
+            agent.start()
+            try:
+                link = AgentLink(str(work / "a.sock"), {**HELLO, "job_id": "job-c", "pid": child.pid})
+                link.pump()
+                wait_for(lambda: agent._rank_process("job-c", 3) is not None)
+                request = StackRequest(
+                    request_id="req-1", job_id="job-c", diagnosis_id="d", cause="host_stall", flagged=(3,),
+                    peer=6, duration_ms=600, blocking=False, requested_ns=time.time_ns(),
+                )  # fmt: skip
+                Stacks(store).write([request])
+
+                def stored() -> int:
+                    link.pump()  # the probe's heartbeat: batches, so acks flow
+                    got = store.query("SELECT count() AS n FROM stacks WHERE job_id = 'job-c'")
+                    return int(got["n"][0].as_py())
+
+                wait_for(lambda: stored() > 0, timeout=30)
+                rows = store.query("SELECT * FROM stacks WHERE job_id = 'job-c'")
+                time.sleep(1.2)  # the collector's next read of pending requests
+                pending = collector.servicer.captures.for_job("job-c")
+            finally:
+                agent.stop(drain_s=2)
+    finally:
+        child.kill()
+        child.wait()
+        collector.stop(1.0)
+    assert set(rows["capture_id"].to_pylist()) == {"req-1"}
+    assert set(rows["rank"].to_pylist()) == {3}
+    spin = rows.filter(pc.match_substring(rows["frames"], "very_distinctive_spin_for_stacks"))
+    assert spin.num_rows > 0
+    # Rank 3 answered; rank 6 (no agent serves it here) is still pending.
+    assert [(c.capture_id, list(c.ranks)) for c in pending] == [("req-1", [6])]

@@ -1,0 +1,100 @@
+"""L5 on a real job (issue 15, must show 1): the stacks of the flagged rank name where it stalls.
+
+A real `argus server` (chDB, the analyzer on 2 s windows), a real 4-rank gloo DDP job under
+`argus run` whose rank 3 sleeps after every step in ``very_distinctive_checkpoint_stall``
+(tests/agent/stall_job.py) after 4 s of healthy training. Once the analyzer opens a diagnosis of
+rank 3 it asks for stacks; the server's collector passes the request to the node agent `argus
+run` started, which samples rank 3 and a healthy peer with py-spy; the next version of the
+diagnosis carries the top frames, and the REST endpoint serves the stacks. With py-spy off
+(``ARGUS_PYSPY=off``, as where it cannot attach) the agent asks the ranks' probes instead, which
+sample their own threads (must show 2).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.agent.jobs import argus_run, job_env, short_dir
+from tests.conftest import ArgusServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+STALL = "very_distinctive_checkpoint_stall"
+JOB = "stacks-live"
+
+
+def _with_frames(http: httpx.Client) -> dict[str, Any] | None:
+    got = http.get(f"/api/v1/jobs/{JOB}/diagnoses")
+    if got.status_code == 404:
+        return None  # no row of the job stored yet
+    items = got.json()["items"]
+    return next((d for d in items if d["evidence"].get("top_frames")), None)
+
+
+@pytest.mark.parametrize("sampler", ["py-spy", "in-process"])
+def test_the_stalling_rank_s_top_frames_name_the_function(
+    argus_server_factory: Callable[..., ArgusServer], sampler: str
+) -> None:
+    server = argus_server_factory("--window-s", "2")
+    with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
+        stop = work / "stop"
+        job = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+            "tests/agent/stall_job.py", "--stall-rank=3", "--stall-s=0.1", "--stall-after-s=4",
+            f"--stop-file={stop}", "--max-s=150",
+        ]  # fmt: skip
+        log_path = work / "job.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                argus_run(work, server.grpc_target, JOB, job, window_s=2.0),
+                env=job_env(work, **({"ARGUS_PYSPY": "off"} if sampler == "in-process" else {})),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                deadline = time.monotonic() + 150
+                found = None
+                while found is None:
+                    assert proc.poll() is None, log_path.read_text()[-3000:]
+                    assert time.monotonic() < deadline, (
+                        http.get(f"/api/v1/jobs/{JOB}/diagnoses").text + server.logs()[-3000:]
+                    )
+                    time.sleep(1.0)
+                    found = _with_frames(http)
+                stop.touch()
+                assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        about = found["evidence"]["stacks"]
+        assert found["rank"] == 3 and about["rank"] == 3 and about["sampler"] == sampler
+        top = found["evidence"]["top_frames"]
+        assert top[0]["function"] == STALL, top
+        assert top[0]["file"].endswith("stall_job.py") and top[0]["share"] > 0.2 and top[0]["peer_share"] == 0
+        peer = about["peer"]
+        assert peer in (0, 1, 2)
+        # The REST endpoint serves the same capture: the function in rank 3's stacks, not the peer's.
+        rows = http.get(f"/api/v1/jobs/{JOB}/stacks", params={"rank": 3, "limit": 1000}).json()["items"]
+        assert any(STALL in r["frames"] and r["capture_id"] == about["capture_id"] for r in rows)
+        peer_rows = http.get(f"/api/v1/jobs/{JOB}/stacks", params={"rank": peer, "limit": 1000}).json()[
+            "items"
+        ]
+        assert peer_rows and not any(STALL in r["frames"] for r in peer_rows)
+        folded = http.get(f"/api/v1/jobs/{JOB}/stacks", params={"rank": 3, "format": "collapsed"}).text
+        assert STALL in folded
+        diagnose = subprocess.run(
+            [sys.executable, "-m", "argus.cli", "diagnose", "--job", JOB, "--server", server.http_url],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        print(diagnose.stdout)
+        assert diagnose.returncode == 0 and "stall_job.py:" in diagnose.stdout.partition(f"{STALL} (")[2], (
+            diagnose.stdout
+        )
