@@ -169,8 +169,15 @@ class Shipper:
             self._next_sample = mono + SAMPLE_S
             sample = HostRow._make((*self.sampler.sample(), self._take_dropped(), *recorder.oldest_pending()))
             recorder.buffers["host_samples"].append(sample)
+        self._enqueue_buffers(link, identity)
+        if self.gpu is not None:
+            self._ship_spans(link, self.gpu.take_spans(now))
+        link.pump()
+
+    def _enqueue_buffers(self, link: AgentLink, identity: Identity) -> None:
+        """Queue every buffer's rows as a batch of its table (bad rows dropped), then sampled stacks."""
         constants = _constants(identity)
-        for table, buf in recorder.buffers.items():
+        for table, buf in self.recorder.buffers.items():
             rows = buf.take()
             if rows:
                 batch = self._checked(table, record_batch(table, rows, constants))
@@ -178,9 +185,6 @@ class Shipper:
                     link.enqueue(table, batch)
         while self._stacks:
             link.enqueue("stacks", self._stacks.popleft())
-        if self.gpu is not None:
-            self._ship_spans(link, self.gpu.take_spans(now))
-        link.pump()
 
     def _ship_spans(self, link: AgentLink, spans: list[tuple[int, int]]) -> None:
         """Queue the capture spans that end after they start (the others are counted)."""
