@@ -172,7 +172,14 @@ def test_argus_analyze_once_prints_the_diagnoses(store: Store, capsys: pytest.Ca
     sim = simulate(_spec(faults=(Fault("host_stall", (7,), 0.2, 7.0),)), "job-cli")
     load(store, sim)
     url = store.url
-    assert main(argparse.Namespace(store=url, window_s=W, once=True, job="job-cli", min_loss_pct=5.0)) == 0
+    assert (
+        main(
+            argparse.Namespace(
+                store=url, window_s=W, once=True, job="job-cli", min_loss_pct=5.0, stack_interval_s=300.0
+            )
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "job-cli" in out and "host_stall rank 7" in out
     (d,) = read_diagnoses(store, "job-cli")
@@ -283,7 +290,16 @@ def test_a_fresh_analyzer_over_an_analysed_store_records_no_fault_twice(
     browse = Analyzer(store, window_s=window_s)  # a server's defaults: an hour of backlog
     assert browse.run_once(now_ns=_end(sim) + 60 * NS) == []
     assert (
-        main(argparse.Namespace(store=store.url, window_s=window_s, once=True, job=None, min_loss_pct=5.0))
+        main(
+            argparse.Namespace(
+                store=store.url,
+                window_s=window_s,
+                once=True,
+                job=None,
+                min_loss_pct=5.0,
+                stack_interval_s=300.0,
+            )
+        )
         == 0
     )
     assert read_diagnoses(store, "job-again") == first
