@@ -15,7 +15,10 @@ completed (:func:`argus.analyzer.window.progress_position`) is behind the
 others': their peers went on until they blocked in the next collective, which
 the hung ranks never issued. Positions, not timestamps, decide: a rank that
 started the step a little late (a hiccup) has an earlier timestamp but the same
-position. Which collective: where the rank's newest
+position. When positions do not tell (a job with no phases: every rank's last
+step end is the same), collectives do: the ranks whose newest seq in a process
+group is behind their peers' (peers wait in a collective, per their heartbeats,
+that these ranks never issued) are the hung ones. Which collective: where the rank's newest
 seq in a process group is behind its peers', the first seq it never issued
 (peers' rows show they issued it); otherwise the seq after the last one all
 ranks completed in the group its peers used last. A pause of every rank at the
@@ -139,7 +142,9 @@ def _hung(
     low = int(pos[known].min())
     behind = known & (pos == low)
     if behind.sum() * 2 > known.sum() or int(pos[known].max()) == low:
-        return []  # everyone stopped at the same point (a checkpoint, the end of training)
+        behind = known & _behind_in_collectives(status)
+        if not np.any(behind) or behind.sum() * 2 > known.sum():
+            return []  # everyone stopped at the same point (a checkpoint, the end of training)
     peers_pos = int(np.median(pos[known & ~behind]))
     out = []
     for i in np.flatnonzero(behind):
@@ -157,6 +162,17 @@ def _hung(
             evidence["seq"] = seq
             evidence["collective"] = f"{group}#{seq}"
         out.append(Unresponsive(int(status.rank[i]), hung=True, score=stalled / stall_ns, evidence=evidence))
+    return out
+
+
+def _behind_in_collectives(status: RankStatus) -> np.ndarray:
+    """Per rank of ``status``, True when its newest seq in some process group is behind a peer's."""
+    out = np.zeros(status.rank.shape, bool)
+    for g in np.unique(status.seq_group):
+        rows = status.seq_group == g
+        newest = int(status.seq_max[rows].max())
+        late = status.seq_rank[rows][status.seq_max[rows] < newest]
+        out |= np.isin(status.rank, late)
     return out
 
 

@@ -136,7 +136,11 @@ class Liveness:
 
 
 def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness:
-    """Newest heartbeat/progress per rank and newest seq per (group, rank) in ``[lo_ns, w1_ns)``."""
+    """Newest heartbeat/progress per rank and newest seq per (group, rank) in ``[lo_ns, w1_ns)``.
+
+    A rank's newest seq in a group is the newest it recorded or was waiting in (its heartbeats'
+    ``pending_seq``; point-to-point ops left out, their seqs are not shared by the group).
+    """
     p = {"job": job_id, "lo": lo_ns, "w1": w1_ns}
     t = store.query(
         """
@@ -166,11 +170,20 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     prog = _col(t, "progress_ns")
     anyp = _col(t, "has_progress")
     pos = _col(t, "position")
+    # A collective's row is written once it completes; the one a rank waits in shows in its
+    # heartbeats (pending_seq), so a rank's newest seq counts what it issued and still waits in.
     s = store.query(
         """
-        SELECT process_group, toInt64(rank) AS rank, toInt64(max(seq)) AS seq FROM collectives
-        WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64} AND peer < 0
-        GROUP BY process_group, rank
+        SELECT process_group, rank, max(q) AS seq FROM (
+            SELECT process_group, toInt64(rank) AS rank, toInt64(seq) AS q FROM collectives
+                WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64}
+                    AND peer < 0
+            UNION ALL
+            SELECT toString(pending_group), toInt64(rank), pending_seq FROM host_samples
+                WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {lo:Int64}
+                    AND time_ns < {w1:Int64} AND pending_seq >= 0 AND pending_group != ''
+                    AND pending_op NOT IN ('send', 'recv')
+        ) GROUP BY process_group, rank
         """,
         p,
     )

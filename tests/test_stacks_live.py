@@ -7,7 +7,9 @@ rank 3 it asks for stacks; the server's collector passes the request to the node
 run` started, which samples rank 3 and a healthy peer with py-spy; the next version of the
 diagnosis carries the top frames, and the REST endpoint serves the stacks. With py-spy off
 (``ARGUS_PYSPY=off``, as where it cannot attach) the agent asks the ranks' probes instead, which
-sample their own threads (must show 2).
+sample their own threads (must show 2). A rank hung inside a function (its peers waiting in the
+next all-reduce) is diagnosed ``unresponsive`` and py-spy's blocking dump of its threads names
+the function (must show 2, second half).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ STALL = "very_distinctive_checkpoint_stall"
 JOB = "stacks-live"
 
 
-def _with_frames(http: httpx.Client) -> dict[str, Any] | None:
-    got = http.get(f"/api/v1/jobs/{JOB}/diagnoses")
+def _with_frames(http: httpx.Client, cause: str | None = None) -> dict[str, Any] | None:
+    got = http.get(f"/api/v1/jobs/{JOB}/diagnoses", params={"state": "all"})
     if got.status_code == 404:
         return None  # no row of the job stored yet
     items = got.json()["items"]
-    return next((d for d in items if d["evidence"].get("top_frames")), None)
+    return next((d for d in items if d["evidence"].get("top_frames") and cause in (None, d["cause"])), None)
 
 
 @pytest.mark.parametrize("sampler", ["py-spy", "in-process"])
@@ -98,3 +100,48 @@ def test_the_stalling_rank_s_top_frames_name_the_function(
         assert diagnose.returncode == 0 and "stall_job.py:" in diagnose.stdout.partition(f"{STALL} (")[2], (
             diagnose.stdout
         )
+
+
+HANG = "very_distinctive_hang"
+
+
+def test_a_hung_rank_s_blocking_dump_names_the_function(
+    argus_server_factory: Callable[..., ArgusServer],
+) -> None:
+    server = argus_server_factory("--window-s", "2")
+    with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
+        stop = work / "stop"
+        job = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+            "tests/agent/stall_job.py", "--stall-rank=3", "--hang", "--stall-after-s=6",
+            f"--stop-file={stop}", "--max-s=150",
+        ]  # fmt: skip
+        log_path = work / "job.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                argus_run(work, server.grpc_target, JOB, job, window_s=2.0),
+                env=job_env(work),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                deadline = time.monotonic() + 150
+                found = None
+                while found is None:
+                    assert proc.poll() is None, log_path.read_text()[-3000:]
+                    assert time.monotonic() < deadline, (
+                        http.get(f"/api/v1/jobs/{JOB}/diagnoses").text + server.logs()[-3000:]
+                    )
+                    time.sleep(1.0)
+                    found = _with_frames(http, "unresponsive")
+                stop.touch()
+                assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert found["rank"] == 3 and found["evidence"]["hung"] is True, found
+        about = found["evidence"]["stacks"]
+        assert about["rank"] == 3 and about["sampler"] == "py-spy", about
+        top = found["evidence"]["top_frames"]
+        assert HANG in [f["function"] for f in top[:3]], top

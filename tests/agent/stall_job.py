@@ -4,6 +4,8 @@ No Argus line in it (the tests run it under `argus run`). ``--stall-rank R`` sle
 after each optimizer step in :func:`very_distinctive_checkpoint_stall` (a checkpoint written on
 the training thread) once ``--stall-after-s`` of healthy training have passed; the job trains
 until ``--stop-file`` exists (or ``--max-s``), every rank stopping at the same step.
+``--hang`` makes the stall one that lasts until the stop file exists (in
+:func:`very_distinctive_hang`): the other ranks wait in the next step's all-reduce meanwhile.
 """
 
 from __future__ import annotations
@@ -23,11 +25,19 @@ def very_distinctive_checkpoint_stall(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def very_distinctive_hang(stop_file: str, max_s: float) -> None:
+    """Stands for a deadlock on the training thread: blocks until ``stop_file`` exists."""
+    deadline = time.monotonic() + max_s
+    while not os.path.exists(stop_file) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--stall-rank", type=int, default=-1)
     p.add_argument("--stall-s", type=float, default=0.1)
     p.add_argument("--stall-after-s", type=float, default=6.0)
+    p.add_argument("--hang", action="store_true", help="stall once, until the stop file exists")
     p.add_argument("--stop-file", default="")
     p.add_argument("--max-s", type=float, default=120.0)
     args = p.parse_args()
@@ -47,7 +57,11 @@ def main() -> None:
         nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
         if rank == args.stall_rank and time.monotonic() - start > args.stall_after_s:
-            very_distinctive_checkpoint_stall(args.stall_s)
+            if args.hang:
+                very_distinctive_hang(args.stop_file, args.max_s)
+                args.stall_rank = -1
+            else:
+                very_distinctive_checkpoint_stall(args.stall_s)
         time.sleep(0.02)  # the rest of a step: logging, metrics
         step += 1
         if step % 10 == 0:

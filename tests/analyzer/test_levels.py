@@ -209,6 +209,27 @@ def test_a_hung_rank_is_named_with_the_collective_its_peers_wait_in() -> None:
     assert find_unresponsive(stopped, end, silence_ns=60 * 10**9, typical_step_ns=1e8) == []
 
 
+def test_a_hung_rank_of_a_job_without_phases_is_named_by_the_collective_its_peers_wait_in() -> None:
+    """A plain DDP loop records step ends only: every rank's last step end is step 50's, and the
+    hung rank's peers sit in the next step's first all-reduce (seq 812 in their heartbeats), which
+    the hung rank never issued."""
+    end = 120 * 10**9
+    seqs = dict(seq_groups=("0",), seq_group=np.zeros(4, np.int64), seq_rank=np.arange(4))
+    status = _status(
+        last_seen_ns=np.full(4, 119 * 10**9),
+        last_progress_ns=np.full(4, 110 * 10**9),
+        seq_max=np.array([812, 812, 811, 812]),
+        **seqs,
+    )
+    found = find_unresponsive(status, end, silence_ns=6 * 10**9, typical_step_ns=1e8)
+    assert [(u.rank, u.hung) for u in found] == [(2, True)]
+    assert found[0].evidence["collective"] == "0#812"
+    # Everyone waiting in the same collective, or none: nobody is named.
+    for same in ([812] * 4, [811] * 4):
+        quiet = _status(last_seen_ns=np.full(4, 119 * 10**9), seq_max=np.array(same), **seqs)
+        assert find_unresponsive(quiet, end, silence_ns=6 * 10**9, typical_step_ns=1e8) == []
+
+
 @pytest.mark.parametrize(
     ("kind", "gpu", "cause", "phase"),
     [
