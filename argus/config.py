@@ -98,6 +98,11 @@ DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
 #: Seconds a stopping node agent keeps sending what it spooled.
 DEFAULT_AGENT_DRAIN_S = 10.0
+#: Longest one store call (query, command, insert) may run before ClickHouse stops it, seconds
+#: (``max_execution_time``).
+DEFAULT_STORE_TIMEOUT_S = 60
+#: Most memory one store call may use in ClickHouse, bytes (``max_memory_usage``).
+DEFAULT_STORE_MEMORY_BYTES = 4 * 1024**3
 #: gRPC message size limit, both directions; larger batches are split by the agent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: ClickHouse database holding the tables of argus.schema.
