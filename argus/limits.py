@@ -18,6 +18,7 @@ lists these with their defaults and flags.
     max_message_bytes     16 MiB            (none)                one gRPC message (argus.config)
     max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
                                                                   decompressed (LZ4/ZSTD bodies)
+    max_streams           2,048             --max-streams         agent streams open at once (gRPC)
     max_execution_time    60 s              (none)                every store call (argus.store)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
 
