@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from argus.analyzer import pipeline
 from argus.analyzer.service import MAX_ATTEMPTS, Analyzer
 from argus.diagnosis import read_diagnoses
+from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.store import Store
 from synthetic.jobs import NS, Fault, JobSpec, simulate
@@ -107,3 +108,39 @@ def test_a_window_that_fails_once_is_analysed_on_its_retry(
     assert not a.retrying()
     assert "failed" not in _statuses(store, "job-broken")
     assert "argus_analysis_failures_total{" not in generate_latest(metrics.registry).decode()
+
+
+class _FailingReadsOf:
+    """The real store, except that every query about one job fails (that job's partition is down)."""
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self._store = store
+        self.url = store.url
+        self.job_id = job_id
+        self.down = True
+
+    def query(self, sql, parameters=None):  # type: ignore[no-untyped-def]
+        if self.down and (parameters or {}).get("job") == self.job_id:
+            raise StoreError(f"reads of {self.job_id}: injected failure")
+        return self._store.query(sql, parameters)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+def test_a_store_error_of_one_job_stops_only_that_job(store: Store) -> None:
+    slow, broken = _sims()
+    load(store, broken)  # listed first (jobs go in id order): its error comes before the other job
+    load(store, slow)
+    flaky = _FailingReadsOf(store, "job-broken")
+    a = Analyzer(flaky, window_s=W, backlog_s=None)  # type: ignore[arg-type]
+    now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
+    with pytest.raises(StoreError, match="job-broken"):
+        a.run_once(now_ns=now)  # raised after the pass
+    (d,) = read_diagnoses(store, "job-slow")
+    assert (d.rank, d.cause) == (5, "compute")
+    assert _statuses(store, "job-broken") == {}  # nothing skipped: analysed once the store answers
+    flaky.down = False
+    a.run_once(now_ns=now)
+    statuses = _statuses(store, "job-broken")
+    assert "failed" not in statuses and statuses["analysed"] >= len(broken.windows)
