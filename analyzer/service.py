@@ -228,7 +228,7 @@ class Analyzer:
         for span in list_jobs(self.store, self.job):
             listed.add(span.job_id)
             try:
-                written.extend(self._run_job(span, now))
+                self._run_job(span, now, written)
             except ArgusError as exc:  # its store calls failed: the other jobs go on
                 log.warning("analysis of job %s stopped for this pass: %s", span.job_id, exc)
                 first_error = first_error or exc
@@ -242,9 +242,9 @@ class Analyzer:
         """Whether a window of some job waits to be retried (its analysis raised; see the module doc)."""
         return any(job.attempts for job in self._jobs.values())
 
-    def _run_job(self, span: JobSpan, now: int) -> list[Diagnosis]:
-        """One job's share of a pass: its complete windows not analysed yet, in order."""
-        written: list[Diagnosis] = []
+    def _run_job(self, span: JobSpan, now: int, written: list[Diagnosis]) -> None:
+        """One job's share of a pass: its complete windows not analysed yet, in order; the diagnoses
+        written go into ``written``."""
         horizon = now - self.grace_ns
         job = self._job(span, now)
         end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
@@ -275,7 +275,6 @@ class Analyzer:
                 self.metrics.forget_job(span.job_id)  # finished long ago: its series would stay forever
         else:
             self._update_gauges(span.job_id, job)
-        return written
 
     def _job(self, span: JobSpan, now: int) -> _Job:
         job = self._jobs.get(span.job_id)
