@@ -17,7 +17,10 @@
   the size limit and re-splits the spooled batches above it: each part is a new
   batch (next seq) carrying ``Batch.parent``, the identity its rows had when first
   spooled and its part index (:func:`split_parts`), so the collector stores each
-  row once even when the batch was stored whole before its ack was lost.
+  row once even when the batch was stored whole before its ack was lost. A collector at its
+  stream limit refuses the stream with ``UNAVAILABLE`` (or gRPC's ``RESOURCE_EXHAUSTED``
+  "Concurrent RPC limit exceeded!"): that is no size problem, so nothing is re-split; the
+  sender backs off and reconnects like after any other broken stream.
 - A poison batch (the collector ends the stream on it the same way
   :data:`POISON_TRIES` times in a row) is set aside, logged and counted as lost
   rows, so the batches behind it are stored.
@@ -66,6 +69,8 @@ _POISON_CODES = frozenset(
         grpc.StatusCode.DATA_LOSS,
     }
 )
+#: The details of gRPC's RESOURCE_EXHAUSTED for a server's concurrent-call limit (no size problem).
+_CALL_LIMIT = "Concurrent RPC limit exceeded"
 #: At most one warning about an unwritable spool per this many seconds.
 _WARN_EVERY_S = 30.0
 
@@ -499,7 +504,10 @@ class _Sender:
     def _on_error(self, code: grpc.StatusCode | None, exc: grpc.RpcError) -> None:
         details = exc.details() if hasattr(exc, "details") else str(exc)
         self.up.stats.last_error = f"{code}: {details}"
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _CALL_LIMIT in str(details):
+            # gRPC's own limit on concurrent calls (the server's backstop): busy, not too large.
+            log.info("argus agent: collector %s refused the stream (%s); retrying", self.up.target, details)
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             self.up.max_message_bytes = max(self.up.max_message_bytes // 2, 64 * 1024)
             log.warning(
                 "argus agent: collector refused a message size; splitting batches to %d bytes",

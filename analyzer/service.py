@@ -46,10 +46,15 @@ a backlog, the pass that first saw it), read when scraped, so a stuck analyzer s
 A job whose rows are all analysed (finished, or silent past its trailing windows) waits for nothing:
 an idle server reports 0.
 
-A window whose analysis fails on its data (anything but a store error) is
-logged, counted (``argus_analysis_failures_total``), recorded as ``failed`` and
-skipped; its whole wall time counts as unexplained loss (nothing was said about
-it). A store error stops the pass: the window is analysed again on the next.
+Isolation: jobs are analysed one after the other in a pass, and nothing one job does delays the
+others. A window whose analysis fails on its data (anything but a store error) is retried on later
+passes with backoff (``retry_backoff_s``, doubling: at most :data:`MAX_ATTEMPTS` attempts; the job's
+later windows wait, the other jobs go on), then logged once, counted
+(``argus_analysis_failures_total{job_id}``), recorded as ``failed`` and skipped; its whole wall time
+counts as unexplained loss (nothing was said about it). A job whose last window was skipped so has
+its next failing windows skipped at once (no retries) until one is analysed again, so a job that
+fails on every window keeps pace with the clock. A store error stops only its job's pass (the window
+is analysed again on the next); the other jobs go on, and the pass then raises the first such error.
 """
 
 from __future__ import annotations
@@ -104,6 +109,8 @@ WAIT_WINDOWS = 3
 #: A job whose newest row is older than this, with nothing left to analyse, loses its per-job
 #: metric series (scores, open diagnoses, lost time), ns.
 FORGET_AFTER_NS = 3600 * 10**9
+#: Attempts at a window whose analysis raises before it is skipped (see the module doc).
+MAX_ATTEMPTS = 3
 
 
 @dataclass
@@ -128,6 +135,11 @@ class _Job:
     #: Lost and unexplained time analysed so far, ns (for argus_unexplained_loss_ratio).
     lost_ns: float = 0.0
     unexplained_ns: float = 0.0
+    #: Failed attempts at the window at ``cursor_ns``; no attempt before ``retry_at_ns``.
+    attempts: int = 0
+    retry_at_ns: int = 0
+    #: The job's last window was skipped after its attempts: its next failures are skipped at once.
+    failing: bool = False
 
 
 class Analyzer:
@@ -144,6 +156,9 @@ class Analyzer:
             confirmation span) below which nothing opens.
         stack_interval_s: Seconds between two stack captures of one open diagnosis
             (:mod:`argus.analyzer.stacks`).
+        retry_backoff_s: Wait before the first retry of a window whose analysis raised, seconds
+            (doubled for each further attempt); default the polling interval of
+            :meth:`run_forever`.
 
     Raises:
         ConfigError: ``window_s`` is not positive.
@@ -160,6 +175,7 @@ class Analyzer:
         backlog_s: float | None = DEFAULT_BACKLOG_S,
         min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
         stack_interval_s: float = DEFAULT_STACK_INTERVAL_S,
+        retry_backoff_s: float | None = None,
     ) -> None:
         if not window_s > 0:
             raise ConfigError(f"--window-s must be > 0, got {window_s}")
@@ -176,6 +192,8 @@ class Analyzer:
         self.window_ns = round(window_s * 1e9)
         self.grace_ns = int((grace_s if grace_s is not None else max(2.0, window_s / 4)) * 1e9)
         self.backlog_ns = None if backlog_s is None else int(backlog_s * 1e9)
+        backoff = self._poll_s() if retry_backoff_s is None else retry_backoff_s
+        self.retry_backoff_ns = int(max(backoff, 0.0) * 1e9)
         self._jobs: dict[str, _Job] = {}
         self._stop = threading.Event()
         self._last_version = 0
@@ -200,43 +218,63 @@ class Analyzer:
             Every diagnosis version written, in order (one id may appear several times).
 
         Raises:
-            StoreError: the store failed (nothing past the failing window was analysed).
+            StoreError: the store failed (for a job: nothing of it past the failing window was
+                analysed, the other jobs were; the first such error is raised after the pass).
         """
         now = time.time_ns() if now_ns is None else int(now_ns)
-        horizon = now - self.grace_ns
         written: list[Diagnosis] = []
         listed = set()
+        first_error: ArgusError | None = None
         for span in list_jobs(self.store, self.job):
             listed.add(span.job_id)
-            job = self._job(span, now)
-            end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
-            if not span.imported and job.cursor_ns + self.window_ns <= end:
-                # Wait for every rank still reporting to have its rows past the window stored (its
-                # node agent may be behind), at most WAIT_WINDOWS windows: a window analysed with
-                # some ranks' rows missing sees a fault that is not there, or misses one.
-                since = job.cursor_ns - WAIT_WINDOWS * self.window_ns
-                mark = read_watermark(self.store, span.job_id, since)
-                if mark is not None:
-                    end = min(end, max(mark, now - (WAIT_WINDOWS + 1) * self.window_ns))
-            if job.cursor_ns + self.window_ns <= end:
-                self._due.setdefault(span.job_id, now)  # due by now at the latest
-            while job.cursor_ns + self.window_ns <= end:
-                written.extend(self._analyze_window(job, job.cursor_ns))
-                job.cursor_ns += self.window_ns
-                job.analysed_to_ns = job.cursor_ns
-            more = span.last_ns + TRAILING_WINDOWS * self.window_ns  # its rows reach this far
-            if not span.imported and job.cursor_ns + self.window_ns <= more:
-                self._due[span.job_id] = job.cursor_ns + self.window_ns + self.grace_ns  # its next window
-            else:
-                self._due.pop(span.job_id, None)  # nothing of it waits
-            if now - span.last_ns > FORGET_AFTER_NS and span.job_id not in self._due:
-                if self.metrics is not None:
-                    self.metrics.forget_job(span.job_id)  # finished long ago: its series would stay forever
-            else:
-                self._update_gauges(span.job_id, job)
+            try:
+                self._run_job(span, now, written)
+            except ArgusError as exc:  # its store calls failed: the other jobs go on
+                log.warning("analysis of job %s stopped for this pass: %s", span.job_id, exc)
+                first_error = first_error or exc
         for gone in self._due.keys() - listed:
             del self._due[gone]
+        if first_error is not None:
+            raise first_error
         return written
+
+    def retrying(self) -> bool:
+        """Whether a window of some job waits to be retried (its analysis raised; see the module doc)."""
+        return any(job.attempts for job in self._jobs.values())
+
+    def _run_job(self, span: JobSpan, now: int, written: list[Diagnosis]) -> None:
+        """One job's share of a pass: its complete windows not analysed yet, in order; the diagnoses
+        written go into ``written``."""
+        horizon = now - self.grace_ns
+        job = self._job(span, now)
+        end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
+        if not span.imported and job.cursor_ns + self.window_ns <= end:
+            # Wait for every rank still reporting to have its rows past the window stored (its
+            # node agent may be behind), at most WAIT_WINDOWS windows: a window analysed with
+            # some ranks' rows missing sees a fault that is not there, or misses one.
+            since = job.cursor_ns - WAIT_WINDOWS * self.window_ns
+            mark = read_watermark(self.store, span.job_id, since)
+            if mark is not None:
+                end = min(end, max(mark, now - (WAIT_WINDOWS + 1) * self.window_ns))
+        if job.cursor_ns + self.window_ns <= end:
+            self._due.setdefault(span.job_id, now)  # due by now at the latest
+        while job.cursor_ns + self.window_ns <= end and now >= job.retry_at_ns:
+            done = self._analyze_window(job, job.cursor_ns, now)
+            if done is None:
+                break  # retried on a later pass
+            written.extend(done)
+            job.cursor_ns += self.window_ns
+            job.analysed_to_ns = job.cursor_ns
+        more = span.last_ns + TRAILING_WINDOWS * self.window_ns  # its rows reach this far
+        if not span.imported and job.cursor_ns + self.window_ns <= more:
+            self._due[span.job_id] = job.cursor_ns + self.window_ns + self.grace_ns  # its next window
+        else:
+            self._due.pop(span.job_id, None)  # nothing of it waits
+        if now - span.last_ns > FORGET_AFTER_NS and span.job_id not in self._due:
+            if self.metrics is not None:
+                self.metrics.forget_job(span.job_id)  # finished long ago: its series would stay forever
+        else:
+            self._update_gauges(span.job_id, job)
 
     def _job(self, span: JobSpan, now: int) -> _Job:
         job = self._jobs.get(span.job_id)
@@ -283,8 +321,9 @@ class Analyzer:
         job.analysis.tracker.load(job.stored_open, job.stored_states)
 
     def _analyze_window(  # noqa: C901  (one window, step after step: read, replay, analyse, write)
-        self, job: _Job, w0: int
-    ) -> list[Diagnosis]:
+        self, job: _Job, w0: int, now: int
+    ) -> list[Diagnosis] | None:
+        """The diagnoses written for window ``w0``; None when its analysis raised and is retried later."""
         w1 = w0 + self.window_ns
         live = read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1)
         for r, t in live.last_seen.items():
@@ -307,8 +346,16 @@ class Analyzer:
         try:
             result = job.analysis.analyze(window)
         except Exception:
+            job.analysis.tracker = tracker  # as before the attempt
+            job.attempts += 1
+            if job.attempts < MAX_ATTEMPTS and not job.failing:
+                job.retry_at_ns = now + self.retry_backoff_ns * 2 ** (job.attempts - 1)
+                log.debug("analysis of job %s window %d failed; retried", job.analysis.job_id, w0)
+                return None
             self._failed(job, w0, w1)
+            job.attempts, job.retry_at_ns, job.failing = 0, 0, True
             return []
+        job.attempts, job.retry_at_ns, job.failing = 0, 0, False
         changed = result.changed
         self._last_version = max(time.time_ns(), self._last_version + 1)
         states = {d.id: job.analysis.tracker.state(d.id) for d in changed}
@@ -360,9 +407,11 @@ class Analyzer:
 
     def _failed(self, job: _Job, w0: int, w1: int) -> None:
         """A window whose analysis raised: logged, counted, recorded; its time counts as unexplained."""
-        log.exception("analysis of job %s window %d failed; skipped", job.analysis.job_id, w0)
+        log.exception(
+            "analysis of job %s window %d failed %d times; skipped", job.analysis.job_id, w0, job.attempts
+        )
         if self.metrics is not None:
-            self.metrics.analysis_failures.inc()
+            self.metrics.analysis_failures.labels(job_id=job.analysis.job_id).inc()
         self._last_version = max(time.time_ns(), self._last_version + 1)
         lost = float(w1 - w0)
         self._account(job, w0, Accounting(lost, 0, lost, 0.0, float("nan")), status="failed")
@@ -379,9 +428,7 @@ class Analyzer:
 
     def run_forever(self) -> None:
         """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried."""
-        # A window completes every window_s; checking twice as often bounds the lag to half a window
-        # (plus the grace) without querying the store more than needed.
-        poll = min(max(self.window_s / 2, 0.5), 5.0)
+        poll = self._poll_s()
         while not self._stop.is_set():
             try:
                 self.run_once()
@@ -390,6 +437,11 @@ class Analyzer:
             except Exception:
                 log.exception("analysis failed unexpectedly, retrying")
             self._stop.wait(poll)
+
+    def _poll_s(self) -> float:
+        # A window completes every window_s; checking twice as often bounds the lag to half a window
+        # (plus the grace) without querying the store more than needed.
+        return min(max(self.window_s / 2, 0.5), 5.0)
 
     def stop(self) -> None:
         """Make :meth:`run_forever` return after the current pass."""
@@ -412,6 +464,7 @@ def main(args: argparse.Namespace) -> int:
         backlog_s=None if args.once else DEFAULT_BACKLOG_S,
         min_loss_pct=args.min_loss_pct,
         stack_interval_s=args.stack_interval_s,
+        retry_backoff_s=0.0 if args.once else None,
     )
     if not args.once:
         try:
@@ -420,6 +473,8 @@ def main(args: argparse.Namespace) -> int:
             analyzer.stop()
         return 0
     analyzer.run_once()
+    while analyzer.retrying():  # a window whose analysis raised: its attempts, then skipped
+        analyzer.run_once()
     stored = read_diagnoses(store, args.job)
     for d in sorted(stored, key=lambda d: (d.job_id, d.first_window_ns)):
         print(render.line(d))

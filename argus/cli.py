@@ -171,6 +171,13 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="BYTES",
         help="cap on a trace upload's body and decompressed text; 413 past it (default %(default)s)",
     )
+    p.add_argument(
+        "--max-streams",
+        type=int,
+        default=config.DEFAULT_MAX_STREAMS,
+        metavar="N",
+        help="agent streams kept open at once; past it a new one gets UNAVAILABLE (default %(default)s)",
+    )
 
 
 def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -98,6 +98,14 @@ DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
 #: Seconds a stopping node agent keeps sending what it spooled.
 DEFAULT_AGENT_DRAIN_S = 10.0
+#: Longest one store call (query, command, insert) may run before ClickHouse stops it, seconds
+#: (``max_execution_time``).
+DEFAULT_STORE_TIMEOUT_S = 60
+#: Most memory one store call may use in ClickHouse, bytes (``max_memory_usage``).
+DEFAULT_STORE_MEMORY_BYTES = 4 * 1024**3
+#: Agent streams one server keeps open at once (each holds a thread); past it a new stream is
+#: refused with UNAVAILABLE (argus.collector.grpc_service).
+DEFAULT_MAX_STREAMS = 2048
 #: gRPC message size limit, both directions; larger batches are split by the agent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: ClickHouse database holding the tables of argus.schema.
@@ -251,6 +259,7 @@ class ServerConfig:
         analyzer: Run the analyzer in the server.
         max_upload_bytes: Cap on a trace upload's body and decompressed text, bytes (>= 1; 413 past it).
         stack_interval_s: Seconds between two stack captures of one open diagnosis (> 0).
+        max_streams: Agent streams kept open at once (>= 1; past it a new one is refused).
     """
 
     store: str = DEFAULT_STORE_URL
@@ -265,6 +274,7 @@ class ServerConfig:
     analyzer: bool = True
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     stack_interval_s: float = DEFAULT_STACK_INTERVAL_S
+    max_streams: int = DEFAULT_MAX_STREAMS
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
@@ -277,6 +287,8 @@ class ServerConfig:
             raise ConfigError(f"--retention-days must be >= 1, got {self.retention_days}")
         if self.max_upload_bytes < 1:
             raise ConfigError(f"--max-upload-bytes must be >= 1, got {self.max_upload_bytes}")
+        if self.max_streams < 1:
+            raise ConfigError(f"--max-streams must be >= 1, got {self.max_streams}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -298,6 +310,7 @@ class ServerConfig:
             analyzer=not args.no_analyzer,
             max_upload_bytes=args.max_upload_bytes,
             stack_interval_s=args.stack_interval_s,
+            max_streams=args.max_streams,
         )
 
 

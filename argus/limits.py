@@ -18,6 +18,9 @@ lists these with their defaults and flags.
     max_message_bytes     16 MiB            (none)                one gRPC message (argus.config)
     max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
                                                                   decompressed (LZ4/ZSTD bodies)
+    max_streams           2,048             --max-streams         agent streams open at once (gRPC)
+    max_execution_time    60 s              (none)                every store call (argus.store)
+    max_memory_usage      4 GiB             (none)                every store call (argus.store)
 
 A trace upload past ``max_upload_bytes`` is refused with 413 (:class:`TooLarge`)
 and writes nothing; gzip is inflated in chunks of at most :data:`INFLATE_CHUNK_BYTES`,
@@ -30,7 +33,12 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from argus.config import DEFAULT_MAX_UPLOAD_BYTES, MAX_MESSAGE_BYTES
+from argus.config import (
+    DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_STORE_MEMORY_BYTES,
+    DEFAULT_STORE_TIMEOUT_S,
+    MAX_MESSAGE_BYTES,
+)
 from argus.errors import TooLarge
 
 __all__ = [
@@ -70,6 +78,8 @@ LIMITS: dict[str, int] = {
     "max_device": 2**31 - 1,
     "max_message_bytes": MAX_MESSAGE_BYTES,
     "max_batch_decoded_bytes": 16 * MAX_MESSAGE_BYTES,
+    "max_execution_time": DEFAULT_STORE_TIMEOUT_S,
+    "max_memory_usage": DEFAULT_STORE_MEMORY_BYTES,
 }
 
 

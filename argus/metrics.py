@@ -70,7 +70,8 @@ class Metrics:
         )
         self.analysis_failures = Counter(
             "argus_analysis_failures",
-            "Analysis windows skipped because their analysis failed (their time counts as unexplained).",
+            "Analysis windows skipped after their analysis failed, by job (their time is unexplained).",
+            ["job_id"],
             registry=r,
         )
         self.analysis_lag = Gauge(
@@ -123,6 +124,6 @@ class Metrics:
         with self._lock:
             self._suspects.pop(job_id, None)
             self._causes.pop(job_id, None)
-            for per_job in (self.lost_time, self.unexplained_loss):
+            for per_job in (self.lost_time, self.unexplained_loss, self.analysis_failures):
                 with contextlib.suppress(KeyError):  # never set for this job
                     per_job.remove(job_id)

@@ -75,7 +75,14 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
     http: HttpServer | None = None
     analyzer: tuple[Analyzer, threading.Thread] | None = None
     try:
-        collector = start_collector(store, metrics, config.grpc_listen, token=config.token, tls=config.tls)
+        collector = start_collector(
+            store,
+            metrics,
+            config.grpc_listen,
+            token=config.token,
+            tls=config.tls,
+            max_streams=config.max_streams,
+        )
         if config.analyzer:
             service = Analyzer(
                 store,

@@ -32,6 +32,12 @@ while other work loaded it, load average 4-25; figures of 2026-12-01):
   class (``Python()`` inserts) in the same interleaved runs; ``bench/ingest.py`` through
   `argus server` stayed within the load's noise (README).
 
+Bounded work: every call (query, command, insert) carries ClickHouse's ``max_execution_time``
+and ``max_memory_usage`` (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
+:data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"): a call past either fails
+with :class:`~argus.errors.StoreError` (``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``) and
+the server goes on.
+
 Deduplication: with a token, ClickHouse drops a block inserted before under the same token;
 without one nothing is dropped. Newer ClickHouse (the 26.9 engine of chDB 4.4) switches that
 with ``deduplicate_insert``, older servers with ``insert_deduplicate``: the store uses what the
@@ -49,7 +55,12 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
-from argus.config import DATABASE, DEFAULT_RETENTION_DAYS
+from argus.config import (
+    DATABASE,
+    DEFAULT_RETENTION_DAYS,
+    DEFAULT_STORE_MEMORY_BYTES,
+    DEFAULT_STORE_TIMEOUT_S,
+)
 from argus.errors import ConfigError, StoreError, StoreLocked
 from argus.schema import TABLES, create_statements, migration_statements
 
@@ -108,16 +119,28 @@ class ClickHouseStore:
 
     Args:
         url: A store URL (module docstring).
+        timeout_s: ``max_execution_time`` of every call, seconds (>= 1).
+        memory_bytes: ``max_memory_usage`` of every call, bytes (>= 1).
 
     Raises:
-        ConfigError: the URL names no data dir or has another scheme.
+        ConfigError: the URL names no data dir or has another scheme; a limit below 1.
         StoreLocked: another process holds the chDB data dir.
         StoreError: the server cannot be reached, or the database cannot be created.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: int = DEFAULT_STORE_TIMEOUT_S,
+        memory_bytes: int = DEFAULT_STORE_MEMORY_BYTES,
+    ) -> None:
         import clickhouse_connect
 
+        if timeout_s < 1 or memory_bytes < 1:
+            raise ConfigError(f"store limits must be >= 1, got {timeout_s} s and {memory_bytes} bytes")
+        #: Settings every call carries (module docstring, "Bounded work").
+        self.limits: dict[str, Any] = {"max_execution_time": timeout_s, "max_memory_usage": memory_bytes}
         self.url = url
         scheme, sep, rest = url.partition("://")
         self.embedded = scheme == "chdb" and bool(sep)
@@ -154,20 +177,22 @@ class ClickHouseStore:
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else self._no_dedup
         try:
-            self._client.insert_arrow(table, data, settings=settings)
+            self._client.insert_arrow(table, data, settings={**self.limits, **settings})
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
         try:
-            result: pa.Table = self._client.query_arrow(sql, parameters=dict(parameters or {}))
+            result: pa.Table = self._client.query_arrow(
+                sql, parameters=dict(parameters or {}), settings=self.limits
+            )
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
         return result
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None) -> None:
         try:
-            self._client.command(sql, parameters=dict(parameters or {}))
+            self._client.command(sql, parameters=dict(parameters or {}), settings=self.limits)
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 
@@ -294,8 +319,12 @@ def open_store(
     create: bool = True,
     retention_days: int = DEFAULT_RETENTION_DAYS,
     cluster: str | None = None,
+    timeout_s: int = DEFAULT_STORE_TIMEOUT_S,
+    memory_bytes: int = DEFAULT_STORE_MEMORY_BYTES,
 ) -> ClickHouseStore:
     """Open the store at ``url`` and, with ``create``, create the schema if absent.
+
+    Every call of the store carries ``timeout_s`` and ``memory_bytes`` (:class:`ClickHouseStore`).
 
     With ``create``, tables that exist already get the columns added since they were
     created (:func:`argus.schema.migration_statements`) and their retention TTL set to
@@ -303,13 +332,13 @@ def open_store(
 
     Raises:
         ConfigError: the URL's scheme is not chdb, clickhouse or clickhouses;
-            ``retention_days`` < 1.
+            ``retention_days``, ``timeout_s`` or ``memory_bytes`` < 1.
         StoreLocked: a chDB data dir is held by another process.
         StoreError: the server cannot be reached or the DDL fails.
     """
     if retention_days < 1:
         raise ConfigError(f"retention must be at least 1 day, got {retention_days}")
-    store = ClickHouseStore(url)
+    store = ClickHouseStore(url, timeout_s=timeout_s, memory_bytes=memory_bytes)
     if create:
         try:
             database = store.database

@@ -13,6 +13,12 @@ status codes in one place, :data:`GRPC_CODES`:
   stream (:mod:`argus.collector.captures`).
 - a message over :data:`argus.config.MAX_MESSAGE_BYTES` → gRPC itself ends the
   stream with ``RESOURCE_EXHAUSTED``; the server keeps serving other streams.
+- a stream past ``max_streams`` open ones (``argus server --max-streams``) → ``UNAVAILABLE`` at
+  once, before any batch is read, with a message naming the limit: the agent keeps its batches
+  spooled and reconnects with back-off (nothing to do with size, so it never re-splits). Each
+  open stream holds one thread; gRPC's own ``maximum_concurrent_rpcs`` stays a little above
+  (Clock calls, refusals) as a backstop, answering ``RESOURCE_EXHAUSTED`` "Concurrent RPC limit
+  exceeded!", which the agent also takes for a refusal.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import grpc
 from argus.collector import ingest
 from argus.collector.captures import PendingCaptures
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
-from argus.config import MAX_MESSAGE_BYTES, TlsFiles
+from argus.config import DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES, TlsFiles
 from argus.errors import (
     ArgusError,
     ConfigError,
@@ -46,7 +52,14 @@ from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
 from argus.store import Store
 
-__all__ = ["GRPC_CODES", "CollectorServer", "CollectorServicer", "grpc_code", "start_collector"]
+__all__ = [
+    "GRPC_CODES",
+    "STREAM_LIMIT",
+    "CollectorServer",
+    "CollectorServicer",
+    "grpc_code",
+    "start_collector",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +72,13 @@ GRPC_CODES: tuple[tuple[type[ArgusError], grpc.StatusCode], ...] = (
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
-#: Threads serving RPCs; each open agent stream holds one.
-DEFAULT_MAX_WORKERS = 128
+#: The details of the UNAVAILABLE that refuses a stream past the limit (formatted with the limit).
+STREAM_LIMIT = (
+    "stream refused: {} agent streams are open, the server's limit (max_streams, argus server "
+    "--max-streams); keep the batches and reconnect later"
+)
+#: Threads beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
+_SPARE_WORKERS = 32
 
 
 def grpc_code(exc: BaseException) -> grpc.StatusCode:
@@ -109,11 +127,13 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     Each stream's thread decodes its batches; a :class:`BatchWriter` stores them.
     """
 
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(self, store: Store, metrics: Metrics, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
         self.metrics = metrics
         self.writer = BatchWriter(store, metrics)
         self.captures = PendingCaptures(store)
         self._gate = _Gate()
+        self.max_streams = max_streams
+        self._streams = threading.BoundedSemaphore(max_streams)
 
     def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
         if not self._gate.enter():
@@ -138,14 +158,20 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             self._gate.leave()
 
     def Stream(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
-        passed: set[str] = set()  # capture ids passed on this stream
-        for batch in request_iterator:
-            ack = self._answer(batch, context)
-            for capture in self.captures.for_job(batch.job_id):
-                if capture.capture_id not in passed:
-                    passed.add(capture.capture_id)
-                    ack.stack_captures.append(capture)
-            yield ack
+        if not self._streams.acquire(blocking=False):
+            log.warning("refused an agent stream: %d open (max_streams)", self.max_streams)
+            context.abort(grpc.StatusCode.UNAVAILABLE, STREAM_LIMIT.format(self.max_streams))
+        try:
+            passed: set[str] = set()  # capture ids passed on this stream
+            for batch in request_iterator:
+                ack = self._answer(batch, context)
+                for capture in self.captures.for_job(batch.job_id):
+                    if capture.capture_id not in passed:
+                        passed.add(capture.capture_id)
+                        ack.stack_captures.append(capture)
+                yield ack
+        finally:
+            self._streams.release()
 
     def Clock(self, request: pb.ClockRequest, context: grpc.ServicerContext) -> pb.ClockReply:  # noqa: N802
         return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())
@@ -232,23 +258,26 @@ def start_collector(
     *,
     token: str | None = None,
     tls: TlsFiles | None = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
+    max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> CollectorServer:
     """Start serving ``argus.v1.Collector`` on ``listen`` (``host:port``; port 0 picks a free one).
 
     Serves TLS with ``tls``; with ``token``, every call needs ``authorization: Bearer TOKEN``.
+    At most ``max_streams`` agent streams are open at once (module docstring); threads are
+    started as streams need them.
 
     Raises:
         ConfigError: an unreadable TLS file, or the address cannot be bound (in use, bad host).
     """
     host, _, _ = listen.rpartition(":")
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [_BearerToken(token)] if token else []
+    workers = max_streams + _SPARE_WORKERS
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="argus-grpc"),
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="argus-grpc"),
         interceptors=interceptors,
-        # Past this many open streams a new one fails at once with RESOURCE_EXHAUSTED
-        # (the agent retries later) instead of waiting unseen for a free thread.
-        maximum_concurrent_rpcs=max_workers,
+        # A backstop: past this many calls a new one fails at once with RESOURCE_EXHAUSTED
+        # instead of waiting unseen for a free thread (streams are refused first, at max_streams).
+        maximum_concurrent_rpcs=workers,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -261,7 +290,7 @@ def start_collector(
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ],
     )
-    servicer = CollectorServicer(store, metrics)
+    servicer = CollectorServicer(store, metrics, max_streams)
     pb_grpc.add_CollectorServicer_to_server(servicer, server)
     try:
         if tls is not None:

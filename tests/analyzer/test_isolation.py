@@ -1,0 +1,146 @@
+"""Isolation in the analyzer (issue 12): a job whose analysis raises never delays the others.
+
+Real chDB store, two synthetic jobs in it; the one fault injected is a level function of the
+analysis raising for the world-4 job only (monkeypatched in this test alone).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from argus.analyzer import pipeline
+from argus.analyzer.service import MAX_ATTEMPTS, Analyzer
+from argus.diagnosis import read_diagnoses
+from argus.errors import StoreError
+from argus.metrics import Metrics
+from argus.store import Store
+from synthetic.jobs import NS, Fault, JobSpec, simulate
+
+from .conftest import load
+
+W = 2.0
+BACKOFF_S = 1.0
+
+
+def _sims():  # type: ignore[no-untyped-def]
+    base = dict(windows=10, window_s=W, step_s=0.1, start_offset_s=0.7, seed=21)
+    slow = simulate(JobSpec(world=8, faults=(Fault("compute", (5,), 0.3, 6.0),), **base), "job-slow")  # type: ignore[arg-type]
+    broken = simulate(JobSpec(world=4, **base), "job-broken")  # type: ignore[arg-type]
+    return slow, broken
+
+
+def _break_world_4(monkeypatch: pytest.MonkeyPatch, fail_times: int | None) -> list[int]:
+    """Make L1's step-time level raise on windows of the world-4 job (``fail_times`` calls; None = always)."""
+    real = pipeline.job_step_times
+    calls: list[int] = []
+
+    def level(steps, **kw):  # type: ignore[no-untyped-def]
+        if (
+            steps.rank.size
+            and int(np.max(steps.rank)) < 4
+            and (fail_times is None or len(calls) < fail_times)
+        ):
+            calls.append(1)
+            raise ValueError("a level broke on this window")
+        return real(steps, **kw)
+
+    monkeypatch.setattr(pipeline, "job_step_times", level)
+    return calls
+
+
+def _statuses(store: Store, job_id: str) -> dict[str, int]:
+    t = store.query(
+        "SELECT status, count() AS n FROM analysis_windows FINAL WHERE job_id = {j:String} GROUP BY status",
+        {"j": job_id},
+    ).to_pylist()
+    return {r["status"]: int(r["n"]) for r in t}
+
+
+def test_a_failing_job_is_retried_then_skipped_and_never_delays_the_other(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow, broken = _sims()
+    load(store, slow)
+    load(store, broken)
+    _break_world_4(monkeypatch, None)
+    metrics = Metrics()
+    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=BACKOFF_S)
+    now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
+    a.run_once(now_ns=now)
+    # The first pass: the slow rank of the healthy job is diagnosed, whatever the other job does.
+    (d,) = read_diagnoses(store, "job-slow")
+    assert (d.rank, d.cause) == (5, "compute")
+    assert "failed" not in _statuses(store, "job-slow")
+    assert a.retrying() and _statuses(store, "job-broken") == {}  # its first window waits for a retry
+    # Backoff: no attempt before it is due, then doubling waits until MAX_ATTEMPTS attempts.
+    t = now
+    for attempt in range(1, MAX_ATTEMPTS):
+        a.run_once(now_ns=t + int(BACKOFF_S * 2 ** (attempt - 1) * NS) - 1)
+        assert a.retrying() and _statuses(store, "job-broken") == {}
+        t += int(BACKOFF_S * 2 ** (attempt - 1) * NS)
+        a.run_once(now_ns=t)
+    assert not a.retrying()
+    statuses = _statuses(store, "job-broken")
+    failed = statuses["failed"]
+    assert failed >= len(broken.windows) - 1  # each window with steps skipped (the later ones at once)
+    text = generate_latest(metrics.registry).decode()
+    assert f'argus_analysis_failures_total{{job_id="job-broken"}} {float(failed)}' in text
+    assert 'argus_analysis_failures_total{job_id="job-slow"}' not in text
+    # A skipped window's whole wall time is unexplained loss.
+    assert 'argus_unexplained_loss_ratio{job_id="job-broken"} 1.0' in text
+    assert read_diagnoses(store, "job-broken") == []
+
+
+def test_a_window_that_fails_once_is_analysed_on_its_retry(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, broken = _sims()
+    load(store, broken)
+    calls = _break_world_4(monkeypatch, 1)
+    metrics = Metrics()
+    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=BACKOFF_S)
+    now = int(broken.windows[-1].end_ns) + 10 * NS
+    a.run_once(now_ns=now)
+    assert calls == [1] and a.retrying()
+    a.run_once(now_ns=now + int(BACKOFF_S * NS))
+    assert not a.retrying()
+    assert "failed" not in _statuses(store, "job-broken")
+    assert "argus_analysis_failures_total{" not in generate_latest(metrics.registry).decode()
+
+
+class _FailingReadsOf:
+    """The real store, except that every query about one job fails (that job's partition is down)."""
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self._store = store
+        self.url = store.url
+        self.job_id = job_id
+        self.down = True
+
+    def query(self, sql, parameters=None):  # type: ignore[no-untyped-def]
+        if self.down and (parameters or {}).get("job") == self.job_id:
+            raise StoreError(f"reads of {self.job_id}: injected failure")
+        return self._store.query(sql, parameters)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+def test_a_store_error_of_one_job_stops_only_that_job(store: Store) -> None:
+    slow, broken = _sims()
+    load(store, broken)  # listed first (jobs go in id order): its error comes before the other job
+    load(store, slow)
+    flaky = _FailingReadsOf(store, "job-broken")
+    a = Analyzer(flaky, window_s=W, backlog_s=None)  # type: ignore[arg-type]
+    now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
+    with pytest.raises(StoreError, match="job-broken"):
+        a.run_once(now_ns=now)  # raised after the pass
+    (d,) = read_diagnoses(store, "job-slow")
+    assert (d.rank, d.cause) == (5, "compute")
+    assert _statuses(store, "job-broken") == {}  # nothing skipped: analysed once the store answers
+    flaky.down = False
+    a.run_once(now_ns=now)
+    statuses = _statuses(store, "job-broken")
+    assert "failed" not in statuses and statuses["analysed"] >= len(broken.windows)
