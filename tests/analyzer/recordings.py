@@ -64,11 +64,18 @@ def export_recording(store: Store, out: Path) -> dict[str, int]:
 def load_recording(store: Store, recording: Path) -> None:
     """Insert a recording's rows into ``store`` (whose tables must not hold those jobs yet).
 
+    A wire table added after the recording was made (its file absent) holds none of its rows.
+
     Raises:
-        FileNotFoundError: ``recording`` lacks a wire table's file.
+        FileNotFoundError: ``recording`` is not a recording (it lacks ``jobs.parquet``).
     """
+    if not (recording / "jobs.parquet").is_file():
+        raise FileNotFoundError(recording / "jobs.parquet")
     for table in WIRE_TABLES:
-        rows = pq.read_table(recording / f"{table}.parquet")
+        path = recording / f"{table}.parquet"
+        if not path.is_file():
+            continue
+        rows = pq.read_table(path)
         if rows.num_rows:
             store.insert(table, rows)
 
