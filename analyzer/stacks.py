@@ -137,6 +137,16 @@ def _shares(
     return shares, {k: c.most_common(1)[0][0] for k, c in lines.items()}
 
 
+def _depths(rows: list[tuple[str, str, int]]) -> dict[tuple[str, str], int]:
+    """Per (function, file): its deepest position in any stack (0 = the root)."""
+    out: dict[tuple[str, str], int] = {}
+    for _, frames, _ in rows:
+        for i, label in enumerate(frames.split(";") if frames else []):
+            function, file, _line = _function(label)
+            out[function, file] = max(out.get((function, file), 0), i)
+    return out
+
+
 def top_frames(
     flagged: list[tuple[str, str, int]], peer: list[tuple[str, str, int]], n: int = TOP_FRAMES
 ) -> list[dict[str, Any]]:
@@ -150,13 +160,19 @@ def top_frames(
 
     Returns:
         Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
-        ``share - peer_share`` first, each > 0: ``share`` is the fraction (0-1) of the flagged
+        ``share - peer_share`` first (ties: Python code, then the deepest frame), each > 0: ``share`` is the fraction (0-1) of the flagged
         rank's samples in which one of its threads was in the function, ``line`` its most sampled
         line.
     """
     mine, lines = _shares(flagged)
     theirs, _ = _shares(peer)
-    excess = sorted(((s - theirs.get(k, 0.0), k) for k, s in mine.items()), key=lambda e: (-e[0], e[1]))
+    depth = _depths(flagged)
+    # Ties (a hung rank's one dump holds every frame of its stack in every sample) go to Python
+    # code before native frames, then to the frame nearest the leaf: the most specific.
+    excess = sorted(
+        ((s - theirs.get(k, 0.0), k) for k, s in mine.items()),
+        key=lambda e: (-e[0], not e[1][1].endswith(".py"), -depth.get(e[1], 0), e[1]),
+    )
     return [
         {
             "function": k[0],

@@ -97,3 +97,14 @@ def test_evidence_gets_top_frames_once_stacks_are_stored(store: Store) -> None:
         "capture_id": r.request_id, "time_ns": 126 * S, "rank": 3, "peer": 2, "sampler": "py-spy",
         "samples": 20,
     }  # fmt: skip
+
+
+def test_a_hung_rank_s_one_dump_names_its_deepest_python_frame_first() -> None:
+    """A blocking dump holds every frame of the hung thread's stack in its one sample (all at a
+    share of 1): the innermost Python function is what it is doing, not libc or ``main``."""
+    frames = ";".join(
+        ["<module> (job.py:1)", "main (job.py:40)", "stuck_here (job.py:9)", "time_sleep (libc.so.6:0)"]
+        + ["0x7f01 (libc.so.6:0)"]
+    )
+    top = top_frames([("MainThread", frames, 1)], [])
+    assert [f["function"] for f in top[:3]] == ["stuck_here", "main", "<module>"], top
