@@ -160,9 +160,9 @@ def top_frames(
 
     Returns:
         Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
-        ``share - peer_share`` first (ties: Python code, then the deepest frame), each > 0: ``share`` is the fraction (0-1) of the flagged
-        rank's samples in which one of its threads was in the function, ``line`` its most sampled
-        line.
+        ``share - peer_share`` first (ties: Python code, then the deepest frame), each > 0:
+        ``share`` is the fraction (0-1) of the flagged rank's samples in which one of its
+        threads was in the function, ``line`` its most sampled line.
     """
     mine, lines = _shares(flagged)
     theirs, _ = _shares(peer)

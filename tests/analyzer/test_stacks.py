@@ -102,9 +102,7 @@ def test_evidence_gets_top_frames_once_stacks_are_stored(store: Store) -> None:
 def test_a_hung_rank_s_one_dump_names_its_deepest_python_frame_first() -> None:
     """A blocking dump holds every frame of the hung thread's stack in its one sample (all at a
     share of 1): the innermost Python function is what it is doing, not libc or ``main``."""
-    frames = ";".join(
-        ["<module> (job.py:1)", "main (job.py:40)", "stuck_here (job.py:9)", "time_sleep (libc.so.6:0)"]
-        + ["0x7f01 (libc.so.6:0)"]
-    )
+    python = "<module> (job.py:1);main (job.py:40);stuck_here (job.py:9)"
+    frames = python + ";time_sleep (libc.so.6:0);0x7f01 (libc.so.6:0)"
     top = top_frames([("MainThread", frames, 1)], [])
     assert [f["function"] for f in top[:3]] == ["stuck_here", "main", "<module>"], top
