@@ -14,10 +14,14 @@ the function (must show 2, second half).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,42 +44,59 @@ def _with_frames(http: httpx.Client, cause: str | None = None) -> dict[str, Any]
     return next((d for d in items if d["evidence"].get("top_frames") and cause in (None, d["cause"])), None)
 
 
+def _run_until_frames(
+    server: ArgusServer,
+    http: httpx.Client,
+    work: Path,
+    stall: list[str],
+    env: dict[str, str],
+    cause: str | None,
+) -> dict[str, Any]:
+    """Run stall_job.py (4 ranks, ``stall`` arguments) under `argus run` until a diagnosis of
+    ``cause`` (any, if None) carries top frames; stop the job cleanly and return that diagnosis."""
+    stop = work / "stop"
+    job = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+        "tests/agent/stall_job.py", "--stall-rank=3", *stall, f"--stop-file={stop}", "--max-s=150",
+    ]  # fmt: skip
+    log_path = work / "job.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argus_run(work, server.grpc_target, JOB, job, window_s=2.0),
+            env=job_env(work, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # on failure the whole job (torchrun, ranks, agent) is killed
+        )
+        try:
+            deadline = time.monotonic() + 150
+            found = None
+            while found is None:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, (
+                    http.get(f"/api/v1/jobs/{JOB}/diagnoses").text + server.logs()[-3000:]
+                )
+                time.sleep(1.0)
+                found = _with_frames(http, cause)
+            stop.touch()
+            assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+            return found
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 @pytest.mark.parametrize("sampler", ["py-spy", "in-process"])
 def test_the_stalling_rank_s_top_frames_name_the_function(
     argus_server_factory: Callable[..., ArgusServer], sampler: str
 ) -> None:
     server = argus_server_factory("--window-s", "2")
     with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
-        stop = work / "stop"
-        job = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-            "tests/agent/stall_job.py", "--stall-rank=3", "--stall-s=0.1", "--stall-after-s=4",
-            f"--stop-file={stop}", "--max-s=150",
-        ]  # fmt: skip
-        log_path = work / "job.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                argus_run(work, server.grpc_target, JOB, job, window_s=2.0),
-                env=job_env(work, **({"ARGUS_PYSPY": "off"} if sampler == "in-process" else {})),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                deadline = time.monotonic() + 150
-                found = None
-                while found is None:
-                    assert proc.poll() is None, log_path.read_text()[-3000:]
-                    assert time.monotonic() < deadline, (
-                        http.get(f"/api/v1/jobs/{JOB}/diagnoses").text + server.logs()[-3000:]
-                    )
-                    time.sleep(1.0)
-                    found = _with_frames(http)
-                stop.touch()
-                assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        stall = ["--stall-s=0.1", "--stall-after-s=4"]
+        env = {"ARGUS_PYSPY": "off"} if sampler == "in-process" else {}
+        found = _run_until_frames(server, http, work, stall, env, None)
         about = found["evidence"]["stacks"]
         assert found["rank"] == 3 and about["rank"] == 3 and about["sampler"] == sampler
         top = found["evidence"]["top_frames"]
@@ -110,36 +131,7 @@ def test_a_hung_rank_s_blocking_dump_names_the_function(
 ) -> None:
     server = argus_server_factory("--window-s", "2")
     with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
-        stop = work / "stop"
-        job = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-            "tests/agent/stall_job.py", "--stall-rank=3", "--hang", "--stall-after-s=6",
-            f"--stop-file={stop}", "--max-s=150",
-        ]  # fmt: skip
-        log_path = work / "job.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                argus_run(work, server.grpc_target, JOB, job, window_s=2.0),
-                env=job_env(work),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                deadline = time.monotonic() + 150
-                found = None
-                while found is None:
-                    assert proc.poll() is None, log_path.read_text()[-3000:]
-                    assert time.monotonic() < deadline, (
-                        http.get(f"/api/v1/jobs/{JOB}/diagnoses").text + server.logs()[-3000:]
-                    )
-                    time.sleep(1.0)
-                    found = _with_frames(http, "unresponsive")
-                stop.touch()
-                assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        found = _run_until_frames(server, http, work, ["--hang", "--stall-after-s=6"], {}, "unresponsive")
         assert found["rank"] == 3 and found["evidence"]["hung"] is True, found
         about = found["evidence"]["stacks"]
         assert about["rank"] == 3 and about["sampler"] == "py-spy-native", about  # the blocking dump
