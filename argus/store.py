@@ -32,11 +32,15 @@ while other work loaded it, load average 4-25; figures of 2026-12-01):
   class (``Python()`` inserts) in the same interleaved runs; ``bench/ingest.py`` through
   `argus server` stayed within the load's noise (README).
 
-Bounded work: every call (query, command, insert) carries ClickHouse's ``max_execution_time``
+Bounded work: every call (query, command, insert) runs under ClickHouse's ``max_execution_time``
 and ``max_memory_usage`` (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
 :data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"): a call past either fails
 with :class:`~argus.errors.StoreError` (``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``) and
-the server goes on.
+the server goes on. A server gets them with every call; the embedded engine gets them once, as
+settings of the client's own chDB session (each client has its own), because the chDB backend
+applies per-call query settings as ``SET`` statements around the call and reads
+``system.settings`` to restore them: a 4.5 ms query took 31 ms so (2026-12-02, load average 11),
+which at 10,000 ranks was most of the collector's and the analyzer's store time (``bench/scale.py``).
 
 Deduplication: with a token, ClickHouse drops a block inserted before under the same token;
 without one nothing is dropped. Newer ClickHouse (the 26.9 engine of chDB 4.4) switches that
@@ -163,12 +167,16 @@ class ClickHouseStore:
             if self.embedded:
                 self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
                 self._client.database = self.database
+                for name, value in self.limits.items():  # this client's session: see the module doc
+                    self._client.command(f"SET {name} = {int(value)}")
         except ConfigError:
             raise
         except Exception as exc:
             raise _open_error(url, exc) from exc
         # Newer ClickHouse switches deduplication with `deduplicate_insert` (`insert_deduplicate`
         # counts only under its `backward_compatible_choice`); older servers know only the latter.
+        #: Settings each query and command carries: none on the embedded engine (its session has them).
+        self._call_settings: dict[str, Any] = {} if self.embedded else self.limits
         known = getattr(self._client, "server_settings", {}) or {}
         self._no_dedup: dict[str, Any] = (
             {"deduplicate_insert": "disable"} if "deduplicate_insert" in known else {"insert_deduplicate": 0}
@@ -184,7 +192,7 @@ class ClickHouseStore:
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
         try:
             result: pa.Table = self._client.query_arrow(
-                sql, parameters=dict(parameters or {}), settings=self.limits
+                sql, parameters=dict(parameters or {}), settings=self._call_settings
             )
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
@@ -192,7 +200,7 @@ class ClickHouseStore:
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None) -> None:
         try:
-            self._client.command(sql, parameters=dict(parameters or {}), settings=self.limits)
+            self._client.command(sql, parameters=dict(parameters or {}), settings=self._call_settings)
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 

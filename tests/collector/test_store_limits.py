@@ -40,3 +40,16 @@ def test_a_call_past_a_limit_fails_and_the_store_goes_on(store_url: str) -> None
 def test_limits_below_one_are_refused(store_url: str) -> None:
     with pytest.raises(ConfigError, match="store limits"):
         open_store(store_url, timeout_s=0)
+
+
+def test_two_stores_of_one_process_keep_their_own_limits(store: Store, store_url: str) -> None:
+    """The embedded engine holds the limits per client session (set once), not process-wide."""
+    other = open_store(store_url, timeout_s=3, memory_bytes=96 * 1024**2)
+    try:
+        assert _setting(other, "max_execution_time") == 3
+        assert _setting(other, "max_memory_usage") == 96 * 1024**2
+        assert _setting(store, "max_execution_time") == DEFAULT_STORE_TIMEOUT_S
+        assert _setting(store, "max_memory_usage") == DEFAULT_STORE_MEMORY_BYTES
+    finally:
+        other.close()
+    assert _setting(store, "max_execution_time") == DEFAULT_STORE_TIMEOUT_S
