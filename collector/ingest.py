@@ -14,18 +14,30 @@ agent re-split after a too-large refusal carries its parent's identity
 when it, an ancestor (the batch stored whole before the split) or a descendant
 (its own parts, from a crash between the spool's writes) was stored.
 
-The record is written *after* the data and before the ack, so a crash between
-the two makes the retry insert again with the same token, and ClickHouse's token
-deduplication drops it: the table holds the rows once either way. The same token
-also covers two collectors racing on one retried batch.
+The record is written *after* the data and before the ack. A batch stored alone
+carries its own token, so a crash between the two makes the retry insert again
+with the same token, and ClickHouse's token deduplication drops it: the table
+holds the rows once either way. The same token also covers two collectors racing
+on one retried batch.
 
-:func:`write_group` stores several batches at once (one lookup and one record
-insert for the group, one data insert per batch): what the collector's writer
-thread does with the batches that arrived while it was busy.
+:func:`write_group` stores several batches at once: one lookup and one record
+insert for the group, and one data insert per *table* holding the rows of all the
+group's new batches of it, under a token derived from theirs (:func:`group_token`):
+what the collector's writer thread does with the batches that arrived while it was
+busy. Each call to the store costs milliseconds whatever its size, and a part per
+insert is what ClickHouse merges later: at 10,000 ranks (1,250 node agents, about
+5,000 batches a second, ``bench/scale.py``) one insert per batch could not keep up.
+The price: the same batches retried in another group get another token, so for a
+group of several batches the token no longer covers a collector that dies between
+the data insert and the record (a record insert that fails is tried
+:data:`RECORD_ATTEMPTS` times first): the rows of that group's batches are then
+stored twice when their agents resend them. Duplicates seen through
+``ingest_batches`` (a lost ack, a resent spool, another collector) are still dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,11 +56,13 @@ from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 from argus.store import Store
 
 __all__ = [
+    "RECORD_ATTEMPTS",
     "TABLE_BY_ENUM",
     "Decoded",
     "already_stored",
     "decode",
     "encode_arrow_ipc",
+    "group_token",
     "ingest",
     "stored_rows",
     "validate_columns",
@@ -58,6 +72,8 @@ __all__ = [
 #: Wire table name by ``argus.v1.Table`` enum value (TABLE_UNSPECIFIED is absent).
 TABLE_BY_ENUM: dict[int, str] = {pb.Table.Value(name.upper()): name for name in WIRE_TABLES}
 
+#: Tries of a group's ``ingest_batches`` insert before its batches go unacknowledged (module doc).
+RECORD_ATTEMPTS = 3
 #: Columns that must hold no negative value (durations, ns).
 _NON_NEGATIVE = ("dur_ns",)
 
@@ -290,7 +306,12 @@ def already_stored(store: Store, agent_id: str, seq: int, part: int = 0) -> int 
     return stored_rows(store, [(agent_id, seq, part)]).get((agent_id, seq, part))
 
 
-def _record(store: Store, stored: Sequence[Decoded]) -> None:
+def _record(store: Store, stored: Sequence[Decoded], attempts: int = 1) -> None:
+    """Insert the ``ingest_batches`` rows of ``stored``, trying ``attempts`` times.
+
+    Raises:
+        StoreError: the last attempt failed.
+    """
     record = pa.table(
         {
             "agent_id": pa.array([d.key[0] for d in stored], pa.string()),
@@ -301,7 +322,13 @@ def _record(store: Store, stored: Sequence[Decoded]) -> None:
             "job_id": pa.array([d.job_id for d in stored], pa.string()),
         }
     )
-    store.insert("ingest_batches", record)
+    for attempt in range(attempts):
+        try:
+            store.insert("ingest_batches", record)
+            return
+        except StoreError:
+            if attempt == attempts - 1:
+                raise
 
 
 def _count(metrics: Metrics, decoded: Decoded, ack: pb.Ack) -> None:
@@ -320,42 +347,65 @@ def write_group(
 ) -> list[pb.Ack | StoreError]:
     """Store each batch of ``group`` once; return its ``Ack`` or the error that kept it from storage.
 
-    One lookup for the whole group, one insert per new batch (its own dedup
-    token), then one insert recording every batch stored. A batch whose key is
-    already stored, or appears earlier in the group, is a DUPLICATE. Outcomes are
-    in ``group`` order. A ``StoreError`` outcome means: not acknowledged, safe to retry.
+    One lookup for the whole group, one insert per table holding the rows of every new batch of
+    that table (:func:`group_token`), then one insert recording every batch stored. A batch whose
+    key is already stored, or appears earlier in the group, is a DUPLICATE. Outcomes are in
+    ``group`` order. A ``StoreError`` outcome means: not acknowledged, safe to retry.
     """
     try:
         known = stored_rows(store, [d.key for d in group])
     except StoreError as exc:
         return [exc] * len(group)
-    outcomes: list[pb.Ack | StoreError] = []
-    written: list[Decoded] = []
-    for decoded in group:
-        rows = known.get(decoded.key, _written_before(written, decoded.key))
+    outcomes: list[pb.Ack | StoreError | None] = [None] * len(group)
+    fresh: list[Decoded] = []
+    by_table: dict[str, list[int]] = {}
+    for i, decoded in enumerate(group):
+        rows = known.get(decoded.key, _written_before(fresh, decoded.key))
         if rows is not None:
-            outcomes.append(pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows))
+            outcomes[i] = pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows)
             continue
+        fresh.append(decoded)
+        by_table.setdefault(decoded.table, []).append(i)
+    written: list[Decoded] = []
+    for table, members in by_table.items():
+        batches = [group[i] for i in members]
+        # One job_id dictionary for all chunks: an Arrow IPC file (the chDB insert) allows no other.
+        data = batches[0].data if len(batches) == 1 else pa.concat_tables([d.data for d in batches])
+        data = data.unify_dictionaries() if len(batches) > 1 else data
         try:
-            store.insert(decoded.table, decoded.data, dedup_token=decoded.dedup_token)
+            store.insert(table, data, dedup_token=group_token(batches))
         except StoreError as exc:
-            outcomes.append(exc)
+            for i in members:
+                outcomes[i] = exc
             continue
-        known[decoded.key] = decoded.data.num_rows
-        written.append(decoded)
-        outcomes.append(pb.Ack(seq=decoded.seq, status=pb.Ack.STORED, rows=decoded.data.num_rows))
+        written.extend(batches)
+        for i in members:
+            outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
     if written:
         try:
-            _record(store, written)
+            _record(store, written, RECORD_ATTEMPTS)
         except StoreError as exc:
             # The rows are in, but a retry must not be acknowledged before it is recorded:
-            # report failure; the retry's insert is dropped by its dedup token, then recorded.
+            # report failure (see the module doc for what the retry's insert then does).
             outcomes = [exc if isinstance(o, pb.Ack) and o.status == pb.Ack.STORED else o for o in outcomes]
+    done = [o for o in outcomes if o is not None]
     if metrics is not None:
-        for decoded, outcome in zip(group, outcomes, strict=True):
+        for decoded, outcome in zip(group, done, strict=True):
             if isinstance(outcome, pb.Ack):
                 _count(metrics, decoded, outcome)
-    return outcomes
+    return done
+
+
+def group_token(batches: Sequence[Decoded]) -> str:
+    """The ``insert_deduplication_token`` of one insert of ``batches`` (one table's, in order).
+
+    A batch alone keeps its own token (:attr:`Decoded.dedup_token`); several get one derived
+    from all of theirs, so the same batches in the same order get the same token.
+    """
+    if len(batches) == 1:
+        return batches[0].dedup_token
+    digest = hashlib.sha256("\n".join(d.dedup_token for d in batches).encode()).hexdigest()
+    return f"group:{len(batches)}:{digest}"
 
 
 def ingest(store: Store, batch: pb.Batch, metrics: Metrics | None = None) -> pb.Ack:

@@ -56,6 +56,50 @@ def test_a_crash_between_data_and_record_stores_the_retry_once(store: Store) -> 
     assert ingest.already_stored(store, b.agent_id, 9) == 5
 
 
+def test_a_group_is_one_insert_per_table_and_each_batch_keeps_its_ack(store: Store) -> None:
+    metrics = Metrics()
+    ingest.ingest(store, batch("steps", sample("steps", n=2), seq=1, agent_id="a"), metrics)  # stored before
+    raw = [
+        batch("steps", sample("steps", n=2), seq=1, agent_id="a"),  # a retry of the one stored before
+        batch("steps", sample("steps", n=3, salt=1), seq=2, agent_id="a"),
+        batch("phases", sample("phases", n=4), seq=1, agent_id="b", job_id="job-2"),
+        batch("steps", sample("steps", n=5, salt=2), seq=2, agent_id="b", job_id="job-2"),
+        batch("steps", sample("steps", n=3, salt=1), seq=2, agent_id="a"),  # twice in the group
+        batch("phases", sample("phases", n=1, salt=3), seq=3, agent_id="a"),
+    ]
+    inserts: list[str] = []
+    real_insert = store.insert
+
+    def counting(table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
+        inserts.append(table)
+        real_insert(table, data, dedup_token=dedup_token)
+
+    store.insert = counting  # type: ignore[method-assign]  # the real store, its calls counted
+    try:
+        outcomes = ingest.write_group(store, [ingest.decode(b) for b in raw], metrics)
+    finally:
+        store.insert = real_insert  # type: ignore[method-assign]
+    got = [(o.seq, o.status, o.rows) for o in outcomes if isinstance(o, pb.Ack)]
+    stored, dup = pb.Ack.STORED, pb.Ack.DUPLICATE
+    assert got == [(1, dup, 2), (2, stored, 3), (1, stored, 4), (2, stored, 5), (2, dup, 3), (3, stored, 1)]
+    assert sorted(inserts) == ["ingest_batches", "phases", "steps"]  # one per table, then the record
+    by_job = store.query("SELECT job_id, count() AS n FROM steps GROUP BY job_id ORDER BY job_id").to_pylist()
+    assert by_job == [{"job_id": "job-1", "n": 5}, {"job_id": "job-2", "n": 5}]
+    assert _count(store, "phases") == 5
+    assert _count(store, "ingest_batches") == 5
+    assert _metric(metrics, "argus_ingest_batches_total", {"table": "steps", "status": "stored"}) == 3
+
+
+def test_a_crash_between_a_groups_data_and_record_stores_its_retry_once(store: Store) -> None:
+    group = [ingest.decode(batch("steps", sample("steps", n=3, salt=s), seq=s, agent_id="a")) for s in (1, 2)]
+    data = pa.concat_tables([d.data for d in group])
+    store.insert("steps", data, dedup_token=ingest.group_token(group))  # ...and no record
+    outcomes = ingest.write_group(store, group)
+    assert [o.status for o in outcomes if isinstance(o, pb.Ack)] == [pb.Ack.STORED] * 2
+    assert _count(store, "steps") == 6
+    assert ingest.group_token(group) != ingest.group_token(group[::-1])
+
+
 def test_new_sequence_numbers_and_new_agents_are_not_duplicates(store: Store) -> None:
     data = sample("steps", n=2)
     acks = [
