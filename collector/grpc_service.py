@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import hmac
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -77,6 +78,9 @@ STREAM_LIMIT = (
     "stream refused: {} agent streams are open, the server's limit (max_streams, argus server "
     "--max-streams); keep the batches and reconnect later"
 )
+#: Batches of one stream decoded and queued for storage ahead of the one being acknowledged
+#: (the node agent keeps 64 in flight).
+PIPELINE_DEPTH = 64
 #: Threads beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
 _SPARE_WORKERS = 32
 
@@ -124,7 +128,9 @@ class _Gate:
 class CollectorServicer(pb_grpc.CollectorServicer):
     """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state.
 
-    Each stream's thread decodes its batches; a :class:`BatchWriter` stores them.
+    Each stream's reader thread decodes its batches and queues them, up to :data:`PIPELINE_DEPTH`
+    ahead; a :class:`BatchWriter` stores them in groups; the stream's own thread answers them in
+    order.
     """
 
     def __init__(self, store: Store, metrics: Metrics, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
@@ -135,11 +141,25 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self.max_streams = max_streams
         self._streams = threading.BoundedSemaphore(max_streams)
 
-    def _answer(self, batch: pb.Batch, context: grpc.ServicerContext) -> pb.Ack:
+    def _submit(self, batch: pb.Batch) -> Future[pb.Ack]:
+        """Decode ``batch`` and queue it for the writer; the future holds its Ack or its error."""
         if not self._gate.enter():
-            _abort(context, StoreError(SHUTTING_DOWN))
+            failed: Future[pb.Ack] = Future()
+            failed.set_exception(StoreError(SHUTTING_DOWN))
+            return failed
         try:
-            return self.writer.write(ingest.decode(batch))
+            future = self.writer.submit(ingest.decode(batch))
+        except BaseException as exc:
+            self._gate.leave()
+            failed = Future()
+            failed.set_exception(exc)
+            return failed
+        future.add_done_callback(lambda _: self._gate.leave())
+        return future
+
+    def _answer(self, batch: pb.Batch, future: Future[pb.Ack], context: grpc.ServicerContext) -> pb.Ack:
+        try:
+            return future.result()
         except InvalidBatch as exc:
             code = grpc_code(exc).name
             self.metrics.ingest_batches.labels(
@@ -154,8 +174,49 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         except Exception as exc:
             log.exception("batch %s:%d failed", batch.agent_id, batch.seq)
             _abort(context, exc)
+
+    def _pipelined(
+        self, requests: Iterator[pb.Batch], context: grpc.ServicerContext
+    ) -> Iterator[tuple[pb.Batch, Future[pb.Ack]]]:
+        """The stream's batches with their futures, in order, at most :data:`PIPELINE_DEPTH` ahead.
+
+        A reader thread takes the next batches off the stream while earlier ones are being
+        stored, so one stream has several batches in the writer's group, as its agent has several
+        in flight (otherwise each stream gets one batch stored per group, whatever it sent).
+        """
+        ahead: queue.Queue[tuple[pb.Batch, Future[pb.Ack]] | BaseException | None] = queue.Queue(PIPELINE_DEPTH)
+        done = threading.Event()
+
+        def put(item: tuple[pb.Batch, Future[pb.Ack]] | BaseException | None) -> bool:
+            while not done.is_set():
+                try:
+                    ahead.put(item, timeout=0.5)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def read() -> None:
+            try:
+                for batch in requests:
+                    if not put((batch, self._submit(batch))):
+                        return
+                put(None)
+            except BaseException as exc:  # the call ended (cancelled, broken): the stream ends with it
+                put(exc)
+
+        reader = threading.Thread(target=read, name="argus-stream-reader", daemon=True)
+        reader.start()
+        try:
+            while True:
+                item = ahead.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         finally:
-            self._gate.leave()
+            done.set()
 
     def Stream(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
         if not self._streams.acquire(blocking=False):
@@ -163,8 +224,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, STREAM_LIMIT.format(self.max_streams))
         try:
             passed: set[str] = set()  # capture ids passed on this stream
-            for batch in request_iterator:
-                ack = self._answer(batch, context)
+            for batch, future in self._pipelined(request_iterator, context):
+                ack = self._answer(batch, future, context)
                 for capture in self.captures.for_job(batch.job_id):
                     if capture.capture_id not in passed:
                         passed.add(capture.capture_id)
