@@ -229,7 +229,7 @@ def read_watermark(store: Store, job_id: str, since_ns: int) -> int | None:
 def _rank_table(store: Store, job_id: str, w1: int) -> pa.Table:
     return store.query(
         """
-        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, group_name, group_ranks, host
+        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, group_name, host
         FROM ranks WHERE job_id = {job:String} AND time_ns < {w1:Int64}
         ORDER BY time_ns
         """,
@@ -237,7 +237,30 @@ def _rank_table(store: Store, job_id: str, w1: int) -> pa.Table:
     )
 
 
-def _status(rt: pa.Table, live: Liveness, host_gpu: set[int]) -> RankStatus:
+def _group_members(store: Store, job_id: str, w1: int) -> dict[str, NDArray[np.int64]]:
+    """Each process group's members (sorted), from its newest ``group`` row before ``w1``.
+
+    Every member reports its group: the world group of a 10,000-rank job is 10,000 rows of
+    10,000 members each, so the rows are reduced in the store, one list per group.
+    """
+    t = store.query(
+        """
+        SELECT group_name, argMax(group_ranks, time_ns) AS members FROM ranks
+        WHERE job_id = {job:String} AND time_ns < {w1:Int64} AND event = 'group' AND group_name != ''
+        GROUP BY group_name
+        """,
+        {"job": job_id, "w1": w1},
+    )
+    members = t.column("members").combine_chunks()
+    return {
+        str(name): np.sort(np.asarray(members[i].values.to_numpy(zero_copy_only=False), np.int64))
+        for i, name in enumerate(t.column("group_name").to_pylist())
+    }
+
+
+def _status(
+    rt: pa.Table, live: Liveness, host_gpu: set[int], groups: dict[str, NDArray[np.int64]]
+) -> RankStatus:
     rank = _col(rt, "rank")
     event = np.asarray(rt.column("event").to_pylist(), dtype=object)
     known = set(rank.tolist()) | set(live.last_seen) | {r for (_, r) in live.max_seq}
@@ -246,18 +269,13 @@ def _status(rt: pa.Table, live: Liveness, host_gpu: set[int]) -> RankStatus:
     exited = np.zeros(ranks.size, bool)
     exit_code = np.zeros(ranks.size, np.int64)
     has_gpu = np.array([r in host_gpu for r in ranks.tolist()], bool)
-    groups: dict[str, NDArray[np.int64]] = {}
     codes = _col(rt, "exit_code")
     devices = rt.column("device").to_pylist()
-    names = rt.column("group_name").to_pylist()
-    members = rt.column("group_ranks").to_pylist()
     for j in range(rank.size):
         i = idx[int(rank[j])]
         if event[j] == "exit":
             exited[i] = True
             exit_code[i] = int(codes[j])
-        elif event[j] == "group" and names[j]:
-            groups[str(names[j])] = np.array(sorted(members[j] or []), np.int64)
         elif event[j] == "attach" and str(devices[j]).startswith("cuda"):
             has_gpu[i] = True
     seq_groups = tuple(sorted({g for (g, _) in live.max_seq}))
@@ -375,7 +393,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     )
     host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
     rt = _rank_table(store, job_id, w1)
-    status = _status(rt, live, host_gpu)
+    status = _status(rt, live, host_gpu, _group_members(store, job_id, w1))
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, _links(store, p, rt))
 
 
