@@ -43,17 +43,28 @@ class PendingCaptures:
         self._lock = threading.Lock()
         self._by_job: dict[str, list[pb.StackCapture]] = {}
         self._read_at = float("-inf")
+        self._reading = False
 
     def for_job(self, job_id: str) -> list[pb.StackCapture]:
-        """The pending captures of ``job_id`` (a read of the store when the last is stale)."""
+        """The pending captures of ``job_id`` (a read of the store when the last is stale).
+
+        One caller reads the store; the others meanwhile get the list read before, at once (a
+        busy store must not hold up every stream's acks).
+        """
         with self._lock:
-            if time.monotonic() - self._read_at >= self.refresh_s:
-                self._read_at = time.monotonic()
-                try:
-                    self._by_job = self._read()
-                except StoreError as exc:
-                    log.warning("cannot read pending stack captures: %s", exc)
-            return self._by_job.get(job_id, [])
+            stale = not self._reading and time.monotonic() - self._read_at >= self.refresh_s
+            if stale:
+                self._reading, self._read_at = True, time.monotonic()
+            by_job = self._by_job
+        if stale:
+            try:
+                by_job = self._read()
+            except StoreError as exc:
+                log.warning("cannot read pending stack captures: %s", exc)
+            finally:
+                with self._lock:
+                    self._by_job, self._reading = by_job, False
+        return by_job.get(job_id, [])
 
     def _read(self) -> dict[str, list[pb.StackCapture]]:
         since = time.time_ns() - self.horizon_ns

@@ -262,10 +262,12 @@ def _found(parts: dict[int, int], part: int) -> int | None:
     return sum(hits) if hits else None
 
 
-def _written_before(written: Sequence[Decoded], key: tuple[str, int, int]) -> int | None:
-    """Rows of a part related to ``key`` stored earlier in the same group, or None."""
-    agent_id, seq, part = key
-    return _found({d.key[2]: d.data.num_rows for d in written if d.key[:2] == (agent_id, seq)}, part)
+def _written_before(written: dict[tuple[str, int], dict[int, int]], key: tuple[str, int, int]) -> int | None:
+    """Rows of a part related to ``key`` stored earlier in the same group, or None.
+
+    ``written``: (agent_id, seq) → part → rows of the group's batches so far.
+    """
+    return _found(written.get(key[:2], {}), key[2])
 
 
 _Key = tuple[str, int] | tuple[str, int, int]
@@ -357,14 +359,14 @@ def write_group(
     except StoreError as exc:
         return [exc] * len(group)
     outcomes: list[pb.Ack | StoreError | None] = [None] * len(group)
-    fresh: list[Decoded] = []
+    fresh: dict[tuple[str, int], dict[int, int]] = {}
     by_table: dict[str, list[int]] = {}
     for i, decoded in enumerate(group):
         rows = known.get(decoded.key, _written_before(fresh, decoded.key))
         if rows is not None:
             outcomes[i] = pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows)
             continue
-        fresh.append(decoded)
+        fresh.setdefault(decoded.key[:2], {})[decoded.key[2]] = decoded.data.num_rows
         by_table.setdefault(decoded.table, []).append(i)
     written: list[Decoded] = []
     for table, members in by_table.items():
