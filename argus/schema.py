@@ -24,6 +24,7 @@ column without a default is part of the original contract: a batch must carry it
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -541,8 +542,9 @@ TABLES: dict[str, TableDef] = {
 WIRE_TABLES: dict[str, TableDef] = {n: t for n, t in TABLES.items() if t.wire}
 
 
+@functools.cache
 def wire_schema(table: str) -> pa.Schema:
-    """The Arrow schema a batch for ``table`` carries (no job_id).
+    """The Arrow schema a batch for ``table`` carries (no job_id); built once per table.
 
     Raises:
         KeyError: ``table`` is not a table of this module.
@@ -558,8 +560,9 @@ def with_defaults(table: str, data: pa.Table) -> pa.Table:
     Raises:
         KeyError: ``table`` is not a table of this module.
     """
+    present = set(data.column_names)
     for column in TABLES[table].columns:
-        if column.default is not None and column.name not in data.column_names:
+        if column.default is not None and column.name not in present:
             filled = pa.array([column.default] * data.num_rows, column.arrow_type)
             data = data.append_column(pa.field(column.name, column.arrow_type), filled)
     return data

@@ -37,6 +37,7 @@ stored twice when their agents resend them. Duplicates seen through
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,19 +153,21 @@ def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (th
         InvalidBatch: the first problem found.
     """
     schema = wire_schema(table)
-    data = with_defaults(table, data)
-    got = set(data.column_names)
-    missing = [name for name in schema.names if name not in got]
-    if missing:
-        raise InvalidBatch(f"{table}: missing column(s) {', '.join(missing)}")
-    extra = sorted(got - set(schema.names))
-    if extra:
-        raise InvalidBatch(f"{table}: unknown column(s) {', '.join(extra)}")
-    if len(data.column_names) != len(got):
-        raise InvalidBatch(f"{table}: a column name appears twice")
-    data = data.select(schema.names)
+    exact = data.schema.equals(schema)  # what a current agent sends: names, order and types
+    if not exact:
+        data = with_defaults(table, data)
+        got = set(data.column_names)
+        missing = [name for name in schema.names if name not in got]
+        if missing:
+            raise InvalidBatch(f"{table}: missing column(s) {', '.join(missing)}")
+        extra = sorted(got - set(schema.names))
+        if extra:
+            raise InvalidBatch(f"{table}: unknown column(s) {', '.join(extra)}")
+        if len(data.column_names) != len(got):
+            raise InvalidBatch(f"{table}: a column name appears twice")
+        data = data.select(schema.names)
     for field, column in zip(schema, data.columns, strict=True):
-        if column.type != field.type:
+        if not exact and column.type != field.type:
             raise InvalidBatch(
                 f"{table}.{field.name}: wrong Arrow type, expected {field.type}, got {column.type}"
             )
@@ -206,6 +209,11 @@ def _check_max(table: str, name: str, values: pa.Array[Any] | pa.ChunkedArray[An
             raise InvalidBatch(f"{table}.{exc}") from exc
 
 
+#: :func:`check_job_id` of the job ids seen lately, remembered (one check per job, not per batch;
+#: a refused id raises, and is checked again next time).
+_checked_job_id = functools.lru_cache(maxsize=4096)(check_job_id)
+
+
 def decode(batch: pb.Batch) -> Decoded:
     """Check a batch's header and payload and build the rows to insert.
 
@@ -219,7 +227,7 @@ def decode(batch: pb.Batch) -> Decoded:
     if not batch.job_id:
         raise InvalidBatch("job_id: empty; every batch names its job")
     try:
-        check_job_id(batch.job_id)
+        _checked_job_id(batch.job_id)
     except ValueError as exc:
         raise InvalidBatch(f"job_id: {exc}") from exc
     table = TABLE_BY_ENUM.get(batch.table)
