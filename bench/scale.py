@@ -151,6 +151,8 @@ class SimResult:
     last_ack_ns: int = 0
     cpu_s: float = 0.0
     error: str = ""
+    #: Streams that ended with an error, by gRPC status code.
+    stream_errors: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -228,6 +230,13 @@ async def _agent(
     seq = 0
 
     async def acks() -> None:
+        try:
+            await read_acks()
+        except grpc.aio.AioRpcError as exc:  # the stream ended: what is in flight stays unacknowledged
+            code = exc.code().name
+            result.stream_errors[code] = result.stream_errors.get(code, 0) + 1
+
+    async def read_acks() -> None:
         async for ack in call:
             table, rows = inflight.pop(ack.seq)
             room.release()
@@ -555,8 +564,8 @@ def report(
     for r in results:
         for t, n in r.offered.items():
             offered[t] = offered.get(t, 0) + n
-        if r.error:
-            print(f"simulator error: {r.error}")
+        if r.error or r.stream_errors:
+            print(f"simulator: {r.error or 'ok'}; streams ended by an error: {r.stream_errors}")
     total_offered, total_stored = sum(offered.values()), sum(counts.values())
     first = min(r.first_send_ns for r in results if r.first_send_ns)
     last_send = max(r.last_send_ns for r in results)
