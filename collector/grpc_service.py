@@ -125,6 +125,24 @@ class _Gate:
             return self._cond.wait_for(lambda: self._active == 0, timeout)
 
 
+class _Ahead:
+    """A stream's batches read ahead (with their futures), a bounded queue; ``done`` stops the reader."""
+
+    def __init__(self, depth: int) -> None:
+        self.queue: queue.Queue[tuple[pb.Batch, Future[pb.Ack]] | BaseException | None] = queue.Queue(depth)
+        self.done = threading.Event()
+
+    def put(self, item: tuple[pb.Batch, Future[pb.Ack]] | BaseException | None) -> bool:
+        """Queue ``item``, waiting for room; False once the stream's answering side has ended."""
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
 class CollectorServicer(pb_grpc.CollectorServicer):
     """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state.
 
@@ -184,39 +202,28 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         stored, so one stream has several batches in the writer's group, as its agent has several
         in flight (otherwise each stream gets one batch stored per group, whatever it sent).
         """
-        ahead: queue.Queue[tuple[pb.Batch, Future[pb.Ack]] | BaseException | None] = queue.Queue(PIPELINE_DEPTH)
-        done = threading.Event()
-
-        def put(item: tuple[pb.Batch, Future[pb.Ack]] | BaseException | None) -> bool:
-            while not done.is_set():
-                try:
-                    ahead.put(item, timeout=0.5)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+        ahead = _Ahead(PIPELINE_DEPTH)
 
         def read() -> None:
             try:
                 for batch in requests:
-                    if not put((batch, self._submit(batch))):
+                    if not ahead.put((batch, self._submit(batch))):
                         return
-                put(None)
+                ahead.put(None)
             except BaseException as exc:  # the call ended (cancelled, broken): the stream ends with it
-                put(exc)
+                ahead.put(exc)
 
-        reader = threading.Thread(target=read, name="argus-stream-reader", daemon=True)
-        reader.start()
+        threading.Thread(target=read, name="argus-stream-reader", daemon=True).start()
         try:
             while True:
-                item = ahead.get()
+                item = ahead.queue.get()
                 if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
-            done.set()
+            ahead.done.set()
 
     def Stream(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
         if not self._streams.acquire(blocking=False):

@@ -341,7 +341,9 @@ def _record(store: Store, stored: Sequence[Decoded], attempts: int = 1) -> None:
                 raise
 
 
-def _count(metrics: Metrics, decoded: Decoded, ack: pb.Ack) -> None:
+def _count(metrics: Metrics, decoded: Decoded, ack: pb.Ack | StoreError) -> None:
+    if isinstance(ack, StoreError):
+        return
     if ack.status == pb.Ack.DUPLICATE:
         metrics.ingest_batches.labels(decoded.table, "duplicate").inc()
         return
@@ -366,24 +368,12 @@ def write_group(
         known = stored_rows(store, [d.key for d in group])
     except StoreError as exc:
         return [exc] * len(group)
-    outcomes: list[pb.Ack | StoreError | None] = [None] * len(group)
-    fresh: dict[tuple[str, int], dict[int, int]] = {}
-    by_table: dict[str, list[int]] = {}
-    for i, decoded in enumerate(group):
-        rows = known.get(decoded.key, _written_before(fresh, decoded.key))
-        if rows is not None:
-            outcomes[i] = pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows)
-            continue
-        fresh.setdefault(decoded.key[:2], {})[decoded.key[2]] = decoded.data.num_rows
-        by_table.setdefault(decoded.table, []).append(i)
+    outcomes, by_table = _new_by_table(group, known)
     written: list[Decoded] = []
     for table, members in by_table.items():
         batches = [group[i] for i in members]
-        # One job_id dictionary for all chunks: an Arrow IPC file (the chDB insert) allows no other.
-        data = batches[0].data if len(batches) == 1 else pa.concat_tables([d.data for d in batches])
-        data = data.unify_dictionaries() if len(batches) > 1 else data
         try:
-            store.insert(table, data, dedup_token=group_token(batches))
+            _insert_together(store, table, batches)
         except StoreError as exc:
             for i in members:
                 outcomes[i] = exc
@@ -401,9 +391,40 @@ def write_group(
     done = [o for o in outcomes if o is not None]
     if metrics is not None:
         for decoded, outcome in zip(group, done, strict=True):
-            if isinstance(outcome, pb.Ack):
-                _count(metrics, decoded, outcome)
+            _count(metrics, decoded, outcome)
     return done
+
+
+def _new_by_table(
+    group: Sequence[Decoded], known: dict[_Key, int]
+) -> tuple[list[pb.Ack | StoreError | None], dict[str, list[int]]]:
+    """DUPLICATE acks for the batches of ``group`` stored before or earlier in it (None for the
+    others), and the indices of the others by table."""
+    outcomes: list[pb.Ack | StoreError | None] = [None] * len(group)
+    fresh: dict[tuple[str, int], dict[int, int]] = {}
+    by_table: dict[str, list[int]] = {}
+    for i, decoded in enumerate(group):
+        rows = known.get(decoded.key, _written_before(fresh, decoded.key))
+        if rows is not None:
+            outcomes[i] = pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows)
+            continue
+        fresh.setdefault(decoded.key[:2], {})[decoded.key[2]] = decoded.data.num_rows
+        by_table.setdefault(decoded.table, []).append(i)
+    return outcomes, by_table
+
+
+def _insert_together(store: Store, table: str, batches: Sequence[Decoded]) -> None:
+    """One insert of the rows of ``batches`` (all of ``table``) under :func:`group_token`.
+
+    Raises:
+        StoreError: nothing was written.
+    """
+    if len(batches) == 1:
+        data = batches[0].data
+    else:
+        # One job_id dictionary for all chunks: an Arrow IPC file (the chDB insert) allows no other.
+        data = pa.concat_tables([d.data for d in batches]).unify_dictionaries()
+    store.insert(table, data, dedup_token=group_token(batches))
 
 
 def group_token(batches: Sequence[Decoded]) -> str:

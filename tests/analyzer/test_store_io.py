@@ -14,7 +14,9 @@ def test_each_group_has_the_members_of_its_newest_row_and_exits_and_devices_are_
     rows: dict[str, list[object]] = {k: [] for k in ("rank", "event", "time_ns", "group_name", "group_ranks")}
     rows |= {"device": [], "exit_code": []}
 
-    def event(rank: int, kind: str, t: int, group: str = "", members: list[int] | None = None, **kw: object) -> None:
+    def event(
+        rank: int, kind: str, t: int, group: str = "", members: list[int] | None = None, **kw: object
+    ) -> None:
         for k, v in (("rank", rank), ("event", kind), ("time_ns", t), ("group_name", group)):
             rows[k].append(v)
         rows["group_ranks"].append(members or [])
