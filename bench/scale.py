@@ -257,7 +257,7 @@ async def _agent(
         batch = pb.Batch(
             agent_id=agent_id, seq=seq, job_id=JOB_ID, table=table_code(table), arrow_ipc=ipc_bytes(data)
         )
-        await call.write(batch)
+        await call.write(batch)  # raises AioRpcError once the stream has ended: see _agent
         now = time.time_ns()
         result.first_send_ns = min(result.first_send_ns or now, now)
         result.last_send_ns = max(result.last_send_ns, now)
@@ -310,15 +310,21 @@ async def _simulate(target: str, job: Job, a0: int, a1: int, ready: Any, start: 
     stamp = time.time_ns()
     producer = asyncio.create_task(produce())
     prod.produce(time.time_ns() + 2 * NS)
-    agents = asyncio.gather(
-        *(
-            _agent(a, ch, prod, result, f"scale-{a}-{stamp}")
-            for a, ch in zip(range(a0, a1), channels, strict=True)
-        )
-    )
+    # An agent whose stream fails stops alone (counted); the others go on.
+    runs = [
+        _agent(a, ch, prod, result, f"scale-{a}-{stamp}")
+        for a, ch in zip(range(a0, a1), channels, strict=True)
+    ]
+    agents = asyncio.gather(*runs, return_exceptions=True)
     try:
         # What is not acknowledged by then counts as lost: the server did not keep up.
-        await asyncio.wait_for(agents, (job.stop_ns - time.time_ns()) / NS + job.drain_s)
+        ended = await asyncio.wait_for(agents, (job.stop_ns - time.time_ns()) / NS + job.drain_s)
+        for exc in ended:
+            if isinstance(exc, grpc.aio.AioRpcError):
+                code = f"{exc.code().name} (write)"
+                result.stream_errors[code] = result.stream_errors.get(code, 0) + 1
+            elif isinstance(exc, BaseException):
+                result.error = repr(exc)
     except TimeoutError:
         result.error = f"not every batch was acknowledged {job.drain_s:g} s after the job's end"
     except Exception as exc:  # reported by the parent, with the counts so far
