@@ -33,7 +33,7 @@ while other work loaded it, load average 4-25; figures of 2026-12-01):
   `argus server` stayed within the load's noise (README).
 
 Bounded work: every call (query, command, insert) carries ClickHouse's ``max_execution_time``
-and ``max_memory_usage`` (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
+and ``max_memory_usage`` (on a server as settings of the call, on chDB set once on the session) (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
 :data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"): a call past either fails
 with :class:`~argus.errors.StoreError` (``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``) and
 the server goes on. The REST API reads through :meth:`ClickHouseStore.reading_at_most`, which
@@ -156,6 +156,8 @@ class ClickHouseStore:
             raise ConfigError(f"store limits must be >= 1, got {timeout_s} s and {memory_bytes} bytes")
         #: Settings every call carries (module docstring, "Bounded work").
         self.limits: dict[str, Any] = {"max_execution_time": timeout_s, "max_memory_usage": memory_bytes}
+        #: Rows one query may read (:meth:`reading_at_most`); None = unbounded.
+        self.max_rows_read: int | None = None
         self.url = url
         scheme, sep, rest = url.partition("://")
         self.embedded = scheme == "chdb" and bool(sep)
@@ -178,10 +180,17 @@ class ClickHouseStore:
             if self.embedded:
                 self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
                 self._client.database = self.database
+                # The chDB backend applies per-call settings with a SET before and after each call
+                # and a read of system.settings: five engine calls more per call. The session is
+                # this store's alone, so its limits are set on it once.
+                for name, value in self.limits.items():
+                    self._client.command(f"SET {name} = {int(value)}")
         except ConfigError:
             raise
         except Exception as exc:
             raise _open_error(url, exc) from exc
+        #: What each call sends along: the limits, unless the session holds them.
+        self._per_call: dict[str, Any] = {} if self.embedded else dict(self.limits)
         # Newer ClickHouse switches deduplication with `deduplicate_insert` (`insert_deduplicate`
         # counts only under its `backward_compatible_choice`); older servers know only the latter.
         known = getattr(self._client, "server_settings", {}) or {}
@@ -192,24 +201,24 @@ class ClickHouseStore:
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else self._no_dedup
         try:
-            self._client.insert_arrow(table, data, settings={**self.limits, **settings})
+            self._client.insert_arrow(table, data, settings={**self._per_call, **settings})
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
         try:
             result: pa.Table = self._client.query_arrow(
-                sql, parameters=dict(parameters or {}), settings=self.limits
+                sql, parameters=dict(parameters or {}), settings=self._per_call
             )
         except Exception as exc:
-            if "max_rows_to_read" in self.limits and "TOO_MANY_ROWS" in str(exc):
-                raise TooManyRows(self.limits["max_rows_to_read"]) from exc
+            if self.max_rows_read is not None and "TOO_MANY_ROWS" in str(exc):
+                raise TooManyRows(self.max_rows_read) from exc
             raise StoreError(f"{self._what}: {exc}") from exc
         return result
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None) -> None:
         try:
-            self._client.command(sql, parameters=dict(parameters or {}), settings=self.limits)
+            self._client.command(sql, parameters=dict(parameters or {}), settings=self._per_call)
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 
@@ -220,7 +229,8 @@ class ClickHouseStore:
         if rows < 1:
             raise ConfigError(f"a read limit must be >= 1 row, got {rows}")
         view = copy.copy(self)
-        view.limits = {**self.limits, "max_rows_to_read": rows, "read_overflow_mode": "throw"}
+        view.max_rows_read = rows
+        view._per_call = {**self._per_call, "max_rows_to_read": rows, "read_overflow_mode": "throw"}
         return view
 
     @property
