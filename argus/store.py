@@ -33,8 +33,10 @@ while other work loaded it, load average 4-25; figures of 2026-12-01):
   `argus server` stayed within the load's noise (README).
 
 Bounded work: every call (query, command, insert) carries ClickHouse's ``max_execution_time``
-and ``max_memory_usage`` (on a server as settings of the call, on chDB set once on the session) (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
-:data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"): a call past either fails
+and ``max_memory_usage`` (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
+:data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"; sent with each call to a
+server, set once on the session in chDB, whose backend would wrap each call in five more engine
+calls to apply and restore them): a call past either fails
 with :class:`~argus.errors.StoreError` (``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``) and
 the server goes on. The REST API reads through :meth:`ClickHouseStore.reading_at_most`, which
 adds ``max_rows_to_read`` (default :data:`~argus.config.DEFAULT_MAX_READ_ROWS`, ``argus server
