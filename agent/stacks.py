@@ -160,7 +160,9 @@ def sample_pyspy(
 
     Raises:
         SamplerError: py-spy is absent, or its first dump failed (no ptrace permission, no
-            such process, not a Python process). A later failed dump ends the capture early.
+            such process, not a Python process). A later failed dump loses that sample only
+            (a non-blocking read can catch a frame mid-update); the rank's exit ends the
+            capture early.
     """
     exe = pyspy_path()
     if exe is None:
@@ -177,8 +179,21 @@ def sample_pyspy(
         try:
             samples += _thread_samples(pid, _pyspy_dump(exe, pid, blocking=False))
         except SamplerError:
-            break  # the rank exited mid-capture: keep what was sampled
+            # A non-blocking dump can read a frame mid-update and fail: that sample is lost, the
+            # capture goes on. Once the rank has exited, keep what was sampled.
+            if not _alive(pid):
+                break
     return aggregate(samples)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by another user
+    return True
 
 
 def _python_frames(frame: FrameType | None) -> str:
