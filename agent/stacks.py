@@ -41,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
 import pyarrow as pa
 
 from argus import config
@@ -181,19 +182,9 @@ def sample_pyspy(
         except SamplerError:
             # A non-blocking dump can read a frame mid-update and fail: that sample is lost, the
             # capture goes on. Once the rank has exited, keep what was sampled.
-            if not _alive(pid):
+            if not psutil.pid_exists(pid):
                 break
     return aggregate(samples)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, owned by another user
-    return True
 
 
 def _python_frames(frame: FrameType | None) -> str:

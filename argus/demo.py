@@ -130,7 +130,7 @@ def _with_stacks(live: list[Diagnosis], final: list[Diagnosis]) -> list[Diagnosi
 def _stacks_from(d: Diagnosis, later: Diagnosis | None) -> Diagnosis:
     if "top_frames" in d.evidence or later is None or "top_frames" not in later.evidence:
         return d
-    stacks = {k: later.evidence[k] for k in ("top_frames", "stacks") if k in later.evidence}
+    stacks: dict[str, Any] = {k: later.evidence[k] for k in ("top_frames", "stacks") if k in later.evidence}
     return replace(d, evidence={**d.evidence, **stacks})
 
 
