@@ -36,7 +36,9 @@ Bounded work: every call (query, command, insert) carries ClickHouse's ``max_exe
 and ``max_memory_usage`` (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
 :data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"): a call past either fails
 with :class:`~argus.errors.StoreError` (``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``) and
-the server goes on.
+the server goes on. The REST API reads through :meth:`ClickHouseStore.reading_at_most`, which
+adds ``max_rows_to_read`` (default :data:`~argus.config.DEFAULT_MAX_READ_ROWS`, ``argus server
+--max-read-rows``): a read that would scan more is refused (422), not run for a minute.
 
 Deduplication: with a token, ClickHouse drops a block inserted before under the same token;
 without one nothing is dropped. Newer ClickHouse (the 26.9 engine of chDB 4.4) switches that
@@ -46,6 +48,7 @@ server knows.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import re
 from collections.abc import Mapping
@@ -61,7 +64,7 @@ from argus.config import (
     DEFAULT_STORE_MEMORY_BYTES,
     DEFAULT_STORE_TIMEOUT_S,
 )
-from argus.errors import ConfigError, StoreError, StoreLocked
+from argus.errors import ConfigError, StoreError, StoreLocked, TooManyRows
 from argus.schema import TABLES, create_statements, migration_statements
 
 __all__ = [
@@ -111,6 +114,18 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release the connection; the store is unusable afterwards."""
+        ...
+
+    def reading_at_most(self, rows: int) -> Store:
+        """This store, over the same connection, with every query scanning at most ``rows`` rows.
+
+        A query past it raises :class:`~argus.errors.TooManyRows` (ClickHouse's
+        ``max_rows_to_read``, counted over the parts a query reads, after the primary
+        key prunes them). Closing the view closes this store.
+
+        Raises:
+            ConfigError: ``rows`` < 1.
+        """
         ...
 
 
@@ -187,6 +202,8 @@ class ClickHouseStore:
                 sql, parameters=dict(parameters or {}), settings=self.limits
             )
         except Exception as exc:
+            if "max_rows_to_read" in self.limits and "TOO_MANY_ROWS" in str(exc):
+                raise TooManyRows(self.limits["max_rows_to_read"]) from exc
             raise StoreError(f"{self._what}: {exc}") from exc
         return result
 
@@ -198,6 +215,13 @@ class ClickHouseStore:
 
     def close(self) -> None:
         self._client.close()
+
+    def reading_at_most(self, rows: int) -> ClickHouseStore:
+        if rows < 1:
+            raise ConfigError(f"a read limit must be >= 1 row, got {rows}")
+        view = copy.copy(self)
+        view.limits = {**self.limits, "max_rows_to_read": rows, "read_overflow_mode": "throw"}
+        return view
 
     @property
     def _what(self) -> str:
