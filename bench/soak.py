@@ -69,6 +69,8 @@ KEYS = {
     "kernel_events": "rank, stream, start_ns",
 }
 UPLOAD_CAP = 1 << 20
+#: After the soak, how long the agents may take to have every batch acknowledged, seconds.
+DRAIN_S = 180.0
 
 
 def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str, str]:
@@ -278,8 +280,12 @@ def main() -> None:
         for agent in agents:
             agent.join(10)
             agent.up.flush()
+        drained_by = time.monotonic() + DRAIN_S
+        while any(a.up.pending_batches() for a in agents) and time.monotonic() < drained_by:
+            time.sleep(0.5)
+        drain_s = DRAIN_S - (drained_by - time.monotonic())
         for agent in agents:
-            agent.up.close(drain_s=120)
+            agent.up.close(drain_s=0)
         peak = max(peak, ps.memory_info().rss / 2**20)
     finally:
         server.terminate()
@@ -298,7 +304,7 @@ def main() -> None:
     print(
         f"acked_rows={acked} stored_rows={stored} duplicates={duplicates} lost={lost} ack_p99_ms={p99:.0f} "
         f"server_peak_rss_mb={peak:.0f} bad_inputs={counts['refused']}/{counts['sent']} "
-        f"rss_after_first_minute_mb={rss_first:.0f} reads={counts['reads']} "
+        f"rss_after_first_minute_mb={rss_first:.0f} drain_s={drain_s:.0f} reads={counts['reads']} "
         f"read_errors={counts['read_errors']}"
     )
 
