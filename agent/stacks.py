@@ -41,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
 import pyarrow as pa
 
 from argus import config
@@ -160,7 +161,9 @@ def sample_pyspy(
 
     Raises:
         SamplerError: py-spy is absent, or its first dump failed (no ptrace permission, no
-            such process, not a Python process). A later failed dump ends the capture early.
+            such process, not a Python process). A later failed dump loses that sample only
+            (a non-blocking read can catch a frame mid-update); the rank's exit ends the
+            capture early.
     """
     exe = pyspy_path()
     if exe is None:
@@ -177,7 +180,10 @@ def sample_pyspy(
         try:
             samples += _thread_samples(pid, _pyspy_dump(exe, pid, blocking=False))
         except SamplerError:
-            break  # the rank exited mid-capture: keep what was sampled
+            # A non-blocking dump can read a frame mid-update and fail: that sample is lost, the
+            # capture goes on. Once the rank has exited, keep what was sampled.
+            if not psutil.pid_exists(pid):
+                break
     return aggregate(samples)
 
 

@@ -93,6 +93,8 @@ class UploadStats:
     spool_failures: int = 0
     last_error: str = ""
     rejections: deque[str] = field(default_factory=lambda: deque(maxlen=16))
+    #: The latest batches' ack latencies, ms: from a batch's send on its stream to its ack.
+    ack_ms: deque[float] = field(default_factory=lambda: deque(maxlen=65536))
 
 
 def split_rows(data: pa.Table, max_bytes: int) -> list[pa.Table]:
@@ -563,8 +565,10 @@ class _Sender:
     def _on_ack(self, ack: collector_pb2.Ack) -> None:
         stats = self.up.stats
         with self._cond:
-            self._inflight.pop(ack.seq, None)
+            sent = self._inflight.pop(ack.seq, None)
             self._cond.notify_all()
+        if sent is not None:
+            stats.ack_ms.append((time.monotonic() - sent) * 1e3)
         self._failures.pop(ack.seq, None)
         control = self.up.on_control
         if control is not None and ack.stack_captures:

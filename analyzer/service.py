@@ -46,8 +46,14 @@ a backlog, the pass that first saw it), read when scraped, so a stuck analyzer s
 A job whose rows are all analysed (finished, or silent past its trailing windows) waits for nothing:
 an idle server reports 0.
 
-Isolation: jobs are analysed one after the other in a pass, and nothing one job does delays the
-others. A window whose analysis fails on its data (anything but a store error) is retried on later
+Isolation: jobs take turns in a pass, and nothing one job does delays the others. A turn analyses at
+most :data:`SLICE_WINDOWS` of a job's windows; a job with more due (a backlog, an import) has its
+next turn after every other job has had one, so a live job's new window waits for at most one turn
+of each other job. :meth:`Analyzer.run_forever` ends a pass after the first round of turns that
+ends past its polling interval (the rest waits for the next pass, which sees the new windows of
+live jobs first). An imported job is analysed only where it has data (each window with a row, and
+the :data:`TRAILING_WINDOWS` after it): a trace whose parts lie years apart is not years of empty
+windows. A window whose analysis fails on its data (anything but a store error) is retried on later
 passes with backoff (``retry_backoff_s``, doubling: at most :data:`MAX_ATTEMPTS` attempts; the job's
 later windows wait, the other jobs go on), then logged once, counted
 (``argus_analysis_failures_total{job_id}``), recorded as ``failed`` and skipped; its whole wall time
@@ -68,6 +74,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from argus import render
 from argus.analyzer.lifecycle import Tracker
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting
@@ -77,6 +86,7 @@ from argus.analyzer.store_io import (
     JobSpan,
     Liveness,
     list_jobs,
+    read_data_windows,
     read_liveness,
     read_watermark,
     read_window,
@@ -111,6 +121,9 @@ WAIT_WINDOWS = 3
 FORGET_AFTER_NS = 3600 * 10**9
 #: Attempts at a window whose analysis raises before it is skipped (see the module doc).
 MAX_ATTEMPTS = 3
+#: Windows one job is analysed in a row before every other job has had its turn (a *slice*;
+#: see the module doc, "Isolation").
+SLICE_WINDOWS = 4
 
 
 @dataclass
@@ -140,6 +153,16 @@ class _Job:
     retry_at_ns: int = 0
     #: The job's last window was skipped after its attempts: its next failures are skipped at once.
     failing: bool = False
+    #: An imported job's windows worth analysing (each window with data and the
+    #: :data:`TRAILING_WINDOWS` after it), ascending; None for a live job (every window).
+    visit: NDArray[np.int64] | None = None
+
+    def next_visit(self) -> int | None:
+        """The first window at or after the cursor worth analysing, ns; None when none is left."""
+        if self.visit is None:
+            return self.cursor_ns
+        i = int(np.searchsorted(self.visit, self.cursor_ns))
+        return int(self.visit[i]) if i < self.visit.size else None
 
 
 class Analyzer:
@@ -208,11 +231,16 @@ class Analyzer:
         due = list(self._due.values())
         return max(0.0, (now - min(due)) / 1e9) if due else 0.0
 
-    def run_once(self, now_ns: int | None = None) -> list[Diagnosis]:
+    def run_once(self, now_ns: int | None = None, *, budget_s: float | None = None) -> list[Diagnosis]:
         """Analyze every complete window not analyzed yet; return the diagnoses written.
+
+        Jobs take turns (module doc, "Isolation"): at most :data:`SLICE_WINDOWS` windows of one
+        job before every other job with windows due has had its turn.
 
         Args:
             now_ns: The present, ns since the epoch (default: the wall clock).
+            budget_s: Stop after the first round of turns that ends past this many seconds
+                (the rest waits for the next pass); None = go on until nothing is due.
 
         Returns:
             Every diagnosis version written, in order (one id may appear several times).
@@ -222,17 +250,24 @@ class Analyzer:
                 analysed, the other jobs were; the first such error is raised after the pass).
         """
         now = time.time_ns() if now_ns is None else int(now_ns)
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         written: list[Diagnosis] = []
-        listed = set()
+        spans = list_jobs(self.store, self.job)
         first_error: ArgusError | None = None
-        for span in list_jobs(self.store, self.job):
-            listed.add(span.job_id)
-            try:
-                self._run_job(span, now, written)
-            except ArgusError as exc:  # its store calls failed: the other jobs go on
-                log.warning("analysis of job %s stopped for this pass: %s", span.job_id, exc)
-                first_error = first_error or exc
-        for gone in self._due.keys() - listed:
+        turn = spans
+        while turn:
+            behind = []
+            for span in turn:
+                try:
+                    if self._run_job(span, now, written):
+                        behind.append(span)
+                except ArgusError as exc:  # its store calls failed: the other jobs go on
+                    log.warning("analysis of job %s stopped for this pass: %s", span.job_id, exc)
+                    first_error = first_error or exc
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            turn = behind
+        for gone in self._due.keys() - {span.job_id for span in spans}:
             del self._due[gone]
         if first_error is not None:
             raise first_error
@@ -242,26 +277,27 @@ class Analyzer:
         """Whether a window of some job waits to be retried (its analysis raised; see the module doc)."""
         return any(job.attempts for job in self._jobs.values())
 
-    def _run_job(self, span: JobSpan, now: int, written: list[Diagnosis]) -> None:
-        """One job's share of a pass: its complete windows not analysed yet, in order; the diagnoses
-        written go into ``written``."""
-        horizon = now - self.grace_ns
+    def _run_job(self, span: JobSpan, now: int, written: list[Diagnosis]) -> bool:
+        """One job's turn in a pass: its complete windows not analysed yet, in order, at most
+        :data:`SLICE_WINDOWS` of them; the diagnoses written go into ``written``. True when more
+        of its windows are complete (its next turn comes after the other jobs')."""
         job = self._job(span, now)
-        end = min(horizon, span.last_ns + TRAILING_WINDOWS * self.window_ns)
-        if not span.imported and job.cursor_ns + self.window_ns <= end:
-            # Wait for every rank still reporting to have its rows past the window stored (its
-            # node agent may be behind), at most WAIT_WINDOWS windows: a window analysed with
-            # some ranks' rows missing sees a fault that is not there, or misses one.
-            since = job.cursor_ns - WAIT_WINDOWS * self.window_ns
-            mark = read_watermark(self.store, span.job_id, since)
-            if mark is not None:
-                end = min(end, max(mark, now - (WAIT_WINDOWS + 1) * self.window_ns))
+        end = self._complete_to(span, job, now)
         if job.cursor_ns + self.window_ns <= end:
             self._due.setdefault(span.job_id, now)  # due by now at the latest
+        analysed = 0
         while job.cursor_ns + self.window_ns <= end and now >= job.retry_at_ns:
+            nxt = job.next_visit()
+            if nxt != job.cursor_ns:  # an imported job's gap: nothing in it to analyse
+                job.cursor_ns = end - end % self.window_ns if nxt is None else nxt
+                job.analysed_to_ns = job.cursor_ns
+                continue
+            if analysed == SLICE_WINDOWS:
+                return True  # its turn is over; the others go first
             done = self._analyze_window(job, job.cursor_ns, now)
             if done is None:
                 break  # retried on a later pass
+            analysed += 1
             written.extend(done)
             job.cursor_ns += self.window_ns
             job.analysed_to_ns = job.cursor_ns
@@ -275,6 +311,21 @@ class Analyzer:
                 self.metrics.forget_job(span.job_id)  # finished long ago: its series would stay forever
         else:
             self._update_gauges(span.job_id, job)
+        return False
+
+    def _complete_to(self, span: JobSpan, job: _Job, now: int) -> int:
+        """Where ``job``'s complete windows end, ns: past the grace for late rows, within its rows'
+        reach, and for a live job no later than its ranks' stored heartbeats (module doc)."""
+        end = min(now - self.grace_ns, span.last_ns + TRAILING_WINDOWS * self.window_ns)
+        if not span.imported and job.cursor_ns + self.window_ns <= end:
+            # Wait for every rank still reporting to have its rows past the window stored (its
+            # node agent may be behind), at most WAIT_WINDOWS windows: a window analysed with
+            # some ranks' rows missing sees a fault that is not there, or misses one.
+            since = job.cursor_ns - WAIT_WINDOWS * self.window_ns
+            mark = read_watermark(self.store, span.job_id, since)
+            if mark is not None:
+                end = min(end, max(mark, now - (WAIT_WINDOWS + 1) * self.window_ns))
+        return end
 
     def _job(self, span: JobSpan, now: int) -> _Job:
         job = self._jobs.get(span.job_id)
@@ -288,6 +339,10 @@ class Analyzer:
         old = job
         job = _Job(JobAnalysis(span.job_id, self.window_ns, min_loss_pct=self.min_loss_pct), cursor)
         job.capped = cursor > span.first_ns - span.first_ns % self.window_ns
+        if span.imported:
+            with_data = read_data_windows(self.store, span.job_id, self.window_ns)
+            after = np.arange(TRAILING_WINDOWS + 1, dtype=np.int64) * self.window_ns
+            job.visit = np.unique((with_data[:, None] + after).ravel())
         stored = read_diagnoses(self.store, span.job_id)
         states = read_states(self.store, span.job_id)
         job.stored_states = {i: st.tracker for i, st in states.items()}
@@ -431,7 +486,7 @@ class Analyzer:
         poll = self._poll_s()
         while not self._stop.is_set():
             try:
-                self.run_once()
+                self.run_once(budget_s=poll)
             except ArgusError as exc:
                 log.warning("analysis failed, retrying: %s", exc)
             except Exception:

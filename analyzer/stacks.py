@@ -137,6 +137,54 @@ def _shares(
     return shares, {k: c.most_common(1)[0][0] for k, c in lines.items()}
 
 
+def _ancestors(rows: list[tuple[str, str, int]]) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """Per (function, file): the functions above it in every stack that holds it."""
+    out: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for thread, frames, _ in rows:
+        if thread.startswith("argus-"):
+            continue
+        above: set[tuple[str, str]] = set()
+        for label in frames.split(";") if frames else []:
+            function, file, _line = _function(label)
+            key = (function, file)
+            out[key] = out[key] & above if key in out else set(above)
+            above.add(key)
+    return out
+
+
+def _carried(
+    excess: dict[tuple[str, str], float],
+    shares: dict[tuple[str, str], float],
+    ancestors: dict[tuple[str, str], set[tuple[str, str]]],
+    samples: int,
+) -> dict[tuple[str, str], float]:
+    """The functions whose excess one function below them carries: per such function, that
+    function's excess.
+
+    A caller's share holds its callees'; when a callee's excess is within the sampling error of
+    the caller's (the binomial standard error of the caller's share over ``samples`` samples), the
+    callee says the same, more precisely (a slow read under the DataLoader's ``__next__``, where a
+    few of the caller's samples fell in its own code or its other callees).
+    """
+    below: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+    for d, above in ancestors.items():
+        for a in above:
+            below[a].append(d)
+    carriers: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for a, callees in below.items():
+        s = shares.get(a, 0.0)
+        error = (s * (1 - s) / samples) ** 0.5 if samples else 0.0
+        found = [d for d in callees if excess.get(d, 0.0) > 0 and excess[d] >= excess[a] - error]
+        if found and excess.get(a, 0.0) > 0:
+            carriers[a] = found
+    # The excess that ranks a carried caller is its most specific carrier's: one carried itself by
+    # none (the read, not the fetch between it and ``__next__``).
+    return {
+        a: max(excess[d] for d in ([d for d in found if d not in carriers] or found))
+        for a, found in carriers.items()
+    }
+
+
 def _depths(rows: list[tuple[str, str, int]]) -> dict[tuple[str, str], int]:
     """Per (function, file): its deepest position in any stack (0 = the root)."""
     out: dict[tuple[str, str], int] = {}
@@ -160,18 +208,27 @@ def top_frames(
 
     Returns:
         Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
-        ``share - peer_share`` first (ties: Python code, then the deepest frame), each > 0:
-        ``share`` is the fraction (0-1) of the flagged rank's samples in which one of its
-        threads was in the function, ``line`` its most sampled line.
+        ``share - peer_share`` first, each > 0: ``share`` is the fraction (0-1) of the flagged
+        rank's samples in which one of its threads was in the function, ``line`` its most
+        sampled line. A caller whose excess a function below it carries (within sampling error,
+        :func:`_carried`) comes right after that function, not before it; ties (a hung rank's
+        one dump holds every frame of its stack in every sample) go to Python code before
+        native frames, then to the frame nearest the leaf: the most specific.
     """
     mine, lines = _shares(flagged)
     theirs, _ = _shares(peer)
     depth = _depths(flagged)
-    # Ties (a hung rank's one dump holds every frame of its stack in every sample) go to Python
-    # code before native frames, then to the frame nearest the leaf: the most specific.
-    excess = sorted(
-        ((s - theirs.get(k, 0.0), k) for k, s in mine.items()),
-        key=lambda e: (-e[0], not e[1][1].endswith(".py"), -depth.get(e[1], 0), e[1]),
+    excess = {k: s - theirs.get(k, 0.0) for k, s in mine.items()}
+    carried = _carried(excess, mine, _ancestors(flagged), _samples(flagged))
+    ranked = sorted(
+        excess,
+        key=lambda k: (
+            -carried.get(k, excess[k]),
+            not k[1].endswith(".py"),
+            k in carried,
+            -depth.get(k, 0),
+            k,
+        ),
     )
     return [
         {
@@ -181,8 +238,8 @@ def top_frames(
             "share": round(mine[k], 4),
             "peer_share": round(theirs.get(k, 0.0), 4),
         }
-        for gap, k in excess[:n]
-        if gap > 0
+        for k in ranked[:n]
+        if excess[k] > 0
     ]
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "JobSpan",
     "Liveness",
     "list_jobs",
+    "read_data_windows",
     "read_liveness",
     "read_watermark",
     "read_window",
@@ -116,6 +117,24 @@ def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
             strict=True,
         )
     ]
+
+
+def read_data_windows(store: Store, job_id: str, window_ns: int) -> NDArray[np.int64]:
+    """Starts of the windows, ns, in which ``job_id`` has a row (a step's or collective's start or
+    end, a host sample, a kernel summary), ascending: what is worth analysing of a job whose data
+    has gaps (an imported trace may span years with nothing between its parts)."""
+    sql = """
+        SELECT DISTINCT intDiv(t, {w:Int64}) * {w:Int64} AS w FROM (
+            SELECT arrayJoin([start_ns, start_ns + dur_ns]) AS t FROM steps WHERE job_id = {job:String}
+            UNION ALL
+            SELECT arrayJoin([issue_ns, start_ns + dur_ns]) FROM collectives WHERE job_id = {job:String}
+            UNION ALL
+            SELECT time_ns FROM host_samples WHERE job_id = {job:String}
+            UNION ALL
+            SELECT window_start_ns FROM kernel_summaries WHERE job_id = {job:String}
+        ) WHERE t >= 0 ORDER BY w
+    """
+    return _col(store.query(sql, {"job": job_id, "w": window_ns}), "w")
 
 
 def _steps_filter() -> str:

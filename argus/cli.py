@@ -178,6 +178,13 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="agent streams kept open at once; past it a new one gets UNAVAILABLE (default %(default)s)",
     )
+    p.add_argument(
+        "--max-read-rows",
+        type=int,
+        default=config.DEFAULT_MAX_READ_ROWS,
+        metavar="N",
+        help="rows of the store one REST read may scan; 422 past it (default %(default)s)",
+    )
 
 
 def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_COLLECTOR",
     "DEFAULT_GRPC_LISTEN",
     "DEFAULT_HTTP_LISTEN",
+    "DEFAULT_MAX_READ_ROWS",
     "DEFAULT_MAX_UPLOAD_BYTES",
     "DEFAULT_MIN_LOSS_PCT",
     "DEFAULT_RETENTION_DAYS",
@@ -106,6 +107,10 @@ DEFAULT_STORE_MEMORY_BYTES = 4 * 1024**3
 #: Agent streams one server keeps open at once (each holds a thread); past it a new stream is
 #: refused with UNAVAILABLE (argus.collector.grpc_service).
 DEFAULT_MAX_STREAMS = 2048
+#: Rows of the store one REST read may scan (ClickHouse ``max_rows_to_read``); past it the request
+#: is answered 422 (:class:`argus.errors.TooManyRows`). A day of a 10,000-rank job's steps at two
+#: steps a second is 1.7 billion rows; a billion is a few seconds of a ClickHouse server's scan.
+DEFAULT_MAX_READ_ROWS = 1_000_000_000
 #: gRPC message size limit, both directions; larger batches are split by the agent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: ClickHouse database holding the tables of argus.schema.
@@ -260,6 +265,7 @@ class ServerConfig:
         max_upload_bytes: Cap on a trace upload's body and decompressed text, bytes (>= 1; 413 past it).
         stack_interval_s: Seconds between two stack captures of one open diagnosis (> 0).
         max_streams: Agent streams kept open at once (>= 1; past it a new one is refused).
+        max_read_rows: Rows of the store one REST read may scan (>= 1; 422 past it).
     """
 
     store: str = DEFAULT_STORE_URL
@@ -275,6 +281,7 @@ class ServerConfig:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     stack_interval_s: float = DEFAULT_STACK_INTERVAL_S
     max_streams: int = DEFAULT_MAX_STREAMS
+    max_read_rows: int = DEFAULT_MAX_READ_ROWS
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
@@ -289,6 +296,8 @@ class ServerConfig:
             raise ConfigError(f"--max-upload-bytes must be >= 1, got {self.max_upload_bytes}")
         if self.max_streams < 1:
             raise ConfigError(f"--max-streams must be >= 1, got {self.max_streams}")
+        if self.max_read_rows < 1:
+            raise ConfigError(f"--max-read-rows must be >= 1, got {self.max_read_rows}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -311,6 +320,7 @@ class ServerConfig:
             max_upload_bytes=args.max_upload_bytes,
             stack_interval_s=args.stack_interval_s,
             max_streams=args.max_streams,
+            max_read_rows=args.max_read_rows,
         )
 
 

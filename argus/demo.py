@@ -5,8 +5,10 @@ It starts `argus server` on an embedded store, a node agent, and a real N-rank
 ``--layout`` chosen: data, pipeline × data or tensor × data parallel) under
 `argus run`; after a healthy warm-up the chosen fault hits one rank. The demo
 polls the REST API until a diagnosis has held for two windows (or, for
-``--scenario none``, for a fixed time), stops the job cleanly, and prints the
-diagnoses: as a person reads them, or with ``--json`` as one JSON document.
+``--scenario none``, for a fixed time), and, when the diagnosis gets a stack capture (L5),
+until its top frames are in it (at most :data:`STACKS_WAIT_S` more); it stops the job
+cleanly, and prints the diagnoses: as a person reads them (the top frames under each), or
+with ``--json`` as one JSON document.
 Progress goes to stderr, the report (or the JSON document) to stdout.
 """
 
@@ -26,13 +28,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from argus import render
+from argus.analyzer.stacks import STACK_CAUSES
 from argus.config import DEFAULT_SERVER_URL
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
@@ -48,6 +51,10 @@ WARMUP_S = 10.0
 FAULT_TIMEOUT_S = 75.0
 #: With no fault, train this long after the warm-up, seconds.
 CLEAN_RUN_S = 25.0
+#: Longest wait, past the window after a diagnosis opens, for its stack capture's top frames, s:
+#: the request, a 3 s capture, its rows' trip to the store and the next window's analysis took
+#: 23 s from the diagnosis's opening on this 2-core machine at a load of 15 (5-10 s unloaded).
+STACKS_WAIT_S = 4 * WINDOW_S
 #: How the status line names each ``--layout``.
 LAYOUT_NAMES = {
     "dp": "data parallel (DDP)",
@@ -108,6 +115,35 @@ def _diagnoses(http: str, job_id: str) -> list[Diagnosis]:
 
 def _any_open(diagnoses: list[Diagnosis]) -> bool:
     return any(d.state == "open" for d in diagnoses)
+
+
+def _have_stacks(diagnoses: list[Diagnosis]) -> bool:
+    """Whether every open diagnosis that gets a stack capture carries its top frames."""
+    return all("top_frames" in d.evidence for d in diagnoses if d.state == "open" and d.cause in STACK_CAUSES)
+
+
+def _with_stacks(live: list[Diagnosis], final: list[Diagnosis]) -> list[Diagnosis]:
+    """``live`` with the top frames (``evidence.top_frames``, ``evidence.stacks``) of the final
+    version of each where only that one has them (the capture landed after the last look)."""
+    latest = {d.id: d for d in final}
+    return [_stacks_from(d, latest.get(d.id)) for d in live]
+
+
+def _stacks_from(d: Diagnosis, later: Diagnosis | None) -> Diagnosis:
+    if "top_frames" in d.evidence or later is None or "top_frames" not in later.evidence:
+        return d
+    stacks: dict[str, Any] = {k: later.evidence[k] for k in ("top_frames", "stacks") if k in later.evidence}
+    return replace(d, evidence={**d.evidence, **stacks})
+
+
+def _waited_enough(live: list[Diagnosis], opened_at: float | None) -> bool:
+    """One window after the first diagnosis opened (so that the report shows it updated and
+    anything else that opens beside it), and its stack capture's top frames are in (or
+    :data:`STACKS_WAIT_S` more have passed)."""
+    if opened_at is None:
+        return False
+    waited = time.monotonic() - opened_at
+    return waited > WINDOW_S and (_have_stacks(live) or waited > WINDOW_S + STACKS_WAIT_S)
 
 
 def _print_human(
@@ -254,13 +290,7 @@ def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader fol
                     status.update(f"training ({stage}, {elapsed:.0f} s): {len(live)} diagnoses so far")
                     if opened_at is None and _any_open(live):
                         opened_at = time.monotonic()
-                    # One more window after the first diagnosis opens, so that the
-                    # report shows it updated and anything else that opens beside it.
-                    if (
-                        args.steps is None
-                        and opened_at is not None
-                        and time.monotonic() - opened_at > WINDOW_S
-                    ):
+                    if args.steps is None and _waited_enough(live, opened_at):
                         break
                 with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
                     live = _diagnoses(http, job_id)
@@ -278,7 +308,7 @@ def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader fol
         # The report is what Argus said while the job ran (it resolves a finished job's
         # diagnoses), plus anything that opened only at the end, which should be nothing.
         seen = {d.id for d in live}
-        found = live + [d for d in final if d.id not in seen]
+        found = _with_stacks(live, final) + [d for d in final if d.id not in seen]
         trace = trace_path(work, keep_data, job_id)
         with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
             ranks = f"{slow_rank},0" if slow_rank not in (None, 0) else "0"

@@ -40,12 +40,13 @@ size knob:
   passes through the rank's own layers (no communication; a fraction is a pass
   over that share of the batch), as a slower device would;
 - ``host_stall``: every ``--stall-every`` steps the host stops for
-  ``--stall-s`` (a blocking sleep outside the loader and the model), as when a
+  ``--stall-s`` (a blocking sleep outside the loader and the model,
+  :func:`injected_host_stall`), as when a
   process is descheduled or a Python thread blocks;
 - ``spiky_stall``: a rare large stall: one stop of ``--spike-s`` every
   ``--spike-every`` steps;
 - ``dataloader``: the rank's ``Dataset.__getitem__`` sleeps ``--sample-delay-s``
-  per sample, as a slow file system or decoder would (pp: stage 0 only);
+  per sample (:func:`injected_slow_read`), as a slow file system or decoder would (pp: stage 0 only);
 - ``host_work``: before the ``--sync`` point of every step the rank computes on
   its CPU for ``--host-work-s`` (busy, not asleep), so the job absorbs its
   lateness at the barrier or broadcast, before the gradient all-reduce.
@@ -94,6 +95,8 @@ __all__ = [
     "TinyLM",
     "Tokens",
     "extra_passes",
+    "injected_host_stall",
+    "injected_slow_read",
     "main",
     "parse_args",
     "shutdown",
@@ -147,6 +150,18 @@ def extra_passes(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, repeat: flo
             fn(x[:rows])
 
 
+def injected_slow_read(seconds: float) -> None:
+    """The ``dataloader`` fault: one sample's slow read (a sleep of ``seconds``), under its own
+    name so that the rank's stacks (L5) name it."""
+    time.sleep(seconds)
+
+
+def injected_host_stall(seconds: float) -> None:
+    """The ``host_stall`` fault: the host stops for ``seconds`` (a blocking sleep), under its own
+    name so that the rank's stacks (L5) name it."""
+    time.sleep(seconds)
+
+
 class Tokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Synthetic next-token data: ``(seq_len,)`` int64 inputs and targets."""
 
@@ -161,7 +176,7 @@ class Tokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fault.active("dataloader"):
-            time.sleep(self.sample_delay_s)
+            injected_slow_read(self.sample_delay_s)
         row = self.data[i]
         return row[:-1], row[1:]
 
@@ -641,7 +656,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     while step < args.steps:
         batch = next(job.batches)
         if fault.active("host_stall") and step % args.stall_every == 0:
-            time.sleep(args.stall_s)
+            injected_host_stall(args.stall_s)
         if fault.active("spiky_stall") and step % args.spike_every == 0:
             time.sleep(args.spike_s)
         if args.sync != "none":

@@ -28,6 +28,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "TooLarge",
+    "TooManyRows",
     "TraceError",
     "Unauthenticated",
 ]
@@ -67,6 +68,21 @@ class TraceError(ArgusError):
 
 class TooLarge(ArgusError):
     """A request body or its decompressed text is past its cap (argus.limits); nothing is written."""
+
+
+class TooManyRows(ArgusError):
+    """A read would scan more rows of the store than its limit (``max_rows_to_read``); nothing is answered.
+
+    Args:
+        limit: The limit, rows.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            f"the request would read more than {limit:,} rows of the store (max_read_rows, "
+            "argus server --max-read-rows): ask for a shorter time range (start, end) or fewer ranks"
+        )
 
 
 class NotBuiltYet(ArgusError):

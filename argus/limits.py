@@ -19,6 +19,7 @@ lists these with their defaults and flags.
     max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
                                                                   decompressed (LZ4/ZSTD bodies)
     max_streams           2,048             --max-streams         agent streams open at once (gRPC)
+    max_read_rows         1,000,000,000     --max-read-rows       rows one REST read may scan (422)
     max_execution_time    60 s              (none)                every store call (argus.store)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
 

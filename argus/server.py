@@ -102,6 +102,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             tls=config.tls,
             window_s=config.window_s,
             max_upload_bytes=config.max_upload_bytes,
+            max_read_rows=config.max_read_rows,
         )
         notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(

@@ -32,15 +32,15 @@ while other work loaded it, load average 4-25; figures of 2026-12-01):
   class (``Python()`` inserts) in the same interleaved runs; ``bench/ingest.py`` through
   `argus server` stayed within the load's noise (README).
 
-Bounded work: every call (query, command, insert) runs under ClickHouse's ``max_execution_time``
+Bounded work: every call (query, command, insert) carries ClickHouse's ``max_execution_time``
 and ``max_memory_usage`` (defaults :data:`~argus.config.DEFAULT_STORE_TIMEOUT_S`,
-:data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"): a call past either fails
+:data:`~argus.config.DEFAULT_STORE_MEMORY_BYTES`; README "Limits"; sent with each call to a
+server, set once on the session in chDB, whose backend would wrap each call in five more engine
+calls to apply and restore them): a call past either fails
 with :class:`~argus.errors.StoreError` (``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``) and
-the server goes on. A server gets them with every call; the embedded engine gets them once, as
-settings of the client's own chDB session (each client has its own), because the chDB backend
-applies per-call query settings as ``SET`` statements around the call and reads
-``system.settings`` to restore them: a 4.5 ms query took 31 ms so (2026-12-02, load average 11),
-which at 10,000 ranks was most of the collector's and the analyzer's store time (``bench/scale.py``).
+the server goes on. The REST API reads through :meth:`ClickHouseStore.reading_at_most`, which
+adds ``max_rows_to_read`` (default :data:`~argus.config.DEFAULT_MAX_READ_ROWS`, ``argus server
+--max-read-rows``): a read that would scan more is refused (422), not run for a minute.
 
 Deduplication: with a token, ClickHouse drops a block inserted before under the same token;
 without one nothing is dropped. Newer ClickHouse (the 26.9 engine of chDB 4.4) switches that
@@ -50,6 +50,7 @@ server knows.
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import re
 from collections.abc import Mapping
@@ -65,7 +66,7 @@ from argus.config import (
     DEFAULT_STORE_MEMORY_BYTES,
     DEFAULT_STORE_TIMEOUT_S,
 )
-from argus.errors import ConfigError, StoreError, StoreLocked
+from argus.errors import ConfigError, StoreError, StoreLocked, TooManyRows
 from argus.schema import TABLES, create_statements, migration_statements
 
 __all__ = [
@@ -117,6 +118,18 @@ class Store(Protocol):
         """Release the connection; the store is unusable afterwards."""
         ...
 
+    def reading_at_most(self, rows: int) -> Store:
+        """This store, over the same connection, with every query scanning at most ``rows`` rows.
+
+        A query past it raises :class:`~argus.errors.TooManyRows` (ClickHouse's
+        ``max_rows_to_read``, counted over the parts a query reads, after the primary
+        key prunes them). Closing the view closes this store.
+
+        Raises:
+            ConfigError: ``rows`` < 1.
+        """
+        ...
+
 
 class ClickHouseStore:
     """:class:`Store` over one clickhouse-connect client, for ``chdb://`` and ``clickhouse://`` URLs.
@@ -145,6 +158,8 @@ class ClickHouseStore:
             raise ConfigError(f"store limits must be >= 1, got {timeout_s} s and {memory_bytes} bytes")
         #: Settings every call carries (module docstring, "Bounded work").
         self.limits: dict[str, Any] = {"max_execution_time": timeout_s, "max_memory_usage": memory_bytes}
+        #: Rows one query may read (:meth:`reading_at_most`); None = unbounded.
+        self.max_rows_read: int | None = None
         self.url = url
         scheme, sep, rest = url.partition("://")
         self.embedded = scheme == "chdb" and bool(sep)
@@ -167,16 +182,19 @@ class ClickHouseStore:
             if self.embedded:
                 self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
                 self._client.database = self.database
-                for name, value in self.limits.items():  # this client's session: see the module doc
+                # The chDB backend applies per-call settings with a SET before and after each call
+                # and a read of system.settings: five engine calls more per call. The session is
+                # this store's alone, so its limits are set on it once.
+                for name, value in self.limits.items():
                     self._client.command(f"SET {name} = {int(value)}")
         except ConfigError:
             raise
         except Exception as exc:
             raise _open_error(url, exc) from exc
+        #: What each call sends along: the limits, unless the session holds them.
+        self._per_call: dict[str, Any] = {} if self.embedded else dict(self.limits)
         # Newer ClickHouse switches deduplication with `deduplicate_insert` (`insert_deduplicate`
         # counts only under its `backward_compatible_choice`); older servers know only the latter.
-        #: Settings each query and command carries: none on the embedded engine (its session has them).
-        self._call_settings: dict[str, Any] = {} if self.embedded else self.limits
         known = getattr(self._client, "server_settings", {}) or {}
         self._no_dedup: dict[str, Any] = (
             {"deduplicate_insert": "disable"} if "deduplicate_insert" in known else {"insert_deduplicate": 0}
@@ -185,27 +203,37 @@ class ClickHouseStore:
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else self._no_dedup
         try:
-            self._client.insert_arrow(table, data, settings={**self.limits, **settings})
+            self._client.insert_arrow(table, data, settings={**self._per_call, **settings})
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> pa.Table:
         try:
             result: pa.Table = self._client.query_arrow(
-                sql, parameters=dict(parameters or {}), settings=self._call_settings
+                sql, parameters=dict(parameters or {}), settings=self._per_call
             )
         except Exception as exc:
+            if self.max_rows_read is not None and "TOO_MANY_ROWS" in str(exc):
+                raise TooManyRows(self.max_rows_read) from exc
             raise StoreError(f"{self._what}: {exc}") from exc
         return result
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None) -> None:
         try:
-            self._client.command(sql, parameters=dict(parameters or {}), settings=self._call_settings)
+            self._client.command(sql, parameters=dict(parameters or {}), settings=self._per_call)
         except Exception as exc:
             raise StoreError(f"{self._what}: {exc}") from exc
 
     def close(self) -> None:
         self._client.close()
+
+    def reading_at_most(self, rows: int) -> ClickHouseStore:
+        if rows < 1:
+            raise ConfigError(f"a read limit must be >= 1 row, got {rows}")
+        view = copy.copy(self)
+        view.max_rows_read = rows
+        view._per_call = {**self._per_call, "max_rows_to_read": rows, "read_overflow_mode": "throw"}
+        return view
 
     @property
     def _what(self) -> str:

@@ -36,6 +36,13 @@ replayed) whose graph-launched kernels per step (``graph_kernels_per_step``) are
 compared with a profiler run of it (``graph_kernel_count_ratio``). It runs unattended
 on one GPU in about 5-7 minutes.
 
+Stack captures (issue 15), CPU: ``--capture-pairs`` pairs of ``plain`` and ``stacks``, the
+``argus`` arm with rank 0's stacks captured (py-spy, 3 s) every 8 s, asked for by the
+acknowledge-only collector on its acks as the analyzer would. ``capture_step_ratio`` compares rank
+0's steps that overlapped a capture with its other steps; ``outside_capture_ratio`` (with
+``outside_ci95_low``/``high``) those other steps with the plain run of the same pair: the cost of
+Argus outside a capture, which should match ``step_time_ratio``.
+
 A run's figure is rank 0's mean step time over its measured steps (after
 ``--warmup``): throughput, so that costs paid once a second (the shipper thread)
 count. ``cpu_ratio`` compares the CPU time per step of all ranks together
@@ -44,7 +51,8 @@ count. ``cpu_ratio`` compares the CPU time per step of all ranks together
 core). Progress goes to stdout; the last line holds every figure::
 
     step_time_ratio=… ci95_low=… ci95_high=… pairs=… full_stack_ratio=… micro_ratio=…
-    micro_inprocess_ratio=… cpu_ratio=… agent_cpu_pct=… failed_runs=… load_avg=START/END
+    micro_inprocess_ratio=… cpu_ratio=… agent_cpu_pct=… capture_step_ratio=… outside_capture_ratio=…
+    outside_ci95_low=… outside_ci95_high=… captured_steps=… failed_runs=… load_avg=START/END
     (--cuda adds cupti_off_ratio=… cupti_slice_ratio=… captured_share=… cupti=… kernel_summary_rows=…;
      --capture always adds kernels_per_step=… profiler_kernels_per_step=… kernel_count_ratio=…
      dropped_records=… graph_kernels_per_step=… graph_profiler_kernels_per_step=…
@@ -243,9 +251,12 @@ def measure(args: argparse.Namespace) -> None:
         job.loss(model(x), y).backward()
         opt.step()
 
+    ends_ns: list[int] = []  # each measured step's end, ns since the epoch (stack captures)
+
     def train(model: Any, opt: Any, steps: int = 0, seconds: float = 0.0) -> tuple[list[float], list[bool]]:
         times: list[float] = []
         flags: list[bool] = []
+        ends_ns.clear()
         t_start = t_prev = time.perf_counter()
         while (steps and len(times) < steps) or (seconds and t_prev - t_start < seconds):
             one_step(model, opt)
@@ -254,6 +265,7 @@ def measure(args: argparse.Namespace) -> None:
             t = time.perf_counter()
             times.append(t - t_prev)
             flags.append(capturing())
+            ends_ns.append(time.time_ns())
             t_prev = t
         return times, flags
 
@@ -276,6 +288,7 @@ def measure(args: argparse.Namespace) -> None:
                 "capturing": flags,
                 "cpu_per_step": sum(every),
                 "steps_total": args.warmup + len(times),
+                "ends_ns": ends_ns,
             }
             Path(args.out).write_text(json.dumps(doc))
     else:
@@ -339,6 +352,11 @@ def _probe() -> Any:
 
 # --- an acknowledge-only collector ----------------------------------------------------------------
 
+#: Arm ``stacks``: a capture of rank 0 this often, seconds, each sampling this long, ms (the
+#: analyzer's own capture length, argus.analyzer.stacks).
+CAPTURE_EVERY_S = 8.0
+CAPTURE_MS = 3000
+
 
 class AckCollector:
     """``argus.v1.Collector`` that acknowledges every batch and counts rows per table.
@@ -358,8 +376,22 @@ class AckCollector:
         self.kernels: dict[str, int] = {}
         self.graph_kernels: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
+        #: Jobs whose rank 0 is asked for a stack capture every CAPTURE_EVERY_S (arm ``stacks``).
+        self.capture_jobs: set[str] = set()
+        #: Per job, the (start, end) ns of the stack captures of rank 0 its agent sent.
+        self.captures: dict[str, set[tuple[int, int]]] = {}
+        asked: dict[str, float] = {}
         lock = threading.Lock()
         outer = self
+
+        def requests(job: str) -> list[Any]:
+            """A capture request of rank 0 when ``job``'s last one is CAPTURE_EVERY_S old."""
+            now = time.monotonic()
+            if job not in outer.capture_jobs or now - asked.get(job, 0.0) < CAPTURE_EVERY_S:
+                return []
+            asked[job] = now
+            capture_id = f"bench-{job}-{int(now * 1e3)}"
+            return [pb.StackCapture(capture_id=capture_id, job_id=job, ranks=[0], duration_ms=CAPTURE_MS)]
 
         class Servicer(collector_pb2_grpc.CollectorServicer):
             def Stream(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802
@@ -383,7 +415,13 @@ class AckCollector:
                         elif batch.table == pb.HOST_SAMPLES and n:
                             extra = pc.sum(data["dropped_events"]).as_py() or 0
                             outer.dropped[job] = outer.dropped.get(job, 0) + extra
-                    yield pb.Ack(seq=batch.seq, status=pb.Ack.STORED, rows=n)
+                        elif batch.table == pb.STACKS and n:
+                            columns = (data[c].to_pylist() for c in ("rank", "time_ns", "duration_ns"))
+                            for rank, t, d in zip(*columns, strict=True):
+                                if rank == 0:
+                                    outer.captures.setdefault(job, set()).add((t, t + d))
+                        asks = requests(job)
+                    yield pb.Ack(seq=batch.seq, status=pb.Ack.STORED, rows=n, stack_captures=asks)
 
             def Clock(self, request: Any, context: Any) -> Any:  # noqa: N802
                 return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())
@@ -417,6 +455,21 @@ class Run:
     job_id: str = ""
     #: Training steps the run took (warm-up included): all of them ran under capture when always on.
     steps_total: int = 0
+    #: Each measured step's end, ns since the epoch.
+    ends_ns: list[int] = field(default_factory=list)
+
+    def mark_captures(self, captures: set[tuple[int, int]]) -> None:
+        """Flag (in ``capturing``) the steps that overlap one of ``captures`` ((start, end) ns)."""
+        spans = sorted(captures)
+        self.capturing = [
+            any(end - int(t * 1e9) <= hi and end >= lo for lo, hi in spans)
+            for t, end in zip(self.times, self.ends_ns, strict=True)
+        ]
+
+    def outside(self) -> float:
+        """Mean step time of the steps not flagged in ``capturing``, s."""
+        off = [t for t, c in zip(self.times, self.capturing, strict=True) if not c]
+        return statistics.fmean(off) if off else float("nan")
 
     @property
     def mean(self) -> float:
@@ -450,6 +503,8 @@ class Bench:
         self.runs = 0
         self.failures: list[str] = []
         self.run_s: list[float] = []
+        #: The acknowledge-only collector (arm ``stacks`` asks it for captures).
+        self.collector: AckCollector | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -518,14 +573,29 @@ class Bench:
         raise RuntimeError(f"run {job_id} ({arm}) failed three times")
 
     def run(self, kind: str, arm: str, sock: str | None, job_id: str) -> Run:
+        """One run of ``arm``; arm ``stacks`` is ``argus`` with rank 0's stacks captured now and then
+        (:data:`CAPTURE_EVERY_S`), its steps flagged in ``capturing`` when they overlap a capture."""
         nproc = 1 if kind.startswith("gpu") else self.args.ranks
         extra = ["--steps", str(self.args.steps), "--measure-s", str(self.args.measure_s)]
         cmd, out = self.job(kind, nproc, extra)
+        if arm == "stacks" and self.collector is not None:
+            self.collector.capture_jobs.add(job_id)
         got = self.launch(cmd, out, arm, sock, job_id)
         steps = int(got.get("replays", got.get("steps_total", 0)))
-        return Run(
-            got["times"], got["capturing"], got["cpu_per_step"], got.get("agent_cpu", 0.0), job_id, steps
+        run = Run(
+            got["times"],
+            got["capturing"],
+            got["cpu_per_step"],
+            got.get("agent_cpu", 0.0),
+            job_id,
+            steps,
+            [int(t) for t in got.get("ends_ns", [])],
         )
+        if arm == "stacks" and self.collector is not None:
+            self.collector.capture_jobs.discard(job_id)
+            time.sleep(2.0)  # the last capture's rows are shipped within the agent's flush
+            run.mark_captures(self.collector.captures.get(job_id, set()))
+        return run
 
     def profile(self, kind: str, steps: int = 50) -> float:
         """Kernels per step of ``kind`` as ``torch.profiler`` counts them (a plain run, no Argus)."""
@@ -658,6 +728,20 @@ def capture_checks(checks: dict[str, Any], main_rounds: list[dict[str, Run]], co
     )
 
 
+def stack_capture_figures(rounds: list[dict[str, Run]]) -> str:
+    """Issue 15's figures of the ``stacks`` arm: rank 0's steps during a capture against outside one
+    (``capture_step_ratio``), and its steps outside captures against the plain run of the same pair
+    (``outside_capture_ratio``, with a bootstrap 95 % interval)."""
+    during = [s for r in rounds if (s := r["stacks"].slice_ratio()) is not None]
+    outside = [r["stacks"].outside() / r["plain"].mean for r in rounds]
+    lo, hi = bootstrap_ci(outside)
+    flags = [c for r in rounds for c in r["stacks"].capturing]
+    return (
+        f" capture_step_ratio={median_or_nan(during):.4f} outside_capture_ratio={median_or_nan(outside):.4f}"
+        f" outside_ci95_low={lo:.4f} outside_ci95_high={hi:.4f} captured_steps={sum(flags)}/{len(flags)}"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -675,6 +759,12 @@ def parse_args() -> argparse.Namespace:
         "--inprocess-pairs", type=int, default=None, help="micro-job block pairs in one probed job (0: skip)"
     )
     p.add_argument("--block", type=int, default=25, help="steps per in-process block")
+    p.add_argument(
+        "--capture-pairs",
+        type=int,
+        default=None,
+        help="pairs of plain and argus with rank 0's stacks captured every 8 s (CPU default 3; 0: skip)",
+    )
     p.add_argument(
         "--cupti-duty", default="", help="ARGUS_CUPTI_DUTY for the argus arm (default: the probe's)"
     )
@@ -704,6 +794,7 @@ def main() -> int:
     args.full_stack_pairs = args.full_stack_pairs if args.full_stack_pairs is not None else (0 if cuda else 5)
     args.micro_pairs = args.micro_pairs if args.micro_pairs is not None else (0 if cuda else 5)
     args.inprocess_pairs = args.inprocess_pairs if args.inprocess_pairs is not None else (0 if cuda else 15)
+    args.capture_pairs = args.capture_pairs if args.capture_pairs is not None else (0 if cuda else 3)
     args.measure_s = args.measure_s if args.measure_s is not None else (20.0 if cuda else 0.0)
     args.steps = args.steps if args.steps is not None else (0 if cuda else 150)
     budget = args.budget_s if args.budget_s is not None else (300.0 if cuda else 0.0)
@@ -728,9 +819,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="argus-bench-", dir="/tmp"))
     bench = Bench(args, work)
     collector = AckCollector()
+    bench.collector = collector
     server = None
     main_rounds: list[dict[str, Run]] = []
     micro_rounds: list[dict[str, Run]] = []
+    capture_rounds: list[dict[str, Run]] = []
     full_rounds: list[dict[str, Run]] = []
     inproc: list[float] = []
     arms: list[str] = []
@@ -759,6 +852,8 @@ def main() -> int:
                 micro_rounds = bench.rounds("micro", ["plain", "argus"], sock, args.micro_pairs, "micro")
             if args.inprocess_pairs:
                 inproc = bench.inprocess("micro", sock)
+            if args.capture_pairs:
+                capture_rounds = bench.rounds("demo", ["plain", "stacks"], sock, args.capture_pairs, "stacks")
         if args.full_stack_pairs:
             server, target = start_server(work, bench.env)
             full_sock = bench.start_agent(target, "server")
@@ -805,6 +900,8 @@ def main() -> int:
             f" micro_inprocess_ratio={median_or_nan(inproc):.4f}"
             f" step_ms={median_or_nan([r['plain'].mean * 1e3 for r in main_rounds]):.2f}"
         )
+    if capture_rounds:
+        line += stack_capture_figures(capture_rounds)
     if checks:
         line += capture_checks(checks, main_rounds, collector)
     line += f" failed_runs={len(bench.failures)} load_avg={load_start:.2f}/{os.getloadavg()[0]:.2f}"

@@ -18,6 +18,7 @@ from argus import config
 from argus.cli import build_parser
 from argus.collector.api import create_app
 from argus.metrics import Metrics
+from argus.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -53,8 +54,12 @@ def test_cli_commands_and_options_are_the_readme_table() -> None:
     assert got == documented
 
 
-def test_rest_routes_are_the_readme_table() -> None:
-    schema = create_app(None, metrics=Metrics()).openapi()  # type: ignore[arg-type]  # routes only
+def test_rest_routes_are_the_readme_table(tmp_path: Path) -> None:
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    try:
+        schema = create_app(store, metrics=Metrics()).openapi()
+    finally:
+        store.close()
     got = {
         f"{method.upper()} {path}"
         for path, operations in schema["paths"].items()

@@ -30,8 +30,8 @@ from argus.collector.api.errors import ERROR_RESPONSES, error_response, install_
 from argus.collector.api.jobs import recent_job_status_counts
 from argus.collector.api.models import Health
 from argus.collector.api.routes import build_router
-from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S
-from argus.errors import StoreError, TooLarge, Unauthenticated
+from argus.config import DEFAULT_MAX_READ_ROWS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S
+from argus.errors import StoreError, TooLarge, TooManyRows, Unauthenticated
 from argus.metrics import Metrics
 from argus.store import Store
 
@@ -103,6 +103,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
     window_s: float = DEFAULT_WINDOW_S,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    max_read_rows: int = DEFAULT_MAX_READ_ROWS,
 ) -> FastAPI:
     """The FastAPI app of an `argus server` over ``store``.
 
@@ -113,8 +114,10 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
         heartbeat_timeout_s: A rank silent this long (no host sample) is not ``running``.
         window_s: The analysis window; uploaded traces are summarised in windows of this length.
         max_upload_bytes: Cap on a request body and on an upload's decompressed text (413 past it).
+        max_read_rows: Rows of the store one request may scan (422 past it, naming the limit).
     """
     timeout_ns = int(heartbeat_timeout_s * 1e9)
+    reads = store.reading_at_most(max_read_rows)
     # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
     bearer = HTTPBearer(auto_error=False, description="Only when the server runs with --token")
     secured = [Security(bearer)] if token else []
@@ -140,7 +143,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
 
     app.include_router(
         build_router(
-            store, heartbeat_timeout_ns=timeout_ns, window_s=window_s, max_upload_bytes=max_upload_bytes
+            reads, heartbeat_timeout_ns=timeout_ns, window_s=window_s, max_upload_bytes=max_upload_bytes
         ),
         dependencies=secured,
     )
@@ -163,11 +166,11 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
         now = time.time_ns()
         try:
             counts = recent_job_status_counts(
-                store, since_ns=now - _RECENT_S * 1_000_000_000, now_ns=now, timeout_ns=timeout_ns
+                reads, since_ns=now - _RECENT_S * 1_000_000_000, now_ns=now, timeout_ns=timeout_ns
             )
             for status in ("running", "finished", "unknown"):
                 metrics.jobs.labels(status).set(counts.get(status, 0))
-        except StoreError as exc:
+        except (StoreError, TooManyRows) as exc:
             log.warning("argus_jobs not updated: %s", exc)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

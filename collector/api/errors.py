@@ -5,6 +5,7 @@
     BadParameter      → 422      a query parameter the API cannot use
     TraceError        → 422      an uploaded trace that cannot be imported
     TooLarge          → 413      an upload past --max-upload-bytes (body or decompressed)
+    TooManyRows       → 422      a read that would scan more than --max-read-rows rows
     InvalidBatch      → 422
     ConfigError       → 422
     NotBuiltYet       → 501      a part of the design not implemented yet
@@ -31,6 +32,7 @@ from argus.errors import (
     NotFound,
     StoreError,
     TooLarge,
+    TooManyRows,
     TraceError,
     Unauthenticated,
 )
@@ -45,6 +47,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (BadParameter, 422),
     (TraceError, 422),
     (TooLarge, 413),
+    (TooManyRows, 422),
     (InvalidBatch, 422),
     (ConfigError, 422),
     (NotBuiltYet, 501),

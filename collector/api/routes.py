@@ -151,6 +151,12 @@ def build_router(
         rank: Annotated[int | None, Query(ge=0, le=2**32 - 1, description="only this rank")] = None,
         start: TimeParam = None,
         end: TimeParam = None,
+        capture: Annotated[
+            str | None,
+            Query(
+                max_length=256, description="only this capture (a diagnosis's `evidence.stacks.capture_id`)"
+            ),
+        ] = None,
         format: Annotated[
             Literal["json", "collapsed"],
             Query(description="`json` (pages of rows) or `collapsed` (folded stacks, all rows asked for)"),
@@ -162,7 +168,15 @@ def build_router(
         to leaf), samples, idle, GIL, and the sampler that took them."""
         lo, hi = _range(start, end)
         return stacks_answer(
-            store, job_id, rank, lo, hi, collapsed=format == "collapsed", limit=limit, cursor=cursor
+            store,
+            job_id,
+            rank,
+            lo,
+            hi,
+            collapsed=format == "collapsed",
+            limit=limit,
+            cursor=cursor,
+            capture=capture,
         )
 
     @router.get(

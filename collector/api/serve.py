@@ -9,7 +9,13 @@ from dataclasses import dataclass
 import uvicorn
 
 from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
-from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S, TlsFiles, parse_listen
+from argus.config import (
+    DEFAULT_MAX_READ_ROWS,
+    DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_WINDOW_S,
+    TlsFiles,
+    parse_listen,
+)
 from argus.errors import ConfigError
 from argus.metrics import Metrics
 from argus.store import Store
@@ -46,6 +52,7 @@ def start_http(
     tls: TlsFiles | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    max_read_rows: int = DEFAULT_MAX_READ_ROWS,
 ) -> HttpServer:
     """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
 
@@ -72,6 +79,7 @@ def start_http(
         token=token,
         window_s=window_s,
         max_upload_bytes=max_upload_bytes,
+        max_read_rows=max_read_rows,
         heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
     )
     config = uvicorn.Config(

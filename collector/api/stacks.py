@@ -1,7 +1,9 @@
 """``GET /api/v1/jobs/{job_id}/stacks``: the sampled stacks of a job's ranks (the ``stacks`` table).
 
 Rows come in capture order (``time_ns``, then capture, rank, thread, most samples first within a
-thread); pages are keyed on that order. ``format=collapsed`` answers Brendan Gregg's folded
+thread); pages are keyed on that order. ``capture=`` keeps one capture's rows (its
+``capture_id``: a diagnosis's ``evidence.stacks.capture_id``, what the page's flame graph
+draws). ``format=collapsed`` answers Brendan Gregg's folded
 text instead, one ``thread;frame;…;frame count`` line per stack summed over the rows asked for,
 which flamegraph.pl, speedscope and inferno read.
 """
@@ -22,12 +24,17 @@ _COLUMNS = "rank, pid, capture_id, time_ns, duration_ns, sampler, thread, frames
 _ORDER = "time_ns, capture_id, rank, thread, frames, idle, gil"
 
 
-def _filter(rank: int | None, start_ns: int | None, end_ns: int | None) -> tuple[str, dict[str, Any]]:
+def _filter(
+    rank: int | None, start_ns: int | None, end_ns: int | None, capture: str | None = None
+) -> tuple[str, dict[str, Any]]:
     where = ["job_id = {job:String}"]
     params: dict[str, Any] = {}
     if rank is not None:
         where.append("rank = {rank:UInt32}")
         params["rank"] = rank
+    if capture is not None:
+        where.append("capture_id = {capture:String}")
+        params["capture"] = capture
     if start_ns is not None:
         where.append("time_ns + duration_ns >= {lo:Int64}")
         params["lo"] = start_ns
@@ -46,15 +53,17 @@ def list_stacks(
     end_ns: int | None,
     limit: int,
     cursor: str | None,
+    capture: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of a job's stack rows captured in [start_ns, end_ns] (ns), and the next cursor.
+    """One page of a job's stack rows captured in [start_ns, end_ns] (ns), of one capture when
+    ``capture`` (a ``capture_id``) is given, and the next cursor.
 
     Raises:
         NotFound: no such job.
         BadParameter: ``cursor`` is not one this function made.
     """
     require_job(store, job_id)
-    where, params = _filter(rank, start_ns, end_ns)
+    where, params = _filter(rank, start_ns, end_ns, capture)
     if cursor:
         key = decode_cursor(cursor, (int, str, int, str, str, int, int))
         key[0] = max(-INT64_MAX, min(int(key[0]), INT64_MAX))
@@ -75,14 +84,22 @@ def list_stacks(
     return items, encode_cursor([*key, int(last["idle"]), int(last["gil"])])
 
 
-def folded(store: Store, job_id: str, *, rank: int | None, start_ns: int | None, end_ns: int | None) -> str:
+def folded(
+    store: Store,
+    job_id: str,
+    *,
+    rank: int | None,
+    start_ns: int | None,
+    end_ns: int | None,
+    capture: str | None = None,
+) -> str:
     """The folded-stacks text of the rows asked for (module docstring); empty when none.
 
     Raises:
         NotFound: no such job.
     """
     require_job(store, job_id)
-    where, params = _filter(rank, start_ns, end_ns)
+    where, params = _filter(rank, start_ns, end_ns, capture)
     rows = store.query(
         f"SELECT thread, frames, sum(count) AS n FROM stacks WHERE {where} "
         "GROUP BY thread, frames ORDER BY thread, frames",
@@ -104,6 +121,7 @@ def stacks_answer(
     collapsed: bool,
     limit: int,
     cursor: str | None,
+    capture: str | None = None,
 ) -> Any:
     """The endpoint's answer: a ``{"items", "next"}`` page, or the folded text (``collapsed``).
 
@@ -112,8 +130,16 @@ def stacks_answer(
         BadParameter: a cursor this API did not make.
     """
     if collapsed:
-        return PlainTextResponse(folded(store, job_id, rank=rank, start_ns=start_ns, end_ns=end_ns))
+        text = folded(store, job_id, rank=rank, start_ns=start_ns, end_ns=end_ns, capture=capture)
+        return PlainTextResponse(text)
     items, nxt = list_stacks(
-        store, job_id, rank=rank, start_ns=start_ns, end_ns=end_ns, limit=limit, cursor=cursor
+        store,
+        job_id,
+        rank=rank,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        limit=limit,
+        cursor=cursor,
+        capture=capture,
     )
     return {"items": items, "next": nxt}

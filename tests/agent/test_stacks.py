@@ -8,6 +8,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,24 @@ def test_in_process_sampler_sees_its_own_threads() -> None:
     assert 3 <= sum(r.count for r in spin) <= 11  # 20 Hz for 0.5 s at most (the spinner holds the GIL)
     assert all(not r.idle and not r.gil for r in rows)
     assert not any("sample_threads" in r.frames for r in rows)  # the sampling thread is left out
+
+
+def test_pyspy_capture_goes_on_past_a_failed_dump(
+    child: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A non-blocking dump can fail on a frame read mid-update (seen on a demo rank: its capture
+    # ended after 4 of 30 samples); only the rank's exit ends a capture early.
+    real = stacks.pyspy_path()
+    assert real is not None
+    flaky = tmp_path / "py-spy"
+    calls = tmp_path / "calls"
+    flaky.write_text(
+        f"#!/bin/sh\necho x >> {calls}\n"
+        f'[ "$(wc -l < {calls})" -eq 2 ] && {{ echo "Error: torn frame" >&2; exit 1; }}\n'
+        f'exec {real} "$@"\n'
+    )
+    flaky.chmod(0o755)
+    monkeypatch.setenv("ARGUS_PYSPY", str(flaky))
+    rows = stacks.sample_pyspy(child, seconds=1.0, rate_hz=10)
+    spin = sum(r.count for r in rows if "very_distinctive_spin_for_stacks" in r.frames)
+    assert len(calls.read_text().splitlines()) >= 5 and spin >= 4, rows

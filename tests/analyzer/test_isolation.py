@@ -1,22 +1,27 @@
 """Isolation in the analyzer (issue 12): a job whose analysis raises never delays the others.
 
 Real chDB store, two synthetic jobs in it; the one fault injected is a level function of the
-analysis raising for the world-4 job only (monkeypatched in this test alone).
+analysis raising for the world-4 job only (monkeypatched in those tests alone). Jobs take turns
+of a few windows, and an import whose parts lie twenty years apart is analysed where it has data.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+import pyarrow as pa
 import pytest
 from prometheus_client import generate_latest
 
 from argus.analyzer import pipeline
-from argus.analyzer.service import MAX_ATTEMPTS, Analyzer
+from argus.analyzer.service import MAX_ATTEMPTS, SLICE_WINDOWS, TRAILING_WINDOWS, Analyzer
 from argus.diagnosis import read_diagnoses
 from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.store import Store
 from synthetic.jobs import NS, Fault, JobSpec, simulate
+from synthetic.wire import insert_direct, synthetic_job
 
 from .conftest import load
 
@@ -144,3 +149,50 @@ def test_a_store_error_of_one_job_stops_only_that_job(store: Store) -> None:
     a.run_once(now_ns=now)
     statuses = _statuses(store, "job-broken")
     assert "failed" not in statuses and statuses["analysed"] >= len(broken.windows)
+
+
+def test_jobs_take_turns_of_a_few_windows(store: Store) -> None:
+    slow, broken = _sims()
+    load(store, broken)
+    load(store, slow)
+    a = Analyzer(store, window_s=W, backlog_s=None)
+    now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
+    a.run_once(now_ns=now, budget_s=0)  # one round of turns
+    assert _statuses(store, "job-broken") == {"analysed": SLICE_WINDOWS}
+    assert _statuses(store, "job-slow") == {"analysed": SLICE_WINDOWS}
+    a.run_once(now_ns=now)  # then on, until nothing is due
+    assert _statuses(store, "job-slow")["analysed"] >= len(slow.windows)
+
+
+def test_an_import_whose_parts_lie_twenty_years_apart_delays_nothing(store: Store) -> None:
+    slow, _ = _sims()
+    load(store, slow)
+    t0 = int(slow.windows[0].start_ns)
+    # Listed first (jobs go in id order): two parts of a trace import, twenty years apart.
+    old = t0 - 20 * 365 * 86_400 * NS
+    insert_direct(store, "a-import", synthetic_job(world_size=2, steps=3, start_ns=old))
+    insert_direct(
+        store, "a-import", synthetic_job(world_size=2, steps=3, start_ns=t0, first_step=3, lifecycle=False)
+    )
+    store.insert(
+        "jobs",
+        pa.table(
+            {
+                "job_id": ["a-import"],
+                "world_size": pa.array([2], pa.uint32()),
+                "start_ns": [old],
+                "command": [""],
+                "source": ["import"],
+            }
+        ),
+    )
+    a = Analyzer(store, window_s=W, backlog_s=None)
+    now = int(slow.windows[-1].end_ns) + 10 * NS
+    started = time.monotonic()
+    a.run_once(now_ns=now)
+    assert time.monotonic() - started < 120
+    (d,) = read_diagnoses(store, "job-slow")
+    assert (d.rank, d.cause) == (5, "compute")
+    # Only the windows near its rows were analysed (each part's and the trailing ones), not the
+    # 315 million 2 s windows between them.
+    assert 2 <= _statuses(store, "a-import")["analysed"] <= 2 * (2 + TRAILING_WINDOWS)

@@ -33,14 +33,11 @@ from tests.conftest import KNOWN_ISSUE_16, ArgusServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-#: The jobs run live, about a minute each: a clean job and a slow rank of each layout (the
-#: verdicts on all eleven are pinned on recordings); all of :data:`JOBS` with
-#: ``ARGUS_TEST_REAL_RUNS=all``, to make a recording (:mod:`tests.analyzer.recordings`).
-LIVE = (
-    list(JOBS)
-    if os.environ.get("ARGUS_TEST_REAL_RUNS") == "all"
-    else ["none", "compute", "pp_compute", "tp_compute"]
-)
+#: The jobs run live, about a minute each: a clean job and a slow rank of the pipeline and the
+#: tensor-parallel layout (data parallel's runs live in tests/demo; the verdicts on all eleven
+#: are pinned on recordings); all of :data:`JOBS` with ``ARGUS_TEST_REAL_RUNS=all``, to make a
+#: recording (:mod:`tests.analyzer.recordings`).
+LIVE = list(JOBS) if os.environ.get("ARGUS_TEST_REAL_RUNS") == "all" else ["none", "pp_compute", "tp_compute"]
 
 
 def _record(server: ArgusServer, work: Path, name: str) -> None:

@@ -106,3 +106,29 @@ def test_a_hung_rank_s_one_dump_names_its_deepest_python_frame_first() -> None:
     frames = python + ";time_sleep (libc.so.6:0);0x7f01 (libc.so.6:0)"
     top = top_frames([("MainThread", frames, 1)], [])
     assert [f["function"] for f in top[:3]] == ["stuck_here", "main", "<module>"], top
+
+
+def test_a_callee_that_carries_its_callers_excess_comes_first() -> None:
+    """A slow read under the DataLoader: its callers' shares hold its samples and a few of their
+    own (collation, the sampler); within sampling error they say the same, less precisely, so
+    the read leads and its callers follow it, nearest first, before anything else."""
+    loop = "<module> (job.py:1);train (job.py:40)"
+    chain = [f"{f} (dl.py:{i})" for i, f in enumerate(["__next__", "_next_data", "fetch", "getitem"])]
+    read = ";".join([loop, *chain, "slow_read (job.py:9)"])
+    flagged = [
+        ("MainThread", read, 10),
+        ("MainThread", ";".join([loop, *chain[:3], "collate (dl.py:7)"]), 1),
+        ("MainThread", ";".join([loop, *chain[:2], "next_index (dl.py:8)"]), 1),
+        ("MainThread", f"{loop};forward (model.py:3)", 18),
+    ]
+    peer = [("MainThread", f"{loop};forward (model.py:3)", 30)]
+    top = top_frames(flagged, peer, n=5)
+    assert [f["function"] for f in top] == ["slow_read", "getitem", "fetch", "_next_data", "__next__"], top
+    assert top[0]["share"] == round(10 / 30, 4) and top[-1]["share"] == 0.4
+    # A callee that carries only part of its caller's excess does not: the caller leads.
+    half = [
+        ("MainThread", f"{loop};save (ckpt.py:8);write (ckpt.py:12)", 5),
+        ("MainThread", f"{loop};save (ckpt.py:9)", 10),
+        ("MainThread", f"{loop};forward (model.py:3)", 15),
+    ]
+    assert [f["function"] for f in top_frames(half, peer)] == ["save", "write"]

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
+from argus.schema import wire_table
 from argus.store import Store
 from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
 from tests.api.conftest import LiveApp
@@ -133,6 +134,82 @@ def test_a_finished_job_shows_its_resolved_diagnosis(store: Store, live_app: Liv
     assert "+50 % or more" in legend.group(1) and "no data" in legend.group(1)
     # The jobs table shows the whole id (wrapped, not cut), with the id as its tooltip too.
     assert f'<td title="{job_id}">{job_id}</td>' in html
+
+
+def test_a_diagnosis_with_stacks_shows_the_flagged_ranks_flame_graph(
+    store: Store, live_app: LiveApp, tmp_path: Path
+) -> None:
+    """Issue 15: the page draws the flagged rank's stacks of the diagnosis's capture as an icicle
+    (from GET .../stacks?capture=&rank=&format=collapsed), each frame's function name as text,
+    the top frames listed above it; the peer's stacks are a click away, not drawn at first."""
+    now = time.time_ns()
+    job_id = "job-stacks"
+    insert_direct(store, job_id, synthetic_job(world_size=4, steps=16, slow_rank=3))
+    loop = "<module> (train.py:90);train (train.py:71)"
+    stall = f"{loop};very_distinctive_page_stall (train.py:12)"
+    rows = {
+        "rank": [3, 3, 3, 2, 2, 3],
+        "pid": [13, 13, 13, 12, 12, 13],
+        "capture_id": ["cap-1"] * 5 + ["cap-0"],
+        "time_ns": [now - 5 * 10**9] * 5 + [now - 400 * 10**9],
+        "duration_ns": [3 * 10**9] * 6,
+        "sampler": ["py-spy"] * 6,
+        "thread": ["MainThread", "MainThread", "argus-probe", "MainThread", "MainThread", "MainThread"],
+        "frames": [
+            stall,
+            f"{loop};forward (model.py:5)",
+            "Thread.run (threading.py:982);Shipper._run (agent/shipper.py:138)",
+            f"{loop};forward (model.py:5)",
+            f"{loop};peer_only_allreduce_wait (dist.py:3)",
+            f"{loop};an_older_capture_only (old.py:1)",
+        ],
+        "count": [12, 18, 30, 10, 20, 7],
+        "idle": [1, 0, 1, 0, 1, 0],
+        "gil": [0, 1, 0, 1, 0, 1],
+    }
+    store.insert("stacks", wire_table("stacks", rows, job_id=job_id))
+    stall_frame = {"function": "very_distinctive_page_stall", "file": "train.py", "line": 12}
+    evidence = {
+        "self_ms": 71.6,
+        "top_frames": [{**stall_frame, "share": 0.4, "peer_share": 0.0}],
+        "stacks": {
+            "capture_id": "cap-1", "time_ns": now - 5 * 10**9, "rank": 3, "peer": 2,
+            "sampler": "py-spy", "samples": 30,
+        },
+    }  # fmt: skip
+    store.insert(
+        "diagnoses",
+        diagnosis_row(
+            job_id,
+            "diag-stall",
+            state="open",
+            updated_ns=now,
+            first_ns=now - 10**10,
+            rank=3,
+            ranks=[3],
+            cause="host_stall",
+            phase=None,
+            evidence=json.dumps(evidence),
+        ),
+    )
+    dom = chromium(tmp_path / "profile", f"{live_app.url}/#job={job_id}", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert 'data-loaded="true"' in html, html[-3000:]
+    section = re.search(r'<div class="stacks" data-capture="cap-1">(.*?)</article>', html, re.S)
+    assert section is not None, html[-4000:]
+    body = section.group(1)
+    assert re.search(r'<div class="flame" data-rank="3"', body), body
+    frames = re.findall(r'<div class="frame([^"]*)"[^>]*data-function="([^"]*)"[^>]*>([^<]*)</div>', body)
+    shown = {name for _, name, _ in frames}
+    # Every frame's function name is the frame's text; the fault's function is marked a top frame.
+    assert all(name == text for _, name, text in frames), frames
+    assert ("very_distinctive_page_stall" in shown) and {"train", "forward", "MainThread"} <= shown, shown
+    assert any(name == "very_distinctive_page_stall" and "top" in cls for cls, name, _ in frames)
+    # Only rank 3's stacks of this capture, without Argus's own thread.
+    assert not shown & {"peer_only_allreduce_wait", "an_older_capture_only", "Shipper._run", "argus-probe"}
+    assert "<code>very_distinctive_page_stall</code> (train.py:12), peer 0.0 %" in body
+    assert 'data-rank="2">rank 2 (peer)</button>' in body
 
 
 def test_docs_work_offline(store: Store, live_app: LiveApp, tmp_path: Path) -> None:

@@ -68,6 +68,19 @@ def test_collapsed_is_folded_text_for_flame_graphs(client: TestClient) -> None:
     )
 
 
+def test_one_capture_by_its_id(client: TestClient) -> None:
+    got = client.get("/api/v1/jobs/j/stacks", params={"capture": "b", "format": "collapsed"})
+    assert (
+        got.text == "MainThread;main (t.py:1);stall (t.py:9) 5\nMainThread;main (t.py:1);step (t.py:4) 25\n"
+    )
+    rows = client.get("/api/v1/jobs/j/stacks", params={"capture": "a", "rank": 2}).json()["items"]
+    assert [(r["capture_id"], r["rank"], r["count"]) for r in rows] == [("a", 2, 30)]
+    assert client.get("/api/v1/jobs/j/stacks", params={"capture": "nope"}).json() == {
+        "items": [],
+        "next": None,
+    }
+
+
 def test_unknown_job_is_404_and_bad_parameters_422(client: TestClient) -> None:
     assert client.get("/api/v1/jobs/nope/stacks").status_code == 404
     assert client.get("/api/v1/jobs/j/stacks", params={"cursor": "bm90IGEgY3Vyc29y"}).status_code == 422

@@ -1,5 +1,8 @@
 // The Argus page: jobs, and for the chosen job a rank x time heatmap of slowdown and its
 // diagnoses, open and resolved, each its summary sentence first and its evidence behind a fold.
+// A diagnosis with a stack capture (L5, evidence.stacks) shows its top frames and a flame graph
+// (icicle: root on top) of one rank's stacks from that capture, the flagged rank first, its peer a
+// click away; the stacks come folded from GET /jobs/{job}/stacks?capture=&rank=&format=collapsed.
 // Times are ISO 8601 in the browser's zone (as the CLI prints them in its own). Plain DOM + SVG over
 // the REST API; no build step.
 "use strict";
@@ -7,7 +10,10 @@
 const API = "/api/v1";
 const REFRESH_MS = 10000;
 const SVG_NS = "http://www.w3.org/2000/svg";
-const state = { job: null };
+const state = { job: null, flameRank: {} };
+// Height of one frame of a flame graph, px; frames narrower than FLAME_MIN_SHARE of it are not drawn.
+const FLAME_ROW_PX = 18;
+const FLAME_MIN_SHARE = 0.002;
 
 function $(id) { return document.getElementById(id); }
 
@@ -19,6 +25,12 @@ async function api(path) {
     throw new Error(`${response.status} ${detail}`);
   }
   return response.json();
+}
+
+async function apiText(path) {
+  const response = await fetch(API + path, { headers: { Accept: "text/plain" } });
+  if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+  return response.text();
 }
 
 function el(tag, attrs = {}, ...children) {
@@ -191,13 +203,123 @@ function evidenceValue(value) {
   return String(value);
 }
 
+// Folded stacks ("thread;frame;...;frame count" per line, frames root to leaf) as a tree of
+// {name, value, children}; Argus's own threads (argus-...) are left out, as the top frames leave them.
+function foldedTree(text) {
+  const root = { name: "all threads", value: 0, children: new Map() };
+  for (const line of text.split("\n")) {
+    const cut = line.lastIndexOf(" ");
+    const count = Number(line.slice(cut + 1));
+    if (cut <= 0 || !(count > 0)) continue;
+    const path = line.slice(0, cut).split(";");
+    if (path[0].startsWith("argus-")) continue;
+    let node = root;
+    root.value += count;
+    for (const name of path) {
+      let child = node.children.get(name);
+      if (!child) {
+        child = { name, value: 0, children: new Map() };
+        node.children.set(name, child);
+      }
+      child.value += count;
+      node = child;
+    }
+  }
+  return root;
+}
+
+// "function (file:line)" -> "function" (a thread's name stays as it is).
+function frameFunction(label) {
+  return label.replace(/ \([^()]*:\d+\)$/, "");
+}
+
+// The icicle of one rank: one absolutely placed div per frame, its width the share of the samples
+// whose stack holds it, its text the function's name (the whole frame in its tooltip). Frames that
+// are among the diagnosis's top frames are marked.
+function drawFlame(box, root, top) {
+  box.replaceChildren();
+  if (root.value === 0) {
+    box.style.height = "auto";
+    box.append(el("p", { class: "muted" }, "no stacks of this rank in the capture"));
+    return;
+  }
+  let depth = 0;
+  const place = (node, x, level) => {
+    const share = node.value / root.value;
+    if (share < FLAME_MIN_SHARE) return;
+    depth = Math.max(depth, level + 1);
+    const name = level === 0 ? node.name : frameFunction(node.name);
+    const frame = el("div", {
+      class: "frame" + (top.has(name) ? " top" : "") + (level === 1 ? " thread" : ""),
+      style: `left: ${(100 * x).toFixed(3)}%; width: ${(100 * share).toFixed(3)}%; top: ${level * FLAME_ROW_PX}px`,
+      title: `${node.name}: ${node.value} samples (${(100 * share).toFixed(1)} %)`,
+      "data-function": name,
+    }, name);
+    box.append(frame);
+    let at = x;
+    const children = [...node.children.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    for (const child of children) {
+      place(child, at, level + 1);
+      at += child.value / root.value;
+    }
+  };
+  place(root, 0, 0);
+  box.style.height = `${depth * FLAME_ROW_PX}px`;
+}
+
+// Fetches and draws one rank's flame graph; a failed fetch says so in its place (never throws).
+async function loadFlame(d, box, rank) {
+  const s = d.evidence.stacks;
+  const q = `capture=${encodeURIComponent(s.capture_id)}&rank=${rank}&format=collapsed`;
+  box.dataset.rank = String(rank);
+  try {
+    const text = await apiText(`/jobs/${encodeURIComponent(d.job_id)}/stacks?${q}`);
+    drawFlame(box, foldedTree(text), new Set((d.evidence.top_frames || []).map((f) => f.function)));
+  } catch (err) {
+    box.style.height = "auto";
+    box.replaceChildren(el("p", { class: "muted" }, `stacks of rank ${rank}: ${err.message}`));
+  }
+}
+
+// A diagnosis's stacks: its top frames, then the flame graph of the rank chosen (the flagged one
+// first). Returns [the section, the promise of its flame graph], or null without a capture.
+function stacksSection(d) {
+  const s = d.evidence && d.evidence.stacks;
+  if (!s || s.rank == null || !s.capture_id) return null;
+  const ranks = s.peer != null ? [s.rank, s.peer] : [s.rank];
+  const shown = ranks.includes(state.flameRank[d.id]) ? state.flameRank[d.id] : s.rank;
+  const box = el("div", { class: "flame", "data-rank": String(shown) });
+  const buttons = ranks.map((r) => el("button", { type: "button", "data-rank": String(r) },
+    r === s.rank ? `rank ${r} (flagged)` : `rank ${r} (peer)`));
+  const choose = (r) => {
+    for (const b of buttons) b.classList.toggle("chosen", b.dataset.rank === String(r));
+    state.flameRank[d.id] = r;
+    return loadFlame(d, box, r);
+  };
+  for (const b of buttons) b.addEventListener("click", () => choose(Number(b.dataset.rank)));
+  const versus = s.peer != null ? ` against rank ${s.peer}` : "";
+  const top = el("ol", { class: "top-frames" });
+  for (const f of d.evidence.top_frames || []) {
+    top.append(el("li", {}, `${(100 * f.share).toFixed(1)} % `, el("code", {}, f.function), ` (${f.file}:${f.line})`,
+      s.peer != null ? `, peer ${(100 * f.peer_share).toFixed(1)} %` : ""));
+  }
+  const section = el("div", { class: "stacks", "data-capture": s.capture_id },
+    el("h5", {}, `Top frames of rank ${s.rank}${versus} (${s.sampler}, ${s.samples} samples; share of samples)`),
+    top,
+    el("div", { class: "flame-head" }, "flame graph (root on top) of ", ...buttons),
+    box);
+  return [section, choose(shown)];
+}
+
+// Draws the diagnoses; resolves once their flame graphs are drawn.
 function drawDiagnoses(items) {
   const box = $("diagnoses");
   box.replaceChildren();
   if (items.length === 0) {
     box.append(el("p", { class: "muted", id: "no-diagnoses" }, "No diagnoses: every rank is like its peers."));
-    return;
+    return Promise.resolve();
   }
+  const flames = [];
   // Open first, then resolved; newest first within each.
   const ordered = [...items].sort((a, b) => (a.state !== b.state ? (a.state === "open" ? -1 : 1)
     : Number(b.last_window_ns) - Number(a.last_window_ns)));
@@ -216,16 +338,20 @@ function drawDiagnoses(items) {
     const ranks = [...new Set([0, ...d.ranks])].join(",");
     const trace = `${API}/jobs/${encodeURIComponent(d.job_id)}/trace?start=${d.first_window_ns}`
       + `&end=${d.last_window_ns + 60e9}&ranks=${ranks}`;
+    const stacks = stacksSection(d);
+    if (stacks) flames.push(stacks[1]);
     box.append(el(
       "article",
       { class: `diagnosis diagnosis-${d.state}`, "data-id": d.id, "data-cause": d.cause, "data-state": d.state },
       el("h4", {}, el("span", { class: `state state-${d.state}` }, d.state), ` ${d.cause}: ${who}${where ? " (" + where + ")" : ""}`),
       el("p", { class: "summary" }, d.summary || ""),
       facts,
+      ...(stacks ? [stacks[0]] : []),
       el("details", {}, el("summary", {}, "all evidence"), evidence),
       el("a", { href: trace }, "timeline of these ranks (Chrome trace JSON)"),
     ));
   }
+  return Promise.all(flames);
 }
 
 async function loadJob(jobId) {
@@ -247,7 +373,7 @@ async function loadJob(jobId) {
   $("trace-link").href = `${API}/jobs/${q}/trace?max_events=200000`;
   drawHeatmap(heat, diagnoses.items);
   drawLegend();
-  drawDiagnoses(diagnoses.items);
+  await drawDiagnoses(diagnoses.items);
 }
 
 async function refresh() {
