@@ -81,6 +81,8 @@ STREAM_LIMIT = (
 #: Batches of one stream decoded and queued for storage ahead of the one being acknowledged
 #: (the node agent keeps 64 in flight).
 PIPELINE_DEPTH = 64
+#: ... and at most this many bytes of them (encoded): four messages of the largest size.
+PIPELINE_BYTES = 4 * MAX_MESSAGE_BYTES
 #: Threads beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
 _SPARE_WORKERS = 32
 
@@ -126,11 +128,33 @@ class _Gate:
 
 
 class _Ahead:
-    """A stream's batches read ahead (with their futures), a bounded queue; ``done`` stops the reader."""
+    """A stream's batches read ahead (with their futures), a bounded queue; ``done`` stops the reader.
 
-    def __init__(self, depth: int) -> None:
+    Bounded in batches (``depth``) and in their bytes (``max_bytes``, the batches' encoded
+    size; one batch is always let in): what one stream makes the server hold stays a few
+    messages' worth, whatever its agent sends ahead.
+    """
+
+    def __init__(self, depth: int, max_bytes: int = PIPELINE_BYTES) -> None:
         self.queue: queue.Queue[tuple[pb.Batch, Future[pb.Ack]] | BaseException | None] = queue.Queue(depth)
         self.done = threading.Event()
+        self.max_bytes = max_bytes
+        self._held = 0
+        self._room = threading.Condition()
+
+    def reserve(self, size: int) -> bool:
+        """Wait until ``size`` more bytes fit (at once when none are held); False once done."""
+        with self._room:
+            while self._held and self._held + size > self.max_bytes and not self.done.is_set():
+                self._room.wait(0.5)
+            self._held += size
+            return not self.done.is_set()
+
+    def release(self, size: int) -> None:
+        """``size`` bytes of an answered batch are no longer held."""
+        with self._room:
+            self._held -= size
+            self._room.notify_all()
 
     def put(self, item: tuple[pb.Batch, Future[pb.Ack]] | BaseException | None) -> bool:
         """Queue ``item``, waiting for room; False once the stream's answering side has ended."""
@@ -207,7 +231,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         def read() -> None:
             try:
                 for batch in requests:
-                    if not ahead.put((batch, self._submit(batch))):
+                    if not ahead.reserve(batch.ByteSize()) or not ahead.put((batch, self._submit(batch))):
                         return
                 ahead.put(None)
             except BaseException as exc:  # the call ended (cancelled, broken): the stream ends with it
@@ -221,7 +245,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield item  # answered when the caller asks for the next one
+                ahead.release(item[0].ByteSize())
         finally:
             ahead.done.set()
 

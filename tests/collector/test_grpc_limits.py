@@ -90,3 +90,22 @@ def test_argus_server_takes_max_streams() -> None:
     assert ServerConfig.from_args(args).max_streams == 3
     args = build_parser().parse_args(["server"])
     assert ServerConfig.from_args(args).max_streams == DEFAULT_MAX_STREAMS >= 2000
+
+
+def test_a_stream_reads_ahead_at_most_its_byte_budget() -> None:
+    from argus.collector.grpc_service import _Ahead
+
+    ahead = _Ahead(depth=8, max_bytes=100)
+    assert ahead.reserve(60)
+    waited = threading.Event()
+
+    def second() -> None:
+        ahead.reserve(60)
+        waited.set()
+
+    threading.Thread(target=second, daemon=True).start()
+    assert not waited.wait(0.5)  # 120 bytes would be past the budget: it waits
+    ahead.release(60)
+    assert waited.wait(5)
+    ahead.release(60)
+    assert ahead.reserve(500)  # one batch larger than the budget is let in when nothing is held
