@@ -345,10 +345,14 @@ def simulator(target: str, job: Job, a0: int, a1: int, ready: Any, start: Any, o
 # --- the server and what it stored ------------------------------------------------------------------
 
 
-def start_server(data_dir: Path, log: Path, window_s: float) -> tuple[subprocess.Popen[bytes], str, str]:
-    """`argus server` on free ports; returns the process, its gRPC address and its HTTP URL."""
+def start_server(
+    data_dir: Path, log: Path, window_s: float, *flags: str
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`argus server` on free ports, with ``flags`` besides; returns the process, its gRPC address
+    and its HTTP URL (bench/soak.py starts its server here too)."""
     command = [sys.executable, "-m", "argus.cli", "server", "--store", f"chdb://{data_dir}"]
     command += ["--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--window-s", str(window_s)]
+    command += flags
     out = log.with_suffix(".out")
     with out.open("wb") as stdout, log.open("wb") as stderr:
         proc = subprocess.Popen(command, stdout=stdout, stderr=stderr)

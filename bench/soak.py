@@ -31,9 +31,7 @@ import gzip
 import io
 import json
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,8 +47,11 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # synthetic/ lives at the root
 
+from scale import start_server  # bench/, the script's own folder
+
 from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader
+from argus.collector.ingest import encode_arrow_ipc
 from argus.proto import collector_pb2, collector_pb2_grpc
 from argus.store import open_store
 from synthetic.wire import synthetic_job
@@ -71,28 +72,6 @@ KEYS = {
 UPLOAD_CAP = 1 << 20
 #: After the soak, how long the agents may take to have every batch acknowledged, seconds.
 DRAIN_S = 180.0
-
-
-def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    """`argus server` on ``root``/data; returns it, its gRPC target and its HTTP URL."""
-    out = root / "server.out"
-    command = [
-        sys.executable, "-m", "argus.cli", "server", "--store", f"chdb://{root / 'data'}",
-        "--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--window-s", "5",
-        "--max-upload-bytes", str(UPLOAD_CAP),
-    ]  # fmt: skip
-    with out.open("wb") as stdout, (root / "server.log").open("wb") as stderr:
-        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = re.match(r"argus server: gRPC on (\S+?), HTTP on (\S+?),", out.read_text())
-        if found:
-            return proc, found.group(1), found.group(2)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"argus server did not start:\n{(root / 'server.log').read_text()}")
 
 
 class Agent(threading.Thread):
@@ -161,24 +140,17 @@ def _batch(job_id: str, table: str, payload: bytes, seq: int) -> collector_pb2.B
     )
 
 
-def _ipc(data: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write_table(data)
-    return bytes(sink.getvalue().to_pybytes())
-
-
 def send_bad_forever(target: str, http: str, stop: threading.Event, counts: dict[str, int]) -> None:
     """One bad input a second, in turn; ``counts['refused']`` counts those refused as they should be."""
     ranks = synthetic_job(world_size=2, steps=1)["ranks"].slice(0, 1)
     too_big = ranks.set_column(
         ranks.schema.get_field_index("world_size"), "world_size", pa.array([1 << 31], pa.uint32())
     )
-    good = _ipc(synthetic_job(world_size=2, steps=1)["steps"])
+    good = encode_arrow_ipc(synthetic_job(world_size=2, steps=1)["steps"])
     batches = [
         ("soak-bad", "steps", b"\xff" * 4096),
         ("bad/job/id", "steps", good),
-        ("soak-bad", "ranks", _ipc(too_big)),
+        ("soak-bad", "ranks", encode_arrow_ipc(too_big)),
     ]
     seq = 0
     turn = 0
@@ -249,7 +221,9 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=2)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="argus-soak-"))
-    server, target, http = start_server(root)
+    server, target, http = start_server(
+        root / "data", root / "server.log", 5.0, "--max-upload-bytes", str(UPLOAD_CAP)
+    )
     stop = threading.Event()
     try:
         agents = [Agent(i, target, root, stop) for i in range(args.agents)]
