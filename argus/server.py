@@ -24,7 +24,7 @@ from argus.collector.api.serve import HttpServer, start_http
 from argus.collector.grpc_service import CollectorServer, start_collector
 from argus.config import ServerConfig
 from argus.metrics import Metrics
-from argus.store import open_store
+from argus.store import Store, open_store
 
 __all__ = ["GRACE_S", "main", "serve"]
 
@@ -70,6 +70,9 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             signal.signal(sig, on_signal)
 
     store = open_store(config.store, retention_days=config.retention_days, cluster=config.cluster)
+    # Ingest has the store's first connection to itself: the analyzer's and the REST API's calls
+    # (a trace read can take seconds) run beside it, not in front of a batch's insert.
+    besides: list[Store] = []
     metrics = Metrics()
     collector: CollectorServer | None = None
     http: HttpServer | None = None
@@ -84,8 +87,9 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             max_streams=config.max_streams,
         )
         if config.analyzer:
+            besides.append(store.beside())
             service = Analyzer(
-                store,
+                besides[-1],
                 window_s=config.window_s,
                 metrics=metrics,
                 min_loss_pct=config.min_loss_pct,
@@ -94,8 +98,9 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
             thread.start()
             analyzer = service, thread
+        besides.append(store.beside())
         http = start_http(
-            store,
+            besides[-1],
             metrics,
             config.http_listen,
             token=config.token,
@@ -125,6 +130,8 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
         if http is not None:
             http.stop(GRACE_S)
             log.debug("HTTP stopped")
+        for other in besides:
+            other.close()
         store.close()
         log.debug("store closed")
     print("argus server: stopped", file=sys.stderr, flush=True)

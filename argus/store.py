@@ -118,6 +118,19 @@ class Store(Protocol):
         """Release the connection; the store is unusable afterwards."""
         ...
 
+    def beside(self) -> Store:
+        """The same store over a connection of its own, whose calls run beside this one's.
+
+        An embedded engine's client serialises its calls under one lock, so a slow read
+        would hold back every insert behind it; a second client (a second chDB handle on
+        the same engine, or a second HTTP client) runs its calls concurrently in the
+        engine. Closing it leaves this store open; close it before this one.
+
+        Raises:
+            StoreError: the connection cannot be opened.
+        """
+        ...
+
     def reading_at_most(self, rows: int) -> Store:
         """This store, over the same connection, with every query scanning at most ``rows`` rows.
 
@@ -152,8 +165,6 @@ class ClickHouseStore:
         timeout_s: int = DEFAULT_STORE_TIMEOUT_S,
         memory_bytes: int = DEFAULT_STORE_MEMORY_BYTES,
     ) -> None:
-        import clickhouse_connect
-
         if timeout_s < 1 or memory_bytes < 1:
             raise ConfigError(f"store limits must be >= 1, got {timeout_s} s and {memory_bytes} bytes")
         #: Settings every call carries (module docstring, "Bounded work").
@@ -171,22 +182,13 @@ class ClickHouseStore:
                 path.mkdir(parents=True, exist_ok=True)
                 self.url = f"chdb://{path}"
                 self.database = DATABASE
-                self._client = clickhouse_connect.get_client(interface="chdb", path=str(path))
             elif scheme in {"clickhouse", "clickhouses"} and sep:
-                self._client = _server_client(url)
-                self.database = self._client.database or DATABASE
+                self.database = urlsplit(url).path.lstrip("/") or DATABASE
             else:
                 raise ConfigError(
                     f"unknown store URL {url!r}: use chdb:///path or clickhouse://user:pass@host:port/db"
                 )
-            if self.embedded:
-                self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
-                self._client.database = self.database
-                # The chDB backend applies per-call settings with a SET before and after each call
-                # and a read of system.settings: five engine calls more per call. The session is
-                # this store's alone, so its limits are set on it once.
-                for name, value in self.limits.items():
-                    self._client.command(f"SET {name} = {int(value)}")
+            self._client = self._connect()
         except ConfigError:
             raise
         except Exception as exc:
@@ -199,6 +201,30 @@ class ClickHouseStore:
         self._no_dedup: dict[str, Any] = (
             {"deduplicate_insert": "disable"} if "deduplicate_insert" in known else {"insert_deduplicate": 0}
         )
+
+    def _connect(self) -> Any:
+        """A new client on this store's database (its limits set on it when embedded)."""
+        import clickhouse_connect
+
+        if not self.embedded:
+            return _server_client(self.url)
+        client = clickhouse_connect.get_client(interface="chdb", path=self.url.removeprefix("chdb://"))
+        client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+        client.database = self.database
+        # The chDB backend applies per-call settings with a SET before and after each call
+        # and a read of system.settings: five engine calls more per call. The session is
+        # this client's alone, so its limits are set on it once.
+        for name, value in self.limits.items():
+            client.command(f"SET {name} = {int(value)}")
+        return client
+
+    def beside(self) -> ClickHouseStore:
+        view = copy.copy(self)
+        try:
+            view._client = self._connect()
+        except Exception as exc:
+            raise _open_error(self.url, exc) from exc
+        return view
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else self._no_dedup

@@ -172,3 +172,31 @@ def test_identical_plain_inserts_are_both_kept(tmp_path) -> None:  # type: ignor
     store.insert("steps", row)
     assert store.query("SELECT count() FROM steps").column(0)[0].as_py() == 2
     store.close()
+
+
+def test_a_slow_read_beside_the_store_holds_back_none_of_its_calls(store: Store) -> None:
+    """Issue 12 (ingest never starved by reads): the REST API and the analyzer read through
+    ``store.beside()``; a 4 s read there leaves the store's own inserts and queries free."""
+    reads = store.beside()
+    try:
+        done = threading.Event()
+
+        def slow_read() -> None:
+            reads.query("SELECT sleepEachRow(1) FROM numbers(4) SETTINGS max_block_size = 1")
+            done.set()
+
+        thread = threading.Thread(target=slow_read, daemon=True)
+        thread.start()
+        running = "SELECT count() AS n FROM system.processes WHERE query LIKE 'SELECT sleepEachRow%'"
+        while not store.query(running).column("n")[0].as_py() and thread.is_alive():
+            pass
+        data = _with_job(sample("steps", n=3), "job-beside")
+        store.insert("steps", data)
+        assert store.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 3
+        assert not done.is_set(), "the store's calls waited for the slow read"
+        thread.join(30)
+        assert done.is_set()
+        assert reads.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 3
+    finally:
+        reads.close()
+    assert store.query("SELECT 1 AS one").column("one")[0].as_py() == 1, "closing the other closed the store"
