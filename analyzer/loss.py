@@ -20,7 +20,9 @@ Definitions (one of each, used everywhere):
   most its lost time.
 * What no finding claims is **unexplained**. What of it no single rank
   explains either (the job waited at some steps for one rank beyond all others:
-  :attr:`~argus.analyzer.phase.PhaseResult.attributable_ns`) becomes, at or above
+  :attr:`~argus.analyzer.phase.PhaseResult.attributable_ns`, beyond what it
+  waited so in its healthy windows: on a shared host every step waits for
+  whichever rank the scheduler held up, and the pace includes that) becomes, at or above
   the loss threshold, the **job-level finding** (``rank: null``, subject
   ``job``), its cause from what grew against the job's own healthy profile:
   compute phases → ``compute``, ``data`` → ``dataloader``, untracked host time →
@@ -46,7 +48,6 @@ from numpy.typing import NDArray
 from argus.analyzer.findings import JOB_SUBJECT, Finding
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.phase import COMPONENTS, REL_FLOOR, PhaseResult
-from argus.analyzer.waits import StepTimes
 from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
@@ -66,19 +67,27 @@ class JobProfile:
         comp_ns: Mean self time per step of each of :data:`COMPONENTS`, shape ``(5,)``.
         transfer_ns: Mean over steps of the least-blocked rank's blocked time (the part of a
             synchronisation nobody waits for but the data movement).
+        attributable_ns: Mean over steps of the time the job waited for one rank beyond all
+            the others (:attr:`~argus.analyzer.phase.PhaseResult.attributable_ns` per step).
     """
 
     comp_ns: NDArray[np.float64]
     transfer_ns: float
+    attributable_ns: float = 0.0
 
 
-def job_profile(t: StepTimes | None) -> JobProfile | None:
-    """The :class:`JobProfile` of one window's step times (None without steps)."""
+def job_profile(l2: PhaseResult) -> JobProfile | None:
+    """The :class:`JobProfile` of one window's L2 result (None without steps)."""
+    t = l2.times
     if t is None or t.step_ns.size == 0 or not np.any(np.isfinite(t.step_ns)):
         return None
     comp = np.nanmean(np.nanmean(t.comp_self_ns, axis=1), axis=1)
     least_blocked = np.nanmin(t.blocked_ns, axis=0)
-    return JobProfile(np.nan_to_num(comp, nan=0.0), float(np.nan_to_num(np.nanmean(least_blocked), nan=0.0)))
+    return JobProfile(
+        np.nan_to_num(comp, nan=0.0),
+        float(np.nan_to_num(np.nanmean(least_blocked), nan=0.0)),
+        l2.attributable_ns / max(l2.step_cols.size, 1),
+    )
 
 
 @dataclass(frozen=True)
@@ -184,8 +193,10 @@ def _job_finding(
 ) -> Finding | None:
     # The job-level finding claims only what no single rank explains: a step that waited for one
     # rank beyond all the others (a first, not yet repeated stall that no finding took) is that
-    # rank's, unexplained perhaps, but not the job's.
-    unexplained = acc.lost_ns - max(acc.explained_ns, l2.attributable_ns)
+    # rank's, unexplained perhaps, but not the job's. Only beyond what the healthy windows waited
+    # so: every step waits for whichever rank is slowest by noise, and the pace includes it.
+    usual = healthy.attributable_ns * acc.steps if healthy is not None else 0.0
+    unexplained = acc.lost_ns - max(acc.explained_ns, l2.attributable_ns - usual)
     if acc.wall_ns <= 0 or unexplained <= 0 or not np.isfinite(acc.pace_ns) or min_loss_pct <= 0:
         return None
     # The job's loss must stand out from the noise of a window's mean step time, which periodic

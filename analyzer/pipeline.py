@@ -47,6 +47,10 @@ __all__ = ["JobAnalysis", "WindowResult"]
 HISTORY_STEPS = 512
 #: Healthy windows of each rank's self time kept as its own-past reference.
 RANK_HISTORY_WINDOWS = 8
+#: Healthy windows of a rank before its own past is a reference at all: one window's mean says
+#: nothing of how far a rank's mean moves between windows with nothing wrong (a shared host's
+#: scheduler moves it by several percent), and a comparison without that drift names noise.
+PAST_WINDOWS = 2
 #: Healthy windows of a rank before its own window-to-window drift is estimated.
 DRIFT_WINDOWS = 3
 #: Healthy windows of the job's profile kept.
@@ -152,7 +156,7 @@ class JobAnalysis:
         pooled = np.sqrt(np.mean(spread, axis=0)) if spread else np.zeros(1 + len(COMPONENTS))
         out = {}
         for r, windows in self._ranks.items():
-            if not windows:
+            if len(windows) < PAST_WINDOWS:
                 continue
             d = devs[r]
             own = np.std(d, axis=0, ddof=1) if len(d) >= DRIFT_WINDOWS else np.zeros(d.shape[1])
@@ -173,6 +177,7 @@ class JobAnalysis:
         return JobProfile(
             np.median(np.stack([p.comp_ns for p in self._profiles]), axis=0),
             float(np.median([p.transfer_ns for p in self._profiles])),
+            float(np.median([p.attributable_ns for p in self._profiles])),
         )
 
     def _roles(self, w: Window, d: Decomposition | None, group_sizes: dict[str, int]) -> Roles | None:
@@ -213,7 +218,7 @@ class JobAnalysis:
         )
         findings = attribute(w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive)
         findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
-        profile = job_profile(l2.times)
+        profile = job_profile(l2)
         findings, acc = account(
             findings,
             l1,

@@ -29,7 +29,9 @@ differences (``rank_spread``), isolated hiccups of single ranks at single steps
 (``hiccup_prob``: extra work or a short sleep of up to ``hiccup`` of a step),
 every ``spike_every`` steps all ranks run slower together, every
 ``checkpoint_every`` steps all ranks spend ``checkpoint_s`` writing a
-checkpoint, slow warm-up steps, GC pauses, CPU-accounting noise. Faults
+checkpoint, slow warm-up steps, GC pauses, CPU-accounting noise, and (``drift``)
+each rank's compute pace moving from window to window as a shared host's scheduler
+moves it (a log-normal factor per rank and window). Faults
 (:class:`Fault`) start at a given time on given ranks.
 """
 
@@ -127,6 +129,7 @@ class JobSpec:
     end_s: float | None = None
     seed: int = 0
     sync_before_forward: bool = False
+    drift: float = 0.0
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     @property
@@ -183,6 +186,8 @@ class _Sim:
         node_off = self.rng.uniform(-1, 1, nodes.max() + 1) * spec.clock_offset_ms * 1e6
         self.offset = node_off[nodes].astype(np.int64)
         self.rank_speed = _ln(self.rng, n, spec.rank_spread)
+        # Its own generator: a job without drift draws what it always drew.
+        self.drift = _ln(np.random.default_rng(spec.seed + 7919), (n, spec.windows + 2), spec.drift)
         if spec.group_size:
             self.tp_group = np.arange(n) // spec.group_size
         else:
@@ -225,6 +230,10 @@ class _Sim:
             untracked = 0.03 * step_ns * _ln(rng, n, s.noise * 2)
             fwd *= self.rank_speed
             bwd *= self.rank_speed
+            if s.drift:
+                k = np.clip((t - self.first_window) // s.window_ns, 0, self.drift.shape[1] - 1)
+                fwd *= self.drift[np.arange(n), k]
+                bwd *= self.drift[np.arange(n), k]
             if step == 0:
                 fwd *= rng.uniform(0.7, 1.6, n)
             sleep = np.zeros(n)

@@ -385,3 +385,15 @@ def test_a_two_rank_job_of_one_window_with_a_small_excess_opens_nothing(
     assert not [f for r in results for f in r.findings if f.score >= 1.0]
     assert [d for r in results for d in r.changed] == []
     assert bool(sim.windows[1].status.exited.all())  # the job ended
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_clean_job_whose_ranks_drift_from_window_to_window_opens_nothing(seed: int) -> None:
+    """A shared host's scheduler moves each rank's pace by several percent from one window to the
+    next (``drift``; the clean twins of bench/detection_live.py). A rank's own past of a single
+    window carries no estimate of that drift: compared against it, some rank of a clean job read
+    as behind in every later window, so no window was healthy and a "many" diagnosis opened."""
+    spec = JobSpec(world=4, windows=9, window_s=5.0, step_s=0.06, drift=0.06, seed=seed, start_offset_s=4.3)
+    ja = JobAnalysis("t", spec.window_ns)
+    opened = [d for w in simulate(spec).windows for d in ja.analyze(w).changed if d.state == "open"]
+    assert opened == []
