@@ -206,9 +206,15 @@ def _job_finding(
     if score < 0.5:
         return None
     per_step = unexplained / max(acc.steps, 1)
+    behind = _ranks_behind(l2)
     growth: dict[str, float] = {}
     if profile is not None and healthy is not None:
+        # What grew: in the ranks behind, against their own past beyond what the ranks not behind
+        # share (a checkpoint every rank takes is no rank's cause); with no rank behind, in the
+        # job as a whole against its healthy windows.
         d = profile.comp_ns - healthy.comp_ns
+        if behind:
+            d = np.nanmean(l2.behind_comp_ns[np.isin(l2.rank, behind)], axis=0)
         growth = {
             "data": float(d[0]),
             "compute": float(d[1] + d[2] + d[3]),
@@ -228,10 +234,8 @@ def _job_finding(
             }[name]
             if name == "data":
                 phase = "data"
-            elif name == "compute" and profile is not None and healthy is not None:
-                d = profile.comp_ns - healthy.comp_ns
+            elif name == "compute":
                 phase = COMPONENTS[1 + int(np.argmax(d[1:4]))]
-    behind = _ranks_behind(l2)
     evidence: dict[str, Any] = {
         "unexplained_ms_per_step": _ms(per_step),
         "job_step_ms": _ms(acc.wall_ns / max(acc.steps, 1)),

@@ -73,6 +73,10 @@ REL_FLOOR = 0.04
 MIN_STEPS = 2
 #: Below this many steps a rank's score is scaled by ``steps / CONFIDENT_STEPS``.
 CONFIDENT_STEPS = 8
+#: Healthy windows of a rank before it is scored against its own past: one window's mean says
+#: nothing of how far a rank's mean moves between windows with nothing wrong (a shared host's
+#: scheduler moves it by several percent), and a score without that drift names noise.
+PAST_WINDOWS = 2
 #: Fewest ranks in a role for a comparison with peers (with two, which one is slow is unclear).
 MIN_PEERS = 3
 #: A step whose excess is this many robust sigmas (and :data:`SPIKE_REL` of a step) above the
@@ -97,6 +101,8 @@ class RankBaseline:
             the other ranks' of its role, ns: how much a window's mean moves on this host with
             nothing wrong (0 while unknown).
         comp_drift_ns: The same per component, ns, shape ``(5,)``.
+        windows: How many healthy windows these are. A rank is scored against its own past from
+            :data:`PAST_WINDOWS` of them; one is enough to say which ranks moved (``behind_ns``).
     """
 
     self_ns: float
@@ -105,6 +111,7 @@ class RankBaseline:
     step_ns: float
     drift_ns: float = 0.0
     comp_drift_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(len(COMPONENTS)))
+    windows: int = PAST_WINDOWS
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,8 @@ class PhaseResult:
         times: The window's self/blocked times (for the baselines and the job's accounting).
         behind_ns: Per rank, the mean change of self time per step against its own past beyond
             the job's common change, ns (NaN without history): how far it fell behind the others.
+        behind_comp_ns: The same per component of :data:`COMPONENTS`, shape ``(n, 5)``: where
+            it fell behind (what grew in it and not in the unchanged ranks).
         job_end_ns: Per step column, when the job ended the step (its slowest rank), ns.
     """
 
@@ -162,6 +171,7 @@ class PhaseResult:
     spikes: NDArray[np.int64]
     times: StepTimes | None = None
     behind_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    behind_comp_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(COMPONENTS))))
     job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
@@ -336,6 +346,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         [baseline[r].comp_ns if r in baseline else np.full(len(COMPONENTS), np.nan) for r in ranks.tolist()]
     ).reshape(n_r, len(COMPONENTS))
     base_step = np.array([baseline[r].step_ns if r in baseline else np.nan for r in ranks.tolist()])
+    scored_past = np.array([r in baseline and baseline[r].windows >= PAST_WINDOWS for r in ranks.tolist()])
     drift = np.array(
         [
             np.concatenate([[baseline[r].drift_ns], baseline[r].comp_drift_ns])
@@ -382,7 +393,9 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         # The standard error of a window's mean, and the rank's own drift between windows.
         q_err = np.hypot(q_noise / np.sqrt(np.maximum(n_steps - 1, 1)), drift[:, j])
         q_thr = np.fmax(K_SIGMA * q_err, past_floor)
-        past_score = np.fmax(past_score, np.where(np.isfinite(q_stat) & enough, q_stat / q_thr, np.nan))
+        past_score = np.fmax(
+            past_score, np.where(np.isfinite(q_stat) & enough & scored_past, q_stat / q_thr, np.nan)
+        )
         if j == 0:
             peer_spikes, past_spikes, past_stat = p_spikes, q_spikes, q_stat
     peer_score = np.where(enough & has_peers, peer_score * shrink, np.nan)
@@ -391,7 +404,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
 
     # The basis of each rank's excess: its peers when it has them and they show more, else its past.
     use_past = ~has_peers | (np.nan_to_num(past_score, nan=-np.inf) > np.nan_to_num(peer_score, nan=-np.inf))
-    use_past &= np.isfinite(past_stat)
+    use_past &= np.isfinite(past_stat) & scored_past
     x = np.where(use_past[:, None], x_past, x_peer)
     comp_ref = np.where(use_past[None, :, None], (base_comp + common_comp).T[:, :, None], peer_comp)
     comp_excess = np.nanmean(comps - comp_ref, axis=2).T
@@ -425,6 +438,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         spikes=spikes,
         times=t,
         behind_ns=np.nanmean(np.where(valid, x_past, np.nan), axis=1),
+        behind_comp_ns=np.nanmean(np.where(valid[None], x_past_comp, np.nan), axis=2).T,
         job_end_ns=job_end,
     )
 

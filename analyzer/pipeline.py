@@ -47,10 +47,6 @@ __all__ = ["JobAnalysis", "WindowResult"]
 HISTORY_STEPS = 512
 #: Healthy windows of each rank's self time kept as its own-past reference.
 RANK_HISTORY_WINDOWS = 8
-#: Healthy windows of a rank before its own past is a reference at all: one window's mean says
-#: nothing of how far a rank's mean moves between windows with nothing wrong (a shared host's
-#: scheduler moves it by several percent), and a comparison without that drift names noise.
-PAST_WINDOWS = 2
 #: Healthy windows of a rank before its own window-to-window drift is estimated.
 DRIFT_WINDOWS = 3
 #: Healthy windows of the job's profile kept.
@@ -156,7 +152,7 @@ class JobAnalysis:
         pooled = np.sqrt(np.mean(spread, axis=0)) if spread else np.zeros(1 + len(COMPONENTS))
         out = {}
         for r, windows in self._ranks.items():
-            if len(windows) < PAST_WINDOWS:
+            if not windows:
                 continue
             d = devs[r]
             own = np.std(d, axis=0, ddof=1) if len(d) >= DRIFT_WINDOWS else np.zeros(d.shape[1])
@@ -168,6 +164,7 @@ class JobAnalysis:
                 float(np.median([x.step_ns for x in windows])),
                 float(drift[0]),
                 drift[1:],
+                len(windows),
             )
         return out
 
