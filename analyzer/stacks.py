@@ -161,10 +161,12 @@ def _carried(
     """The functions whose excess one function below them carries: per such function, that
     function's excess.
 
-    A caller's share holds its callees'; when a callee's excess is within the sampling error of
-    the caller's (the binomial standard error of the caller's share over ``samples`` samples), the
-    callee says the same, more precisely (a slow read under the DataLoader's ``__next__``, where a
-    few of the caller's samples fell in its own code or its other callees).
+    A caller's share holds its callees'; a callee that holds most of the caller's excess (more
+    than half of it, or all of it within the sampling error: the binomial standard error of the
+    caller's share over ``samples`` samples) says the same, more precisely: a slow read under the
+    DataLoader's ``__next__``, where some of the caller's samples fell in its own code, its other
+    callees or a dump torn between two frames. A callee with less than half leaves the caller to
+    lead: the caller's own time is then most of what sets the rank apart.
     """
     below: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
     for d, above in ancestors.items():
@@ -174,7 +176,11 @@ def _carried(
     for a, callees in below.items():
         s = shares.get(a, 0.0)
         error = (s * (1 - s) / samples) ** 0.5 if samples else 0.0
-        found = [d for d in callees if excess.get(d, 0.0) > 0 and excess[d] >= excess[a] - error]
+        found = [
+            d
+            for d in callees
+            if excess.get(d, 0.0) > 0 and (excess[d] >= excess[a] - error or 2 * excess[d] > excess[a])
+        ]
         if found and excess.get(a, 0.0) > 0:
             carriers[a] = found
     # The excess that ranks a carried caller is its most specific carrier's: one carried itself by
@@ -210,7 +216,7 @@ def top_frames(
         Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
         ``share - peer_share`` first, each > 0: ``share`` is the fraction (0-1) of the flagged
         rank's samples in which one of its threads was in the function, ``line`` its most
-        sampled line. A caller whose excess a function below it carries (within sampling error,
+        sampled line. A caller whose excess a function below it carries (most of it,
         :func:`_carried`) comes right after that function, not before it; ties (a hung rank's
         one dump holds every frame of its stack in every sample) go to Python code before
         native frames, then to the frame nearest the leaf: the most specific.
