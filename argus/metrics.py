@@ -15,14 +15,16 @@ import heapq
 import threading
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-__all__ = ["TOP_SUSPECTS", "Metrics"]
+__all__ = ["ACK_BUCKETS_S", "TOP_SUSPECTS", "Metrics"]
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 #: At most this many (job_id, rank) series of argus_straggler_score per job.
 TOP_SUSPECTS = 5
+#: Buckets of ``argus_ingest_ack_seconds``, s: around the 1 s an agent's ack should stay under.
+ACK_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class Metrics:
@@ -39,6 +41,13 @@ class Metrics:
         )
         self.ingest_rows = Counter("argus_ingest_rows_total", "Rows stored, by table.", ["table"], registry=r)
         self.ingest_bytes = Counter("argus_ingest_bytes_total", "Arrow payload bytes stored.", registry=r)
+        self.ingest_ack_seconds = Histogram(
+            "argus_ingest_ack_seconds",
+            "From a batch's arrival on its agent stream to its ack, seconds: decode, validation, "
+            "the writer's queue and insert, and the acks ahead of it on the stream.",
+            buckets=ACK_BUCKETS_S,
+            registry=r,
+        )
         self.ingest_rejected = Counter(
             "argus_ingest_rejected_total", "Batches rejected, by gRPC status code name.", ["code"], registry=r
         )

@@ -83,6 +83,8 @@ STREAM_LIMIT = (
 PIPELINE_DEPTH = 64
 #: ... and at most this many bytes of them (encoded): four messages of the largest size.
 PIPELINE_BYTES = 4 * MAX_MESSAGE_BYTES
+#: A batch read off a stream: the batch, the future of its ack, its arrival (``time.monotonic()``, s).
+_Item = tuple[pb.Batch, Future[pb.Ack], float]
 #: Threads beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
 _SPARE_WORKERS = 32
 
@@ -136,7 +138,7 @@ class _Ahead:
     """
 
     def __init__(self, depth: int, max_bytes: int = PIPELINE_BYTES) -> None:
-        self.queue: queue.Queue[tuple[pb.Batch, Future[pb.Ack]] | BaseException | None] = queue.Queue(depth)
+        self.queue: queue.Queue[_Item | BaseException | None] = queue.Queue(depth)
         self.done = threading.Event()
         self.max_bytes = max_bytes
         self._held = 0
@@ -156,7 +158,7 @@ class _Ahead:
             self._held -= size
             self._room.notify_all()
 
-    def put(self, item: tuple[pb.Batch, Future[pb.Ack]] | BaseException | None) -> bool:
+    def put(self, item: _Item | BaseException | None) -> bool:
         """Queue ``item``, waiting for room; False once the stream's answering side has ended."""
         while not self.done.is_set():
             try:
@@ -217,10 +219,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             log.exception("batch %s:%d failed", batch.agent_id, batch.seq)
             _abort(context, exc)
 
-    def _pipelined(
-        self, requests: Iterator[pb.Batch], context: grpc.ServicerContext
-    ) -> Iterator[tuple[pb.Batch, Future[pb.Ack]]]:
-        """The stream's batches with their futures, in order, at most :data:`PIPELINE_DEPTH` ahead.
+    def _pipelined(self, requests: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[_Item]:
+        """The stream's batches with their futures and arrival times (``time.monotonic()``, s), in
+        order, at most :data:`PIPELINE_DEPTH` ahead.
 
         A reader thread takes the next batches off the stream while earlier ones are being
         stored, so one stream has several batches in the writer's group, as its agent has several
@@ -231,7 +232,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         def read() -> None:
             try:
                 for batch in requests:
-                    if not ahead.reserve(batch.ByteSize()) or not ahead.put((batch, self._submit(batch))):
+                    arrived = time.monotonic()
+                    if not ahead.reserve(batch.ByteSize()):
+                        return
+                    if not ahead.put((batch, self._submit(batch), arrived)):
                         return
                 ahead.put(None)
             except BaseException as exc:  # the call ended (cancelled, broken): the stream ends with it
@@ -256,12 +260,13 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, STREAM_LIMIT.format(self.max_streams))
         try:
             passed: set[str] = set()  # capture ids passed on this stream
-            for batch, future in self._pipelined(request_iterator, context):
+            for batch, future, arrived in self._pipelined(request_iterator, context):
                 ack = self._answer(batch, future, context)
                 for capture in self.captures.for_job(batch.job_id):
                     if capture.capture_id not in passed:
                         passed.add(capture.capture_id)
                         ack.stack_captures.append(capture)
+                self.metrics.ingest_ack_seconds.observe(time.monotonic() - arrived)
                 yield ack
         finally:
             self._streams.release()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -185,6 +186,8 @@ def test_trace_upload(http: httpx.Client) -> None:
 def test_metrics_and_page(server: ArgusServer, http: httpx.Client) -> None:
     text = http.get("/metrics").text
     assert 'argus_ingest_batches_total{status="stored",table="steps"}' in text
+    acks = re.search(r"^argus_ingest_ack_seconds_count (\S+)$", text, re.MULTILINE)
+    assert acks and float(acks[1]) >= 1, text  # the agent's acks are timed, arrival to ack
     assert 'argus_jobs{status="running"} 1.0' in text
     page = http.get("/")
     assert page.headers["content-type"].startswith("text/html") and 'id="heatmap"' in page.text
