@@ -127,8 +127,8 @@ def test_a_callee_that_carries_its_callers_excess_comes_first() -> None:
     assert [f["function"] for f in top] == ["slow_read", "getitem", "fetch", "_next_data", "__next__"], top
     assert top[0]["share"] == round(10 / 30, 4) and top[-1]["share"] == 0.4
     # A leaf that holds most but not all of a long chain's samples still leads it, so the top
-    # five are the read and its nearest callers, not the chain above it (a CI run's capture:
-    # 27 of 30 samples in the read, 29 in the DataLoader's fetch).
+    # five are the read and its nearest callers, not the chain above it (as in a CI run's demo
+    # capture, where the read held a few samples fewer than the DataLoader's list comprehension).
     deep = [
         f"{f} (dl.py:{i})" for i, f in enumerate(["hooks", "__next__", "_next_data", "fetch", "listcomp"])
     ]
