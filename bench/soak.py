@@ -37,7 +37,6 @@ import io
 import json
 import multiprocessing
 import random
-import re
 import shutil
 import sys
 import tempfile
@@ -52,6 +51,7 @@ import grpc
 import numpy as np
 import psutil
 import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # synthetic/ lives at the root
 
@@ -82,12 +82,17 @@ UPLOAD_CAP = 1 << 20
 DRAIN_S = 180.0
 
 
+def job_id(index: int) -> str:
+    """The job of the ``index``-th simulated node agent."""
+    return f"soak-{index:03d}"
+
+
 class Agent(threading.Thread):
     """One node agent: every second, the rows of its job's last second into its uploader."""
 
     def __init__(self, index: int, target: str, root: Path, stop: threading.Event) -> None:
         super().__init__(daemon=True, name=f"soak-agent-{index}")
-        self.job_id = f"soak-{index:03d}"
+        self.job_id = job_id(index)
         self.stop_event = stop
         self.up = Uploader(
             target, Spool(root / f"spool-{index}", 1 << 30), f"soak-agent-{index}-{time.time_ns()}"
@@ -254,12 +259,8 @@ def server_ack_p99_ms(http: str) -> float:
     """The upper bound of the ``argus_ingest_ack_seconds`` bucket that holds the server's p99, ms."""
     with urllib.request.urlopen(f"{http}/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    buckets = [
-        (float(le), float(n))
-        for le, n in re.findall(
-            r'^argus_ingest_ack_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.MULTILINE
-        )
-    ]
+    (family,) = (f for f in text_string_to_metric_families(text) if f.name == "argus_ingest_ack_seconds")
+    buckets = [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
     total = buckets[-1][1] if buckets else 0.0
     return next((le * 1e3 for le, n in buckets if total and n >= 0.99 * total), float("nan"))
 
@@ -278,8 +279,8 @@ def main() -> None:
     stop = threading.Event()
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
-    jobs = [f"soak-{i:03d}" for i in range(args.agents)]
-    shares = [[int(i) for i in part] for part in np.array_split(np.arange(args.agents), args.agent_processes)]
+    jobs = [job_id(i) for i in range(args.agents)]
+    shares = [list(range(args.agents))[k :: args.agent_processes] for k in range(args.agent_processes)]
     workers = [
         spawn.Process(
             target=run_agents, args=(indices, target, str(root), args.minutes * 60, results), daemon=True
