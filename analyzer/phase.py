@@ -146,6 +146,9 @@ class PhaseResult:
         behind_comp_ns: The same per component of :data:`COMPONENTS`, shape ``(n, 5)``: where
             it fell behind (what grew in it and not in the unchanged ranks).
         job_end_ns: Per step column, when the job ended the step (its slowest rank), ns.
+        change_sum_ns: Per rank, its self time's change against its own past summed over this
+            window's steps, ns (NaN without history), with ``steps``: what a later window of the
+            same fault adds to its own (``carried`` of :func:`compare_phases`).
     """
 
     rank: NDArray[np.int64]
@@ -173,6 +176,7 @@ class PhaseResult:
     behind_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_comp_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(COMPONENTS))))
     job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
         """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
@@ -274,6 +278,7 @@ def compare_phases(
     roles: Roles | None = None,
     baseline: Mapping[int, RankBaseline] | None = None,
     recent_spikes: Mapping[int, int] | None = None,
+    carried: Mapping[int, tuple[float, int]] | None = None,
 ) -> PhaseResult:
     """Compare every rank's self time, per step and component, with its references (module doc).
 
@@ -284,13 +289,17 @@ def compare_phases(
         roles: Roles of the ranks (default: one role).
         baseline: Per rank, its self time in recent healthy windows (the analyzer keeps it).
         recent_spikes: Per rank, spikes seen in the recent windows (a second spike is a pattern).
+        carried: Per rank, ``(change_sum_ns, steps)`` of the windows just before this one that
+            did not become references (the analyzer keeps them): which ranks are behind is
+            judged on their change over those windows and this one together, whose mean is less
+            noisy than one window's.
 
     Returns:
         :class:`PhaseResult`; empty when no rank has :data:`MIN_STEPS` steps past warm-up.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
-        return _compare(w, roles, baseline or {}, recent_spikes or {}, d)
+        return _compare(w, roles, baseline or {}, recent_spikes or {}, d, carried or {})
 
 
 def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
@@ -299,6 +308,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     baseline: Mapping[int, RankBaseline],
     recent_spikes: Mapping[int, int],
     d: Decomposition | None,
+    carried: Mapping[int, tuple[float, int]],
 ) -> PhaseResult:
     step_cols = _step_columns(w)
     if step_cols.size == 0:
@@ -356,7 +366,11 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         ]
     ).reshape(n_r, 1 + len(COMPONENTS))
     change = self_t - base_self[:, None]
-    common, unchanged = _common_change(np.nanmean(change, axis=1), base_sigma, n_steps, base_step)
+    change_sum = np.where(np.isfinite(base_self) & (n_steps > 0), np.nansum(change, axis=1), np.nan)
+    prior = np.array([carried.get(r, (0.0, 0)) for r in ranks.tolist()], dtype=np.float64).reshape(n_r, 2)
+    pooled_n = n_steps + prior[:, 1].astype(np.int64)
+    pooled = (change_sum + prior[:, 0]) / np.maximum(pooled_n, 1)
+    common, unchanged = _common_change(pooled, base_sigma, pooled_n, base_step)
     x_past = change - _common_steps(change, unchanged, common)
     comp_change = comps - base_comp.T[:, :, None]  # (5, n, s)
     x_past_comp = np.stack(
@@ -440,6 +454,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         behind_ns=np.nanmean(np.where(valid, x_past, np.nan), axis=1),
         behind_comp_ns=np.nanmean(np.where(valid[None], x_past_comp, np.nan), axis=2).T,
         job_end_ns=job_end,
+        change_sum_ns=change_sum,
     )
 
 
@@ -451,9 +466,14 @@ def _common_change(
 ) -> tuple[float, NDArray[np.bool_]]:
     """The job's change of self time per step that every rank shares, and the ranks not behind.
 
-    Start from the fastest tenth of the ranks' mean change (ranks that did not change are there
-    whenever some did not), flag the ranks past their threshold above it, and take the median
-    change of the others: the level of the ranks not behind. 0 (and no rank) without history.
+    Start from the change nearest zero (a rank that did not change is there whenever one did
+    not), flag the ranks past their threshold above it, and take the median change of the others:
+    the level of the ranks not behind; a second pass from that level flags a rank that did not
+    speed up with the rest. Not a low percentile: a rank that sped up far (a pipeline stage's
+    peer freed of a core) would set the level and put every other rank behind. ``change`` is
+    pooled over the fault's windows (``carried``): in one window of a 2-core host the slow
+    ranks of a 3-of-4 fault stood about one threshold above the fourth, which then hid them.
+    0 (and no rank) without history.
     """
     ok = np.isfinite(change)
     rest = np.zeros(change.size, bool)
@@ -463,7 +483,7 @@ def _common_change(
         K_SIGMA * np.nan_to_num(sigma, nan=0.0) / np.sqrt(np.maximum(n_steps - 1, 1)), REL_FLOOR * step
     )
     thr = np.where(np.isfinite(thr), thr, 0.0)
-    level = float(np.percentile(change[ok], 10))
+    level = float(change[ok][np.argmin(np.abs(change[ok]))])
     for _ in range(2):
         behind = ok & (change - level >= thr)
         if not np.any(ok & ~behind):

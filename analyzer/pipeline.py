@@ -53,6 +53,9 @@ DRIFT_WINDOWS = 3
 PROFILE_WINDOWS = 8
 #: Windows of healthy transfer medians kept per (group, op, size class).
 LINK_HISTORY_WINDOWS = 8
+#: Windows of a fault (not references) whose change against the ranks' own past is pooled to
+#: judge which ranks are behind (:func:`~argus.analyzer.phase.compare_phases`, ``carried``).
+CARRIED_WINDOWS = 4
 #: Windows over which a rank's stalls count as repeated (a second one is a pattern).
 SPIKE_MEMORY_WINDOWS = 6
 
@@ -108,6 +111,8 @@ class JobAnalysis:
         self._ranks: dict[int, deque[_RankWindow]] = {}
         self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
         self._spikes: dict[int, deque[int]] = {}
+        #: Per rank, (change_sum_ns, steps) of the recent windows that became no reference.
+        self._carried: dict[int, deque[tuple[float, int]]] = {}
         self._suspects: list[tuple[int, float]] = []
         #: Subjects of the last window's findings at the opening score.
         self._strong: frozenset[str] = frozenset()
@@ -202,7 +207,8 @@ class JobAnalysis:
         self._last_end = job_last_end(w.steps) or self._last_end
         l1 = compare_iterations(step, step_ns, list(self._steps))
         recent = {r: int(sum(v)) for r, v in self._spikes.items()}
-        l2 = compare_phases(w, d, roles, self._baselines(), recent)
+        carried = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried.items() if v}
+        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried)
         l3 = score_kernels(w.kernels, roles=roles)
         host = host_signals(w.host)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
@@ -266,7 +272,9 @@ class JobAnalysis:
         # A fault's windows would make its own slowdown the reference (and hide it from the evidence).
         healthy = not self.tracker.open and not lossy and not repeated
         if not healthy:
+            self._carry(l2)
             return
+        self._carried.clear()  # the references move: a change against the old ones is stale
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)
@@ -279,6 +287,14 @@ class JobAnalysis:
             for key, value in transfer_medians(d, w.collectives.group_names).items():
                 if key[0] not in slow:
                     self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
+
+    def _carry(self, l2: PhaseResult) -> None:
+        """Keep a window that became no reference: its ranks' change against their own past
+        (the baselines it was measured against stay until a healthy window moves them)."""
+        for i, r in enumerate(l2.rank.tolist()):
+            if np.isfinite(l2.change_sum_ns[i]):
+                entry = (float(l2.change_sum_ns[i]), int(l2.steps[i]))
+                self._carried.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(entry)
 
 
 def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _RankWindow]:

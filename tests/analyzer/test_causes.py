@@ -47,9 +47,18 @@ def _straggler(rank: int, score: float) -> Finding:
     return Finding("compute", rank, (rank,), None, "forward", None, score, 10.0, f"rank:{rank}")
 
 
-def _kept(excess: dict[int, list[float]], scores: dict[int, float]) -> list[Finding]:
+def _kept(
+    excess: dict[int, list[float]], scores: dict[int, float], behind: dict[int, float] | None = None
+) -> list[Finding]:
+    """``_drop_hidden`` of stragglers ``scores`` over per-step ``excess``; ``behind``: the ranks'
+    change against their own past (ms per step of a 100 ms step; none without history)."""
     ranks = sorted(excess)
-    l2: Any = SimpleNamespace(rank=np.array(ranks), excess_matrix=np.array([excess[r] for r in ranks]))
+    l2: Any = SimpleNamespace(
+        rank=np.array(ranks),
+        excess_matrix=np.array([excess[r] for r in ranks]),
+        behind_ns=np.array([(behind or {}).get(r, np.nan) for r in ranks]),
+        ref_step_ns=np.full(len(ranks), 100.0),
+    )
     return _drop_hidden([_straggler(r, s) for r, s in scores.items()], l2)
 
 
@@ -63,6 +72,21 @@ def test_ranks_that_slowed_a_little_while_waiting_for_a_straggler_are_its_knock_
     assert kept[0].evidence["knock_on_ranks"] == [0, 1]
     # Without rank 3 its knock-on goes too: the job would have waited only for rank 2's noise.
     np.testing.assert_allclose(kept[0].waited_ns, np.maximum(np.array(excess[3]) - excess[2], 0))
+
+
+def test_ranks_behind_their_past_without_a_finding_of_their_own_are_listed_as_knock_on() -> None:
+    """A neighbour slowed by the straggler's work on a shared host, too little for a finding of
+    its own, is still behind its own past: the job-level finding would name it beside the
+    straggler, so the straggler's evidence lists it (and its loss joins the straggler's)."""
+    rng = np.random.default_rng(3)
+    excess = {0: np.abs(rng.normal(0, 1, 40)).tolist(), 2: (12.0 + rng.normal(0, 3, 40)).tolist()}
+    excess[3] = (50.0 + rng.normal(0, 3, 40)).tolist()
+    kept = _kept(excess, {3: 5.0}, behind={0: 1.0, 2: 12.0, 3: 50.0})
+    assert [f.rank for f in kept] == [3]
+    assert kept[0].evidence["knock_on_ranks"] == [2]  # rank 0 did not fall behind: not listed
+    # A rank behind as far as the straggler is no knock-on of it.
+    far = {**excess, 2: (50.0 + rng.normal(0, 3, 40)).tolist()}
+    assert "knock_on_ranks" not in _kept(far, {3: 5.0}, behind={2: 50.0, 3: 50.0})[0].evidence
 
 
 def test_a_rank_slowed_every_step_behind_one_that_stops_every_fourth_is_its_knock_on() -> None:
