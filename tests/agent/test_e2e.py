@@ -204,8 +204,17 @@ def test_collector_killed_for_ten_seconds_loses_and_duplicates_nothing(argus_ser
     assert "stream to" in agent_log  # the agent saw the collector go away
 
 
-def _loss(work: Path, cmd: list[str], env: dict[str, str]) -> float:
+#: What libstdc++ prints when gloo's threads are torn down still joinable at exit: seen once, in a
+#: CI run of the plain reference job, which runs without Argus (2026-12-04).
+_GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _loss(work: Path, cmd: list[str], env: dict[str, str], *, reference: bool = False) -> float:
+    """The final loss the job wrote. ``reference``: the job runs without Argus, and an abort in
+    torch's own teardown is retried once (it says nothing about Argus); the probed run never is."""
     out = run(cmd, env)
+    if reference and out.returncode != 0 and _GLOO_TEARDOWN_ABORT in out.stderr:
+        out = run(cmd, env)
     assert out.returncode == 0, out.stderr[-3000:]
     return float((work / "loss.txt").read_text())
 
@@ -214,7 +223,7 @@ def test_user_comm_hook_and_inplace_model_train_the_same(argus_server_factory) -
     server = argus_server_factory("--no-analyzer")
     with short_dir() as work:
         args = ["--steps", "15", "--hook", "fp16", "--inplace", "--loss-out", str(work / "loss.txt")]
-        plain = _loss(work, torchrun(2, *args), job_env(work))
+        plain = _loss(work, torchrun(2, *args), job_env(work), reference=True)
         probed = _loss(
             work, argus_run(work, server.grpc_target, "e2e-hook", torchrun(2, *args)), job_env(work)
         )
