@@ -311,13 +311,14 @@ function stacksSection(d) {
   return [section, choose(shown)];
 }
 
-// Draws the diagnoses; resolves once their flame graphs are drawn.
-function drawDiagnoses(items) {
-  const box = $("diagnoses");
-  box.replaceChildren();
+// Draws the diagnoses; resolves once their flame graphs are drawn. The new ones replace the old
+// only then, so a periodic refresh never shows an empty flame graph while its stacks load.
+async function drawDiagnoses(items) {
+  const shown = $("diagnoses");
+  const box = document.createDocumentFragment();
   if (items.length === 0) {
-    box.append(el("p", { class: "muted", id: "no-diagnoses" }, "No diagnoses: every rank is like its peers."));
-    return Promise.resolve();
+    shown.replaceChildren(el("p", { class: "muted", id: "no-diagnoses" }, "No diagnoses: every rank is like its peers."));
+    return;
   }
   const flames = [];
   // Open first, then resolved; newest first within each.
@@ -351,7 +352,8 @@ function drawDiagnoses(items) {
       el("a", { href: trace }, "timeline of these ranks (Chrome trace JSON)"),
     ));
   }
-  return Promise.all(flames);
+  await Promise.all(flames);
+  shown.replaceChildren(box);
 }
 
 async function loadJob(jobId) {
