@@ -211,12 +211,14 @@ _GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 def _loss(work: Path, cmd: list[str], env: dict[str, str], *, reference: bool = False) -> float:
     """The final loss the job wrote. ``reference``: the job runs without Argus, and an abort in
-    torch's own teardown is retried once (it says nothing about Argus); the probed run never is."""
+    torch's own teardown after it wrote its loss is accepted (it says nothing about Argus; seen in
+    2 of 3 CI runs of 2026-12-04, twice in a row once); the probed run must exit cleanly."""
+    loss = work / "loss.txt"
+    loss.unlink(missing_ok=True)
     out = run(cmd, env)
-    if reference and out.returncode != 0 and _GLOO_TEARDOWN_ABORT in out.stderr:
-        out = run(cmd, env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return float((work / "loss.txt").read_text())
+    torn_down = reference and _GLOO_TEARDOWN_ABORT in out.stderr and loss.exists()
+    assert out.returncode == 0 or torn_down, out.stderr[-3000:]
+    return float(loss.read_text())
 
 
 def test_user_comm_hook_and_inplace_model_train_the_same(argus_server_factory) -> None:
