@@ -56,7 +56,7 @@ from argus.analyzer.host import HostResult
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
-from argus.analyzer.phase import COMPONENTS, REL_FLOOR, SPIKE_REL, PhaseResult
+from argus.analyzer.phase import COMPONENTS, SPIKE_REL, PhaseResult, fell_behind
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
@@ -440,10 +440,11 @@ def _drop_hidden(found: list[Finding], l2: PhaseResult) -> list[Finding]:
             continue
         out.append(f)
     # Ranks that fell behind their own past with no finding of their own (the job-level
-    # finding's ranks, :func:`argus.analyzer.loss._ranks_behind`) are its knock-on by the same rule.
+    # finding's ranks) are its knock-on by the same rule.
     named = {row[id(f)] for f in out if id(f) in row}
-    grew = np.nan_to_num(l2.behind_ns, nan=-np.inf) >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
-    hidden += [i for i in np.flatnonzero(grew).tolist() if i not in named and i not in hidden and hides(i)]
+    hidden += [
+        i for i in np.flatnonzero(fell_behind(l2)).tolist() if i not in named and i not in hidden and hides(i)
+    ]
     if hidden:
         # Without the straggler its knock-on goes too: the job would have waited only for the
         # slowest of the rest.

@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 
 from argus.analyzer.findings import JOB_SUBJECT, Finding
 from argus.analyzer.iteration import IterationResult
-from argus.analyzer.phase import COMPONENTS, REL_FLOOR, PhaseResult
+from argus.analyzer.phase import COMPONENTS, PhaseResult, fell_behind
 from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
@@ -265,8 +265,7 @@ def _ranks_behind(l2: PhaseResult) -> tuple[int, ...]:
     change: none when every rank slowed alike (the job is slower, no rank stands out)."""
     if l2.rank.size == 0:
         return ()
-    grew = l2.behind_ns >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
-    return tuple(int(r) for r in l2.rank[grew])
+    return tuple(int(r) for r in l2.rank[fell_behind(l2)])
 
 
 def _ms(ns: float) -> float | None:

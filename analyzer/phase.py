@@ -458,6 +458,12 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     )
 
 
+def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
+    """Per rank of ``l2``, whether its self time grew against its own past by :data:`REL_FLOOR`
+    of a step more than the job's common change (False without history)."""
+    return np.nan_to_num(l2.behind_ns, nan=-np.inf) >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
+
+
 def _common_change(
     change: NDArray[np.float64],
     sigma: NDArray[np.float64],
