@@ -1,9 +1,10 @@
 """The ingest path: one gRPC ``Batch`` → validated Arrow columns → one insert, exactly once.
 
 Everything here works on whole Arrow columns (pyarrow compute), never on single
-events in Python: decode the IPC stream (zero-copy), check it against
-:func:`argus.schema.wire_schema`, add ``job_id`` as a one-entry dictionary column,
-insert with ``insert_deduplication_token = "{agent_id}:{seq}"``.
+events in Python: decode the IPC stream (zero-copy) and conform it to
+:func:`argus.schema.wire_schema` per batch; check the values of a group's batches of
+one table at once, add ``job_id`` as a dictionary column, insert with
+``insert_deduplication_token = "{agent_id}:{seq}"``.
 
 Deduplication (DESIGN §3): every stored batch is recorded in ``ingest_batches``;
 a batch whose ``(agent_id, seq, part)`` is found there is acknowledged as a duplicate
@@ -60,13 +61,17 @@ __all__ = [
     "RECORD_ATTEMPTS",
     "TABLE_BY_ENUM",
     "Decoded",
+    "Outcome",
     "already_stored",
+    "check_values",
+    "conform",
     "decode",
     "encode_arrow_ipc",
     "group_token",
     "ingest",
     "stored_rows",
     "validate_columns",
+    "with_job_id",
     "write_group",
 ]
 
@@ -81,7 +86,8 @@ _NON_NEGATIVE = ("dur_ns",)
 
 @dataclass(frozen=True)
 class Decoded:
-    """A batch ready to insert: ``data`` has the wire columns in schema order plus ``job_id``."""
+    """A batch read and conformed (:func:`decode`): ``data`` has the wire columns of ``table`` in
+    schema order; its values are checked, and ``job_id`` added, by :func:`write_group`."""
 
     table: str
     data: pa.Table
@@ -141,20 +147,32 @@ def _read_ipc(payload: bytes) -> pa.Table:
     return data
 
 
-def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (the checks below, in order)
+def validate_columns(table: str, data: pa.Table) -> pa.Table:
     """Check ``data`` against the wire schema of ``table``; return it in schema column order.
+
+    :func:`conform` (the columns and their types), then :func:`check_values`.
+
+    Raises:
+        InvalidBatch: the first problem found.
+    """
+    data = conform(table, data)
+    check_values(table, data)
+    return data
+
+
+def conform(table: str, data: pa.Table) -> pa.Table:
+    """``data`` with exactly the wire schema of ``table``, in its column order.
 
     Checks, each naming the column: every wire column present and no other (a column
     added later with a default may be absent: it is filled, as from an older agent),
-    the exact Arrow type (expected vs got), no nulls (also inside list columns), no
-    negative ``dur_ns``, at least one row.
+    the exact Arrow type (expected vs got), at least one row. Batches of one table that
+    passed here concatenate.
 
     Raises:
         InvalidBatch: the first problem found.
     """
     schema = wire_schema(table)
-    exact = data.schema.equals(schema)  # what a current agent sends: names, order and types
-    if not exact:
+    if not data.schema.equals(schema):  # a current agent sends names, order and types exactly
         data = with_defaults(table, data)
         got = set(data.column_names)
         missing = [name for name in schema.names if name not in got]
@@ -166,25 +184,37 @@ def validate_columns(table: str, data: pa.Table) -> pa.Table:  # noqa: C901  (th
         if len(data.column_names) != len(got):
             raise InvalidBatch(f"{table}: a column name appears twice")
         data = data.select(schema.names)
-    for field, column in zip(schema, data.columns, strict=True):
-        if not exact and column.type != field.type:
-            raise InvalidBatch(
-                f"{table}.{field.name}: wrong Arrow type, expected {field.type}, got {column.type}"
-            )
+        for field, column in zip(schema, data.columns, strict=True):
+            if column.type != field.type:
+                raise InvalidBatch(
+                    f"{table}.{field.name}: wrong Arrow type, expected {field.type}, got {column.type}"
+                )
+        data = pa.Table.from_arrays(data.columns, schema=schema)  # the schema's own field flags
+    if data.num_rows == 0:
+        raise InvalidBatch(f"{table}: the batch has no rows")
+    return data
+
+
+def check_values(table: str, data: pa.Table) -> None:
+    """Check the values of ``data`` (conformed, :func:`conform`): no nulls (also inside list
+    columns), declared sizes within :mod:`argus.limits`, no negative ``dur_ns``. One call
+    checks the rows of many batches of a table at once (:func:`write_group`).
+
+    Raises:
+        InvalidBatch: the first problem found.
+    """
+    for field, column in zip(data.schema, data.columns, strict=True):
         nulls = column.null_count
         if pa.types.is_list(column.type) and not nulls:
             nulls = pc.list_flatten(column).null_count
         if nulls:
             raise InvalidBatch(f"{table}.{field.name}: {nulls} null value(s); nulls are not allowed")
-    if data.num_rows == 0:
-        raise InvalidBatch(f"{table}: the batch has no rows")
     _check_limits(table, data)
     for name in _NON_NEGATIVE:
-        if name in schema.names:
+        if name in data.column_names:
             smallest = pc.min(data.column(name)).as_py()
             if smallest is not None and smallest < 0:
                 raise InvalidBatch(f"{table}.{name}: negative value {smallest}; durations are >= 0 ns")
-    return data
 
 
 def _check_limits(table: str, data: pa.Table) -> None:
@@ -215,12 +245,16 @@ _checked_job_id = functools.lru_cache(maxsize=4096)(check_job_id)
 
 
 def decode(batch: pb.Batch) -> Decoded:
-    """Check a batch's header and payload and build the rows to insert.
+    """Check a batch's header and payload, and conform its columns to the wire schema.
+
+    The values are checked later, with the other batches of its table in a group
+    (:func:`write_group`, :func:`check_values`): per batch, those checks would cost more than
+    the rest of a small batch's way into the store.
 
     Raises:
         InvalidBatch: empty ``agent_id`` or ``job_id``; unknown or unspecified
             ``table``; bytes that are not an Arrow IPC stream; any check of
-            :func:`validate_columns`.
+            :func:`conform`.
     """
     if not batch.agent_id:
         raise InvalidBatch("agent_id: empty; every batch names the agent that sent it")
@@ -234,9 +268,7 @@ def decode(batch: pb.Batch) -> Decoded:
     if table is None:
         known = ", ".join(TABLE_BY_ENUM.values()).upper()
         raise InvalidBatch(f"table: unknown or unspecified table {batch.table} (expected one of {known})")
-    data = validate_columns(table, _read_ipc(batch.arrow_ipc))
-    # One dictionary entry, not num_rows copies of the string: job_id is LowCardinality.
-    job_id = pa.DictionaryArray.from_arrays(np.zeros(data.num_rows, np.int32), pa.array([batch.job_id]))
+    data = conform(table, _read_ipc(batch.arrow_ipc))
     parent = None
     if batch.HasField("parent"):
         if not batch.parent.agent_id:
@@ -244,7 +276,7 @@ def decode(batch: pb.Batch) -> Decoded:
         parent = (batch.parent.agent_id, batch.parent.seq, batch.parent.part)
     return Decoded(
         table,
-        data.append_column("job_id", job_id),
+        data,
         batch.agent_id,
         batch.seq,
         batch.job_id,
@@ -341,8 +373,8 @@ def _record(store: Store, stored: Sequence[Decoded], attempts: int = 1) -> None:
                 raise
 
 
-def _count(metrics: Metrics, decoded: Decoded, ack: pb.Ack | StoreError) -> None:
-    if isinstance(ack, StoreError):
+def _count(metrics: Metrics, decoded: Decoded, ack: Outcome) -> None:
+    if not isinstance(ack, pb.Ack):  # refusals are counted where they are answered
         return
     if ack.status == pb.Ack.DUPLICATE:
         metrics.ingest_batches.labels(decoded.table, "duplicate").inc()
@@ -354,23 +386,29 @@ def _count(metrics: Metrics, decoded: Decoded, ack: pb.Ack | StoreError) -> None
     metrics.last_ingest.set_to_current_time()
 
 
-def write_group(
-    store: Store, group: Sequence[Decoded], metrics: Metrics | None = None
-) -> list[pb.Ack | StoreError]:
+#: What became of one batch of a group: stored (or a duplicate), refused, or not stored (retry).
+Outcome = pb.Ack | InvalidBatch | StoreError
+
+
+def write_group(store: Store, group: Sequence[Decoded], metrics: Metrics | None = None) -> list[Outcome]:
     """Store each batch of ``group`` once; return its ``Ack`` or the error that kept it from storage.
 
-    One lookup for the whole group, one insert per table holding the rows of every new batch of
+    The values of every table's batches are checked together (:func:`check_values`; one batch
+    at a time only when that finds a problem, to refuse just the batches that hold it), then
+    one lookup for the whole group, one insert per table holding the rows of every new batch of
     that table (:func:`group_token`), then one insert recording every batch stored. A batch whose
     key is already stored, or appears earlier in the group, is a DUPLICATE. Outcomes are in
-    ``group`` order. A ``StoreError`` outcome means: not acknowledged, safe to retry.
+    ``group`` order: an ``InvalidBatch`` outcome is a refusal (never stored); a ``StoreError``
+    one means not acknowledged, safe to retry.
     """
+    outcomes: list[Outcome | None] = list(_checked(group))
+    valid = [i for i, o in enumerate(outcomes) if o is None]
     try:
-        known = stored_rows(store, [d.key for d in group])
+        known = stored_rows(store, [group[i].key for i in valid])
     except StoreError as exc:
-        return [exc] * len(group)
-    outcomes, by_table = _new_by_table(group, known)
+        return [exc if o is None else o for o in outcomes]
     written: list[Decoded] = []
-    for table, members in by_table.items():
+    for table, members in _new_by_table(group, valid, known, outcomes).items():
         batches = [group[i] for i in members]
         try:
             _insert_together(store, table, batches)
@@ -395,36 +433,64 @@ def write_group(
     return done
 
 
-def _new_by_table(
-    group: Sequence[Decoded], known: dict[_Key, int]
-) -> tuple[list[pb.Ack | StoreError | None], dict[str, list[int]]]:
-    """DUPLICATE acks for the batches of ``group`` stored before or earlier in it (None for the
-    others), and the indices of the others by table."""
-    outcomes: list[pb.Ack | StoreError | None] = [None] * len(group)
-    fresh: dict[tuple[str, int], dict[int, int]] = {}
+def _checked(group: Sequence[Decoded]) -> list[InvalidBatch | None]:
+    """The :func:`check_values` problem of each batch of ``group``, or None: one check per table."""
+    problems: list[InvalidBatch | None] = [None] * len(group)
     by_table: dict[str, list[int]] = {}
     for i, decoded in enumerate(group):
+        by_table.setdefault(decoded.table, []).append(i)
+    for table, members in by_table.items():
+        try:
+            check_values(table, pa.concat_tables([group[i].data for i in members]))
+            continue
+        except (InvalidBatch, pa.ArrowInvalid):
+            pass
+        for i in members:  # someone's rows hold the problem: find whose
+            try:
+                check_values(table, group[i].data)
+            except InvalidBatch as exc:
+                problems[i] = exc
+    return problems
+
+
+def _new_by_table(
+    group: Sequence[Decoded], valid: Sequence[int], known: dict[_Key, int], outcomes: list[Outcome | None]
+) -> dict[str, list[int]]:
+    """The indices of the ``valid`` batches of ``group`` to insert, by table; each of the others
+    (stored before or earlier in the group) gets its DUPLICATE ack in ``outcomes``."""
+    fresh: dict[tuple[str, int], dict[int, int]] = {}
+    by_table: dict[str, list[int]] = {}
+    for i in valid:
+        decoded = group[i]
         rows = known.get(decoded.key, _written_before(fresh, decoded.key))
         if rows is not None:
             outcomes[i] = pb.Ack(seq=decoded.seq, status=pb.Ack.DUPLICATE, rows=rows)
             continue
         fresh.setdefault(decoded.key[:2], {})[decoded.key[2]] = decoded.data.num_rows
         by_table.setdefault(decoded.table, []).append(i)
-    return outcomes, by_table
+    return by_table
 
 
 def _insert_together(store: Store, table: str, batches: Sequence[Decoded]) -> None:
-    """One insert of the rows of ``batches`` (all of ``table``) under :func:`group_token`.
+    """One insert of the rows of ``batches`` (all of ``table``) with their ``job_id`` column, under
+    :func:`group_token`.
 
     Raises:
         StoreError: nothing was written.
     """
-    if len(batches) == 1:
-        data = batches[0].data
-    else:
-        # One job_id dictionary for all chunks: an Arrow IPC file (the chDB insert) allows no other.
-        data = pa.concat_tables([d.data for d in batches]).unify_dictionaries()
-    store.insert(table, data, dedup_token=group_token(batches))
+    store.insert(table, with_job_id(batches), dedup_token=group_token(batches))
+
+
+def with_job_id(batches: Sequence[Decoded]) -> pa.Table:
+    """The rows of ``batches`` (one table's) with each batch's ``job_id`` as a dictionary column:
+    one entry per job, not a copy of the string per row (``job_id`` is LowCardinality)."""
+    data = batches[0].data if len(batches) == 1 else pa.concat_tables([d.data for d in batches])
+    jobs = sorted({d.job_id for d in batches})
+    index = {job: k for k, job in enumerate(jobs)}
+    codes = np.repeat(
+        np.array([index[d.job_id] for d in batches], np.int32), [d.data.num_rows for d in batches]
+    )
+    return data.append_column("job_id", pa.DictionaryArray.from_arrays(codes, pa.array(jobs, pa.string())))
 
 
 def group_token(batches: Sequence[Decoded]) -> str:
@@ -449,6 +515,6 @@ def ingest(store: Store, batch: pb.Batch, metrics: Metrics | None = None) -> pb.
         StoreError: the store failed; the batch may be retried safely.
     """
     (outcome,) = write_group(store, [decode(batch)], metrics)
-    if isinstance(outcome, StoreError):
+    if not isinstance(outcome, pb.Ack):
         raise outcome
     return outcome

@@ -46,16 +46,19 @@ def _batch_bytes(meta: bytes, body: pa.Buffer) -> int:
         if data is None:
             return 0
         batch = _deref(meta, data)
+    if _field(meta, batch, 3) is None:
+        # Uncompressed: Arrow reads the buffers in place and refuses one past the body's end,
+        # so what they take decoded is at most the body (no walk of every buffer needed).
+        return int(body.size)
     buffers = _field(meta, batch, 2)
     if buffers is None:
         return 0
     vector = _deref(meta, buffers)
     count = struct.unpack_from("<I", meta, vector)[0]
-    compressed = _field(meta, batch, 3) is not None
     total = 0
     for k in range(count):
         offset, length = struct.unpack_from("<qq", meta, vector + 4 + 16 * k)
-        if not compressed or length < 8:
+        if length < 8:
             total += max(length, 0)
             continue
         if not 0 <= offset <= body.size - 8:

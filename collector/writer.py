@@ -83,9 +83,7 @@ class BatchWriter:
             except queue.Empty:
                 return True
             if item is not None:
-                item[1].set_exception(
-                    StoreError("the collector is shutting down; send this batch again later")
-                )
+                _settle(item[1], StoreError(SHUTTING_DOWN))
 
     def _take_group(self) -> tuple[list[tuple[ingest.Decoded, Future[pb.Ack]]], bool]:
         first = self._queue.get()
@@ -119,14 +117,21 @@ class BatchWriter:
             if not group:
                 continue
             try:
-                outcomes: list[pb.Ack | StoreError] = ingest.write_group(
+                outcomes: list[ingest.Outcome] = ingest.write_group(
                     self.store, [d for d, _ in group], self.metrics
                 )
             except Exception as exc:  # a bug, not a store failure: fail the group, keep serving
                 log.exception("storing a group of %d batches failed", len(group))
                 outcomes = [StoreError(f"internal error: {exc}")] * len(group)
             for (_, future), outcome in zip(group, outcomes, strict=True):
-                if isinstance(outcome, pb.Ack):
-                    future.set_result(outcome)
-                else:
-                    future.set_exception(outcome)
+                _settle(future, outcome)
+
+
+def _settle(future: Future[pb.Ack], outcome: ingest.Outcome) -> None:
+    """Give ``future`` its outcome, unless its waiter cancelled it meanwhile."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if isinstance(outcome, pb.Ack):
+        future.set_result(outcome)
+    else:
+        future.set_exception(outcome)

@@ -49,7 +49,7 @@ def test_job_id_comes_from_the_header(store: Store) -> None:
 def test_a_crash_between_data_and_record_stores_the_retry_once(store: Store) -> None:
     b = batch("kernel_events", sample("kernel_events", n=5), seq=9)
     decoded = ingest.decode(b)
-    store.insert(decoded.table, decoded.data, dedup_token=decoded.dedup_token)  # ...and no record
+    store.insert(decoded.table, ingest.with_job_id([decoded]), dedup_token=decoded.dedup_token)  # no record
     ack = ingest.ingest(store, b, None)
     assert ack.status == pb.Ack.STORED
     assert _count(store, "kernel_events") == 5
@@ -92,8 +92,7 @@ def test_a_group_is_one_insert_per_table_and_each_batch_keeps_its_ack(store: Sto
 
 def test_a_crash_between_a_groups_data_and_record_stores_its_retry_once(store: Store) -> None:
     group = [ingest.decode(batch("steps", sample("steps", n=3, salt=s), seq=s, agent_id="a")) for s in (1, 2)]
-    data = pa.concat_tables([d.data for d in group])
-    store.insert("steps", data, dedup_token=ingest.group_token(group))  # ...and no record
+    store.insert("steps", ingest.with_job_id(group), dedup_token=ingest.group_token(group))  # no record
     outcomes = ingest.write_group(store, group)
     assert [o.status for o in outcomes if isinstance(o, pb.Ack)] == [pb.Ack.STORED] * 2
     assert _count(store, "steps") == 6
@@ -128,8 +127,21 @@ def test_columns_in_another_order_are_accepted() -> None:
     data = sample("steps", n=2)
     shuffled = data.select(list(reversed(data.column_names)))
     decoded = ingest.decode(batch("steps", shuffled, seq=1))
-    assert decoded.data.column_names == [*data.column_names, "job_id"]
-    assert decoded.data.drop_columns(["job_id"]).equals(data)
+    assert decoded.data.equals(data)
+    assert ingest.with_job_id([decoded]).column_names == [*data.column_names, "job_id"]
+
+
+def test_a_bad_batch_in_a_group_is_refused_alone_and_its_neighbours_stored(store: Store) -> None:
+    good = [batch("steps", sample("steps", n=2, salt=s), seq=s) for s in (1, 3)]
+    negative = sample("steps", n=2, salt=2)
+    negative = negative.set_column(
+        negative.column_names.index("dur_ns"), "dur_ns", pa.array([5, -1], pa.int64())
+    )
+    group = [ingest.decode(b) for b in (good[0], batch("steps", negative, seq=2), good[1])]
+    outcomes = ingest.write_group(store, group)
+    assert [o.status for o in (outcomes[0], outcomes[2]) if isinstance(o, pb.Ack)] == [pb.Ack.STORED] * 2
+    assert isinstance(outcomes[1], InvalidBatch) and "steps.dur_ns: negative value -1" in str(outcomes[1])
+    assert _count(store, "steps") == 4 and _count(store, "ingest_batches") == 2
 
 
 def test_null_inside_a_list_column_is_rejected() -> None:
@@ -137,7 +149,7 @@ def test_null_inside_a_list_column_is_rejected() -> None:
     i = data.column_names.index("group_ranks")
     data = data.set_column(i, "group_ranks", pa.array([[0, None], [1]], pa.list_(pa.uint32())))
     with pytest.raises(InvalidBatch, match=r"ranks.group_ranks: 1 null value"):
-        ingest.decode(batch("ranks", data, seq=1))
+        ingest.validate_columns("ranks", data)
 
 
 def test_a_group_stores_each_batch_once_and_spots_repeats_inside_it(store: Store) -> None:

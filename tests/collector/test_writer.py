@@ -65,3 +65,18 @@ def test_after_close_batches_are_refused_not_lost(tmp_path: Path) -> None:
         writer.submit(ingest.decode(batch("steps", sample("steps"), seq=9)))
     assert store.query("SELECT count() AS n FROM ingest_batches").column("n")[0].as_py() == 5
     store.close()
+
+
+def test_a_batch_whose_waiter_gave_up_is_stored_and_the_writer_goes_on(tmp_path: Path) -> None:
+    # A stream that ends while its batch waits in the group cancels that batch's future: the
+    # writer must still store it (it is in the group) and keep serving everyone else.
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    writer = BatchWriter(store)
+    try:
+        gone = writer.submit(ingest.decode(batch("steps", sample("steps", n=3), seq=1, agent_id="gone")))
+        gone.cancel()
+        later = writer.submit(ingest.decode(batch("steps", sample("steps", n=4, salt=2), seq=1))).result(60)
+        assert later.status == pb.Ack.STORED and later.rows == 4
+    finally:
+        assert writer.close(60)
+        store.close()
