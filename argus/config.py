@@ -104,8 +104,8 @@ DEFAULT_AGENT_DRAIN_S = 10.0
 DEFAULT_STORE_TIMEOUT_S = 60
 #: Most memory one store call may use in ClickHouse, bytes (``max_memory_usage``).
 DEFAULT_STORE_MEMORY_BYTES = 4 * 1024**3
-#: Agent streams one server keeps open at once (each holds a thread); past it a new stream is
-#: refused with UNAVAILABLE (argus.collector.grpc_service).
+#: Agent streams one server keeps open at once (each holds its batches read ahead); past it a new
+#: stream is refused with UNAVAILABLE (argus.collector.grpc_service).
 DEFAULT_MAX_STREAMS = 2048
 #: Rows of the store one REST read may scan (ClickHouse ``max_rows_to_read``); past it the request
 #: is answered 422 (:class:`argus.errors.TooManyRows`). A day of a 10,000-rank job's steps at two

@@ -5,10 +5,10 @@ collectors hold no state of their own about them, so any number of collectors be
 address, apart from the analyzer, pass them on. A request is *pending* for the ranks of it
 that have no ``stacks`` rows of its capture id yet, for :data:`HORIZON_S` after it was made.
 :class:`PendingCaptures` reads them (one query per :data:`REFRESH_S` for every stream of this
-collector), and each stream adds to the ``Ack`` of a batch of a job the captures of that job it
-has not passed on that stream yet (``Ack.stack_captures``). A node agent runs those of the
-ranks it serves, once per capture id (:mod:`argus.agent.captures`). A store error keeps the
-previous list: ingest never fails for it.
+collector, which never waits for it: :meth:`PendingCaptures.cached`), and each stream adds to
+the ``Ack`` of a batch of a job the captures of that job it has not passed on that stream yet
+(``Ack.stack_captures``). A node agent runs those of the ranks it serves, once per capture id
+(:mod:`argus.agent.captures`). A store error keeps the previous list: ingest never fails for it.
 """
 
 from __future__ import annotations
@@ -46,25 +46,39 @@ class PendingCaptures:
         self._reading = False
 
     def for_job(self, job_id: str) -> list[pb.StackCapture]:
-        """The pending captures of ``job_id`` (a read of the store when the last is stale).
+        """The pending captures of ``job_id`` (a read of the store, here, when the last is stale).
 
         One caller reads the store; the others meanwhile get the list read before, at once (a
         busy store must not hold up every stream's acks).
         """
+        if self._claim():
+            self._refresh()
+        return self._by_job.get(job_id, [])
+
+    def cached(self, job_id: str) -> list[pb.StackCapture]:
+        """The pending captures of ``job_id`` as last read, never waiting: when that read is
+        stale, a new one starts in a thread of its own (for callers on an event loop)."""
+        if self._claim():
+            threading.Thread(target=self._refresh, name="argus-captures", daemon=True).start()
+        return self._by_job.get(job_id, [])
+
+    def _claim(self) -> bool:
+        """True when the last read is stale and no read is under way: the caller reads."""
         with self._lock:
             stale = not self._reading and time.monotonic() - self._read_at >= self.refresh_s
             if stale:
                 self._reading, self._read_at = True, time.monotonic()
-            by_job = self._by_job
-        if stale:
-            try:
-                by_job = self._read()
-            except StoreError as exc:
-                log.warning("cannot read pending stack captures: %s", exc)
-            finally:
-                with self._lock:
-                    self._by_job, self._reading = by_job, False
-        return by_job.get(job_id, [])
+            return stale
+
+    def _refresh(self) -> None:
+        by_job = self._by_job
+        try:
+            by_job = self._read()
+        except StoreError as exc:
+            log.warning("cannot read pending stack captures: %s", exc)
+        finally:
+            with self._lock:
+                self._by_job, self._reading = by_job, False
 
     def _read(self) -> dict[str, list[pb.StackCapture]]:
         since = time.time_ns() - self.horizon_ns

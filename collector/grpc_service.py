@@ -1,8 +1,16 @@
 """The ``argus.v1.Collector`` gRPC service: a thin servicer over :mod:`argus.collector.ingest`.
 
-The servicer only moves messages: each ``Batch`` goes to :func:`ingest.ingest`
-and each outcome becomes one ``Ack``. Errors of :mod:`argus.errors` map to gRPC
-status codes in one place, :data:`GRPC_CODES`:
+The servicer only moves messages: each ``Batch`` goes to :func:`ingest.decode` and the
+:class:`BatchWriter`, and each outcome becomes one ``Ack``. It runs on gRPC's asyncio server
+(``grpc.aio``) in one event-loop thread of its own: every stream is a coroutine, not a thread.
+With one thread per stream (and a reader thread each), 1,250 node agents meant 2,500 threads
+handing every batch from one to the next under the GIL: the server stored ~1,250 batches a
+second on 1.3 cores (``bench/scale.py``, 400 agents), a few times its decode and store cost.
+Small batches are decoded on the loop (~0.1 ms each, less than a hand-off to a thread);
+a large one in a thread of :data:`DECODE_THREADS` (pyarrow releases the GIL), so the loop keeps
+serving the other streams meanwhile.
+
+Errors of :mod:`argus.errors` map to gRPC status codes in one place, :data:`GRPC_CODES`:
 
 - ``InvalidBatch`` → a REJECTED ``Ack`` with ``INVALID_ARGUMENT``; the stream stays open.
 - ``StoreError`` → the stream ends with ``UNAVAILABLE`` and the batch is *not*
@@ -15,26 +23,27 @@ status codes in one place, :data:`GRPC_CODES`:
   stream with ``RESOURCE_EXHAUSTED``; the server keeps serving other streams.
 - a stream past ``max_streams`` open ones (``argus server --max-streams``) → ``UNAVAILABLE`` at
   once, before any batch is read, with a message naming the limit: the agent keeps its batches
-  spooled and reconnects with back-off (nothing to do with size, so it never re-splits). Each
-  open stream holds one thread; gRPC's own ``maximum_concurrent_rpcs`` stays a little above
-  (Clock calls, refusals) as a backstop, answering ``RESOURCE_EXHAUSTED`` "Concurrent RPC limit
-  exceeded!", which the agent also takes for a refusal.
+  spooled and reconnects with back-off (nothing to do with size, so it never re-splits). gRPC's
+  own ``maximum_concurrent_rpcs`` stays a little above (Clock calls, refusals) as a backstop,
+  answering ``RESOURCE_EXHAUSTED`` "Concurrent RPC limit exceeded!", which the agent also takes
+  for a refusal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+import grpc.aio
 
 from argus.collector import ingest
 from argus.collector.captures import PendingCaptures
@@ -83,10 +92,15 @@ STREAM_LIMIT = (
 PIPELINE_DEPTH = 64
 #: ... and at most this many bytes of them (encoded): four messages of the largest size.
 PIPELINE_BYTES = 4 * MAX_MESSAGE_BYTES
-#: A batch read off a stream: the batch, the future of its ack, its arrival (``time.monotonic()``, s).
-_Item = tuple[pb.Batch, Future[pb.Ack], float]
-#: Threads beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
-_SPARE_WORKERS = 32
+#: A batch whose Arrow payload is larger than this (bytes) is decoded in a thread, not on the loop.
+DECODE_ON_LOOP_BYTES = 256 << 10
+#: Threads decoding large batches.
+DECODE_THREADS = 2
+#: A batch read off a stream: the batch, its ack (or error) to come, its arrival
+#: (``time.monotonic()``, s) and its encoded size (bytes).
+_Item = tuple[pb.Batch, "asyncio.Future[pb.Ack]", float, int]
+#: Calls beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
+_SPARE_CALLS = 32
 
 
 def grpc_code(exc: BaseException) -> grpc.StatusCode:
@@ -97,8 +111,8 @@ def grpc_code(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _abort(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
-    context.abort(grpc_code(exc), str(exc))
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    await context.abort(grpc_code(exc), str(exc))
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
@@ -129,52 +143,38 @@ class _Gate:
             return self._cond.wait_for(lambda: self._active == 0, timeout)
 
 
-class _Ahead:
-    """A stream's batches read ahead (with their futures), a bounded queue; ``done`` stops the reader.
+class _Budget:
+    """The bytes of one stream's batches read ahead and not yet answered, bounded by ``max_bytes``.
 
-    Bounded in batches (``depth``) and in their bytes (``max_bytes``, the batches' encoded
-    size; one batch is always let in): what one stream makes the server hold stays a few
-    messages' worth, whatever its agent sends ahead.
+    One batch is always let in, whatever its size: what one stream makes the server hold stays
+    a few messages' worth, whatever its agent sends ahead. For one event loop; not thread-safe.
     """
 
-    def __init__(self, depth: int, max_bytes: int = PIPELINE_BYTES) -> None:
-        self.queue: queue.Queue[_Item | BaseException | None] = queue.Queue(depth)
-        self.done = threading.Event()
+    def __init__(self, max_bytes: int = PIPELINE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._held = 0
-        self._room = threading.Condition()
+        self.held = 0
+        self._room = asyncio.Condition()
 
-    def reserve(self, size: int) -> bool:
-        """Wait until ``size`` more bytes fit (at once when none are held); False once done."""
-        with self._room:
-            while self._held and self._held + size > self.max_bytes and not self.done.is_set():
-                self._room.wait(0.5)
-            self._held += size
-            return not self.done.is_set()
+    async def reserve(self, size: int) -> None:
+        """Wait until ``size`` more bytes fit (at once when none are held)."""
+        async with self._room:
+            await self._room.wait_for(lambda: not self.held or self.held + size <= self.max_bytes)
+            self.held += size
 
-    def release(self, size: int) -> None:
+    async def release(self, size: int) -> None:
         """``size`` bytes of an answered batch are no longer held."""
-        with self._room:
-            self._held -= size
+        async with self._room:
+            self.held -= size
             self._room.notify_all()
-
-    def put(self, item: _Item | BaseException | None) -> bool:
-        """Queue ``item``, waiting for room; False once the stream's answering side has ended."""
-        while not self.done.is_set():
-            try:
-                self.queue.put(item, timeout=0.5)
-                return True
-            except queue.Full:
-                continue
-        return False
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
-    """``argus.v1.Collector`` over ``store``; thread-safe, no per-agent state.
+    """``argus.v1.Collector`` over ``store``, for ``grpc.aio``; no per-agent state.
 
-    Each stream's reader thread decodes its batches and queues them, up to :data:`PIPELINE_DEPTH`
-    ahead; a :class:`BatchWriter` stores them in groups; the stream's own thread answers them in
-    order.
+    Each stream reads its batches ahead (up to :data:`PIPELINE_DEPTH` and
+    :data:`PIPELINE_BYTES`), decodes them and queues them on a :class:`BatchWriter`, which
+    stores them in groups in its own thread; the stream answers them in order. Its coroutines
+    run on one event loop; :meth:`drain` may be called from any thread.
     """
 
     def __init__(self, store: Store, metrics: Metrics, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
@@ -183,27 +183,40 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self.captures = PendingCaptures(store)
         self._gate = _Gate()
         self.max_streams = max_streams
-        self._streams = threading.BoundedSemaphore(max_streams)
+        self._open = 0  # streams open; touched on the event loop only
+        self._decoders = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="argus-decode")
 
-    def _submit(self, batch: pb.Batch) -> Future[pb.Ack]:
-        """Decode ``batch`` and queue it for the writer; the future holds its Ack or its error."""
-        if not self._gate.enter():
-            failed: Future[pb.Ack] = Future()
-            failed.set_exception(StoreError(SHUTTING_DOWN))
-            return failed
+    def _store(self, batch: pb.Batch) -> Future[pb.Ack]:
+        """Decode ``batch`` and queue it for the writer (any thread); the future holds its Ack or
+        its error."""
         try:
             future = self.writer.submit(ingest.decode(batch))
         except BaseException as exc:
             self._gate.leave()
-            failed = Future()
+            failed: Future[pb.Ack] = Future()
             failed.set_exception(exc)
             return failed
         future.add_done_callback(lambda _: self._gate.leave())
         return future
 
-    def _answer(self, batch: pb.Batch, future: Future[pb.Ack], context: grpc.ServicerContext) -> pb.Ack:
+    async def _submit(self, batch: pb.Batch, size: int) -> asyncio.Future[pb.Ack]:
+        """:meth:`_store` ``batch``, on the loop when it is small, else in a decoding thread."""
+        if not self._gate.enter():
+            failed: Future[pb.Ack] = Future()
+            failed.set_exception(StoreError(SHUTTING_DOWN))
+            return asyncio.wrap_future(failed)
+        if size <= DECODE_ON_LOOP_BYTES:
+            return asyncio.wrap_future(self._store(batch))
+        loop = asyncio.get_running_loop()
+        stored = await loop.run_in_executor(self._decoders, self._store, batch)
+        return asyncio.wrap_future(stored)
+
+    async def _answer(
+        self, batch: pb.Batch, future: asyncio.Future[pb.Ack], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.Ack:
         try:
-            return future.result()
+            # Shielded: a stream that ends meanwhile must not cancel the writer's future.
+            return await asyncio.shield(future)
         except InvalidBatch as exc:
             code = grpc_code(exc).name
             self.metrics.ingest_batches.labels(
@@ -214,95 +227,100 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             return pb.Ack(seq=batch.seq, status=pb.Ack.REJECTED, code=code, message=str(exc))
         except ArgusError as exc:
             log.warning("batch %s:%d not stored: %s", batch.agent_id, batch.seq, exc)
-            _abort(context, exc)
+            await _abort(context, exc)
         except Exception as exc:
             log.exception("batch %s:%d failed", batch.agent_id, batch.seq)
-            _abort(context, exc)
+            await _abort(context, exc)
 
-    def _pipelined(self, requests: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[_Item]:
-        """The stream's batches with their futures and arrival times (``time.monotonic()``, s), in
-        order, at most :data:`PIPELINE_DEPTH` ahead.
+    async def _pipelined(self, requests: AsyncIterator[pb.Batch]) -> AsyncIterator[_Item]:
+        """The stream's batches with their acks to come, arrival times and sizes, in order.
 
-        A reader thread takes the next batches off the stream while earlier ones are being
+        A reader task takes the next batches off the stream while earlier ones are being
         stored, so one stream has several batches in the writer's group, as its agent has several
         in flight (otherwise each stream gets one batch stored per group, whatever it sent).
         """
-        ahead = _Ahead(PIPELINE_DEPTH)
+        ahead: asyncio.Queue[_Item | BaseException | None] = asyncio.Queue(PIPELINE_DEPTH)
+        budget = _Budget()
 
-        def read() -> None:
+        async def read() -> None:
             try:
-                for batch in requests:
-                    arrived = time.monotonic()
-                    if not ahead.reserve(batch.ByteSize()):
-                        return
-                    if not ahead.put((batch, self._submit(batch), arrived)):
-                        return
-                ahead.put(None)
+                async for batch in requests:
+                    arrived, size = time.monotonic(), batch.ByteSize()
+                    await budget.reserve(size)
+                    await ahead.put((batch, await self._submit(batch, size), arrived, size))
+                await ahead.put(None)
+            except asyncio.CancelledError:
+                raise
             except BaseException as exc:  # the call ended (cancelled, broken): the stream ends with it
-                ahead.put(exc)
+                await ahead.put(exc)
 
-        threading.Thread(target=read, name="argus-stream-reader", daemon=True).start()
+        reader = asyncio.create_task(read())
         try:
             while True:
-                item = ahead.queue.get()
+                item = await ahead.get()
                 if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item  # answered when the caller asks for the next one
-                ahead.release(item[0].ByteSize())
+                await budget.release(item[3])
         finally:
-            ahead.done.set()
+            reader.cancel()
 
-    def Stream(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
-        if not self._streams.acquire(blocking=False):
+    async def Stream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.Batch], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.Ack]:
+        if self._open >= self.max_streams:
             log.warning("refused an agent stream: %d open (max_streams)", self.max_streams)
-            context.abort(grpc.StatusCode.UNAVAILABLE, STREAM_LIMIT.format(self.max_streams))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STREAM_LIMIT.format(self.max_streams))
+        self._open += 1
         try:
             passed: set[str] = set()  # capture ids passed on this stream
-            for batch, future, arrived in self._pipelined(request_iterator, context):
-                ack = self._answer(batch, future, context)
-                for capture in self.captures.for_job(batch.job_id):
+            async for batch, future, arrived, _ in self._pipelined(request_iterator):
+                ack = await self._answer(batch, future, context)
+                for capture in self.captures.cached(batch.job_id):
                     if capture.capture_id not in passed:
                         passed.add(capture.capture_id)
                         ack.stack_captures.append(capture)
                 self.metrics.ingest_ack_seconds.observe(time.monotonic() - arrived)
                 yield ack
         finally:
-            self._streams.release()
+            self._open -= 1
 
-    def Clock(self, request: pb.ClockRequest, context: grpc.ServicerContext) -> pb.ClockReply:  # noqa: N802
+    async def Clock(  # noqa: N802
+        self, request: pb.ClockRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ClockReply:
         return pb.ClockReply(agent_send_ns=request.agent_send_ns, server_ns=time.time_ns())
 
     def drain(self, timeout: float) -> bool:
         """Refuse further batches, wait for those being stored, stop the writer. True when all finished."""
         drained = self._gate.close(timeout)
-        return self.writer.close(timeout) and drained
+        finished = self.writer.close(timeout) and drained
+        self._decoders.shutdown(wait=False)
+        return finished
 
 
-class _BearerToken(grpc.ServerInterceptor):  # type: ignore[type-arg]  # generic only in the stubs
+class _BearerToken(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # generic only in the stubs
     """Ends every call without ``authorization: Bearer TOKEN`` metadata with UNAUTHENTICATED."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
 
-    def intercept_service(
+    async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         metadata = dict(handler_call_details.invocation_metadata or ())
         sent = metadata.get("authorization", "")
         sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)
-        if hmac.compare_digest(sent_bytes, self._expected):
-            return continuation(handler_call_details)
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+        handler = await continuation(handler_call_details)
+        if handler is None or hmac.compare_digest(sent_bytes, self._expected):
+            return handler
         error = Unauthenticated("missing or wrong 'authorization: Bearer TOKEN' metadata")
 
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            _abort(context, error)
+        async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await _abort(context, error)
 
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(deny)
@@ -322,13 +340,15 @@ def _read(path: str, what: str) -> bytes:
 
 @dataclass
 class CollectorServer:
-    """A started gRPC collector: the server, its servicer and the port it bound."""
+    """A started gRPC collector: the server, its servicer, the port it bound and its event loop."""
 
-    server: grpc.Server
+    server: grpc.aio.Server
     servicer: CollectorServicer
     host: str
     port: int
     tls: bool
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
 
     @property
     def address(self) -> str:
@@ -340,11 +360,18 @@ class CollectorServer:
 
         Every batch acknowledged before this returns is stored; a batch that arrives
         later ends its stream with UNAVAILABLE unacknowledged, so its agent resends it.
+        Call it from any thread but the loop's.
         """
         drained = self.servicer.drain(grace_s)
         # Once drained, open streams only wait for batches they may no longer send: a short
         # grace lets the last acks out, then they end (the agent reconnects elsewhere or later).
-        self.server.stop(1.0 if drained else grace_s).wait()
+        grace = 1.0 if drained else grace_s
+        stopping = asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop)
+        try:
+            stopping.result(grace + 10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
         if not drained and not self.servicer.drain(grace_s):
             log.warning("batches still being stored after %.1f s", 2 * grace_s)
 
@@ -361,40 +388,64 @@ def start_collector(
     """Start serving ``argus.v1.Collector`` on ``listen`` (``host:port``; port 0 picks a free one).
 
     Serves TLS with ``tls``; with ``token``, every call needs ``authorization: Bearer TOKEN``.
-    At most ``max_streams`` agent streams are open at once (module docstring); threads are
-    started as streams need them.
+    At most ``max_streams`` agent streams are open at once (module docstring). The server runs
+    on an event loop in a thread of its own (``argus-grpc``), started here.
 
     Raises:
         ConfigError: an unreadable TLS file, or the address cannot be bound (in use, bad host).
     """
     host, _, _ = listen.rpartition(":")
-    interceptors: list[grpc.ServerInterceptor[Any, Any]] = [_BearerToken(token)] if token else []
-    workers = max_streams + _SPARE_WORKERS
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="argus-grpc"),
+    credentials = None
+    if tls is not None:
+        credentials = grpc.ssl_server_credentials([(_read(tls.key, "key"), _read(tls.cert, "certificate"))])
+    servicer = CollectorServicer(store, metrics, max_streams)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="argus-grpc", daemon=True)
+    thread.start()
+    try:
+        server, port = asyncio.run_coroutine_threadsafe(
+            _serve(servicer, listen, token, credentials), loop
+        ).result(60)
+    except BaseException:
+        servicer.drain(1.0)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        raise
+    return CollectorServer(server, servicer, host, port, tls is not None, loop, thread)
+
+
+async def _serve(
+    servicer: CollectorServicer,
+    listen: str,
+    token: str | None,
+    credentials: grpc.ServerCredentials | None,
+) -> tuple[grpc.aio.Server, int]:
+    """Build and start the ``grpc.aio`` server on the running loop; returns it and its port.
+
+    Raises:
+        ConfigError: the address cannot be bound.
+    """
+    interceptors = [_BearerToken(token)] if token else []
+    server = grpc.aio.server(
         interceptors=interceptors,
         # A backstop: past this many calls a new one fails at once with RESOURCE_EXHAUSTED
-        # instead of waiting unseen for a free thread (streams are refused first, at max_streams).
-        maximum_concurrent_rpcs=workers,
+        # (streams are refused first, at max_streams).
+        maximum_concurrent_rpcs=servicer.max_streams + _SPARE_CALLS,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             # Fail on a port in use instead of silently sharing it with another server.
             ("grpc.so_reuseport", 0),
-            # Ping idle connections so a stream whose agent vanished frees its thread.
+            # Ping idle connections so a stream whose agent vanished ends.
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ],
     )
-    servicer = CollectorServicer(store, metrics, max_streams)
     pb_grpc.add_CollectorServicer_to_server(servicer, server)
     try:
-        if tls is not None:
-            credentials = grpc.ssl_server_credentials(
-                [(_read(tls.key, "key"), _read(tls.cert, "certificate"))]
-            )
+        if credentials is not None:
             port = server.add_secure_port(listen, credentials)
         else:
             port = server.add_insecure_port(listen)
@@ -402,5 +453,5 @@ def start_collector(
         raise ConfigError(f"cannot listen for gRPC on {listen}: {exc}") from exc
     if port == 0:
         raise ConfigError(f"cannot listen for gRPC on {listen}: address in use or not local")
-    server.start()
-    return CollectorServer(server, servicer, host, port, tls=tls is not None)
+    await server.start()
+    return server, port

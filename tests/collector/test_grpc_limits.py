@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -93,19 +94,17 @@ def test_argus_server_takes_max_streams() -> None:
 
 
 def test_a_stream_reads_ahead_at_most_its_byte_budget() -> None:
-    from argus.collector.grpc_service import _Ahead
+    from argus.collector.grpc_service import _Budget
 
-    ahead = _Ahead(depth=8, max_bytes=100)
-    assert ahead.reserve(60)
-    waited = threading.Event()
+    async def run() -> None:
+        budget = _Budget(max_bytes=100)
+        await budget.reserve(60)
+        second = asyncio.create_task(budget.reserve(60))
+        await asyncio.sleep(0.2)
+        assert not second.done()  # 120 bytes would be past the budget: it waits
+        await budget.release(60)
+        await asyncio.wait_for(second, 5)
+        await budget.release(60)
+        await asyncio.wait_for(budget.reserve(500), 5)  # one batch larger than the budget, when none held
 
-    def second() -> None:
-        ahead.reserve(60)
-        waited.set()
-
-    threading.Thread(target=second, daemon=True).start()
-    assert not waited.wait(0.5)  # 120 bytes would be past the budget: it waits
-    ahead.release(60)
-    assert waited.wait(5)
-    ahead.release(60)
-    assert ahead.reserve(500)  # one batch larger than the budget is let in when nothing is held
+    asyncio.run(run())
