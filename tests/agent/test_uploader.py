@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from argus.agent.spool import Spool
-from argus.agent.uploader import Uploader, split_rows
+from argus.agent.uploader import HOLD_FLUSHES, Uploader, flush_due, split_rows
 from argus.proto import collector_pb2
 from argus.schema import wire_schema
 from tests.agent.collector_sink import Sink
@@ -137,3 +137,34 @@ def test_split_rows_keeps_every_row() -> None:
     data = steps(0, 10_000)
     parts = split_rows(data, 20_000)
     assert len(parts) > 1 and sum(p.num_rows for p in parts) == 10_000
+
+
+def test_flush_due_holds_while_batches_are_unacknowledged() -> None:
+    assert not flush_due(0.9, unacked=0, flush_s=1.0)
+    assert flush_due(1.0, unacked=0, flush_s=1.0)
+    assert not flush_due(1.0, unacked=3, flush_s=1.0)
+    assert not flush_due(HOLD_FLUSHES - 0.01, unacked=3, flush_s=1.0)
+    assert flush_due(HOLD_FLUSHES, unacked=3, flush_s=1.0)
+
+
+def test_a_collector_that_does_not_acknowledge_gets_fewer_larger_batches(tmp_path: Path) -> None:
+    # The collector is down: the first batch stays unacknowledged, so later rows wait for
+    # HOLD_FLUSHES flush periods and go as one batch (flush_due), not one batch per period.
+    flush_s = 0.5
+    up = Uploader("127.0.0.1:1", Spool(tmp_path, 1 << 30), "agent-h", flush_s=flush_s)
+    up.start()
+    try:
+        up.add("job", "steps", steps(0, 5))
+        wait_for(lambda: len(up.spool) == 1)
+        first = time.monotonic()
+        for i in range(1, 4):
+            up.add("job", "steps", steps(i * 10, 5))
+            time.sleep(0.4 * flush_s)
+        assert len(up.spool) == 1, "flushed again while the first batch was unacknowledged"
+        wait_for(lambda: len(up.spool) == 2)
+        assert time.monotonic() - first >= (HOLD_FLUSHES - 1) * flush_s
+        batch = collector_pb2.Batch.FromString(up.spool.read("agent-h", 2) or b"")
+        assert pa.ipc.open_stream(batch.arrow_ipc).read_all().num_rows == 15
+        assert up.stats.flushes_held == 1
+    finally:
+        up.close(0)
