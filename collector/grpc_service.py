@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -186,30 +186,33 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._open = 0  # streams open; touched on the event loop only
         self._decoders = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="argus-decode")
 
-    def _store(self, batch: pb.Batch) -> Future[pb.Ack]:
-        """Decode ``batch`` and queue it for the writer (any thread); the future holds its Ack or
-        its error."""
+    async def _submit(self, batch: pb.Batch, size: int) -> asyncio.Future[pb.Ack]:
+        """Decode ``batch`` and queue it for the writer; the future holds its Ack or its error.
+
+        A small batch is decoded on the loop, a large one in a decoding thread.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[pb.Ack]
+        if not self._gate.enter():
+            future = loop.create_future()
+            future.set_exception(StoreError(SHUTTING_DOWN))
+            return future
         try:
-            future = self.writer.submit(ingest.decode(batch))
-        except BaseException as exc:
+            if size <= DECODE_ON_LOOP_BYTES:
+                decoded = ingest.decode(batch)
+            else:
+                decoded = await loop.run_in_executor(self._decoders, ingest.decode, batch)
+            future = self.writer.submit_async(decoded)
+        except asyncio.CancelledError:
             self._gate.leave()
-            failed: Future[pb.Ack] = Future()
-            failed.set_exception(exc)
-            return failed
+            raise
+        except Exception as exc:
+            self._gate.leave()
+            future = loop.create_future()
+            future.set_exception(exc)
+            return future
         future.add_done_callback(lambda _: self._gate.leave())
         return future
-
-    async def _submit(self, batch: pb.Batch, size: int) -> asyncio.Future[pb.Ack]:
-        """:meth:`_store` ``batch``, on the loop when it is small, else in a decoding thread."""
-        if not self._gate.enter():
-            failed: Future[pb.Ack] = Future()
-            failed.set_exception(StoreError(SHUTTING_DOWN))
-            return asyncio.wrap_future(failed)
-        if size <= DECODE_ON_LOOP_BYTES:
-            return asyncio.wrap_future(self._store(batch))
-        loop = asyncio.get_running_loop()
-        stored = await loop.run_in_executor(self._decoders, self._store, batch)
-        return asyncio.wrap_future(stored)
 
     async def _answer(
         self, batch: pb.Batch, future: asyncio.Future[pb.Ack], context: grpc.aio.ServicerContext[Any, Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -77,6 +78,30 @@ def test_a_batch_whose_waiter_gave_up_is_stored_and_the_writer_goes_on(tmp_path:
         gone.cancel()
         later = writer.submit(ingest.decode(batch("steps", sample("steps", n=4, salt=2), seq=1))).result(60)
         assert later.status == pb.Ack.STORED and later.rows == 4
+    finally:
+        assert writer.close(60)
+        store.close()
+
+
+def test_an_event_loop_gets_each_outcome_on_its_own_future(tmp_path: Path) -> None:
+    # submit_async: the loop's futures, settled on the loop; a cancelled one does not stop the rest.
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    writer = BatchWriter(store)
+
+    async def agents() -> list[pb.Ack]:
+        futures = [
+            writer.submit_async(ingest.decode(batch("steps", sample("steps", n=3, salt=s), seq=s)))
+            for s in range(6)
+        ]
+        futures[2].cancel()
+        rest = futures[:2] + futures[3:]
+        return list(await asyncio.wait_for(asyncio.gather(*rest), 60))
+
+    try:
+        acks = asyncio.run(agents())
+        assert [(a.seq, a.status, a.rows) for a in acks] == [(s, pb.Ack.STORED, 3) for s in (0, 1, 3, 4, 5)]
+        # The cancelled batch was in its group: stored too.
+        assert store.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 18
     finally:
         assert writer.close(60)
         store.close()
