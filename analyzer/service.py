@@ -220,6 +220,7 @@ class Analyzer:
         self._jobs: dict[str, _Job] = {}
         self._stop = threading.Event()
         self._last_version = 0
+        self._stage_start = 0.0  # time.monotonic() at the end of a window's last stage (_time)
         #: Per job with data still to analyse, when its oldest unanalysed window was due, ns.
         self._due: dict[str, int] = {}
         if metrics is not None:
@@ -379,6 +380,7 @@ class Analyzer:
         self, job: _Job, w0: int, now: int
     ) -> list[Diagnosis] | None:
         """The diagnoses written for window ``w0``; None when its analysis raised and is retried later."""
+        self._stage_start = time.monotonic()
         w1 = w0 + self.window_ns
         live = read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1)
         for r, t in live.last_seen.items():
@@ -391,6 +393,7 @@ class Analyzer:
             job.max_seq[k] = max(job.max_seq.get(k, -1), q)
         merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
         window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
+        self._time("read")
         if w0 < job.replay_to_ns:
             with contextlib.suppress(Exception):  # a window that failed before fails again: skip it
                 job.suspects = job.analysis.analyze(window).suspects
@@ -411,6 +414,7 @@ class Analyzer:
             job.attempts, job.retry_at_ns, job.failing = 0, 0, True
             return []
         job.attempts, job.retry_at_ns, job.failing = 0, 0, False
+        self._time("analyse")
         changed = result.changed
         self._last_version = max(time.time_ns(), self._last_version + 1)
         states = {d.id: job.analysis.tracker.state(d.id) for d in changed}
@@ -433,10 +437,18 @@ class Analyzer:
         except ArgusError:
             job.analysis.tracker = tracker  # the window is analysed again on the next pass
             raise
+        self._time("write")
         job.suspects = result.suspects
         for d in changed:
             log.info("diagnosis %s", render.line(d))
         return changed
+
+    def _time(self, stage: str) -> None:
+        """Observe the wall time since the last stage of a window's analysis ended (or its start)."""
+        now = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.analysis_window_seconds.labels(stage).observe(now - self._stage_start)
+        self._stage_start = now
 
     def _account(self, job: _Job, w0: int, acc: Accounting, status: str = "analysed") -> None:
         """Record a window's lost time (store and metrics)."""

@@ -63,12 +63,26 @@ def _col(t: pa.Table, name: str, dtype: Any = np.int64) -> NDArray[Any]:
     return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
 
 
+def _encoded(t: pa.Table, name: str) -> tuple[NDArray[np.int64], list[str]]:
+    """The string column ``name`` as indices into its distinct values (Arrow's dictionary
+    encoding: no Python object per row, where a window of 10,000 ranks has millions)."""
+    column = t.column(name)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    encoded = column.combine_chunks().dictionary_encode()
+    names = [str(v) for v in encoded.dictionary.to_pylist()]
+    return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64), names
+
+
 def _codes(t: pa.Table, name: str) -> tuple[NDArray[np.int64], tuple[str, ...]]:
-    values = np.asarray(t.column(name).to_pylist(), dtype=object)
-    if values.size == 0:
+    """The string column ``name`` as codes into its distinct values, sorted (``np.unique``'s order)."""
+    if t.num_rows == 0:
         return np.zeros(0, np.int64), ()
-    names, codes = np.unique(values.astype(str), return_inverse=True)
-    return codes.astype(np.int64), tuple(str(n) for n in names)
+    indices, values = _encoded(t, name)
+    order = sorted(range(len(values)), key=values.__getitem__)
+    code = np.empty(len(values), np.int64)
+    code[order] = np.arange(len(values))
+    return code[indices], tuple(values[i] for i in order)
 
 
 @dataclass(frozen=True)
@@ -335,8 +349,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         p,
     )
     phase_code = {name: i for i, name in enumerate(PHASES)}
-    names = ph.column("phase").to_pylist()
-    pc = np.array([phase_code.get(str(n), -1) for n in names], np.int64)
+    indices, names = _encoded(ph, "phase")
+    pc = np.array([phase_code.get(n, -1) for n in names], np.int64)[indices]
     ok = pc >= 0  # an unknown phase name is ignored, not fatal
     phases = Phases(
         _col(ph, "rank")[ok], _col(ph, "step")[ok], pc[ok], _col(ph, "start_ns")[ok], _col(ph, "dur_ns")[ok]

@@ -83,6 +83,14 @@ class Metrics:
             ["job_id"],
             registry=r,
         )
+        self.analysis_window_seconds = Histogram(
+            "argus_analysis_window_seconds",
+            "Wall time of one job window's analysis, seconds, by stage: read (its rows from the store), "
+            "analyse (the levels and the lifecycle), write (diagnoses, accounting, roles).",
+            ["stage"],
+            buckets=ACK_BUCKETS_S,
+            registry=r,
+        )
         self.analysis_lag = Gauge(
             "argus_analysis_lag_seconds",
             "How long the oldest window due for analysis has waited (0 when no job has data waiting).",
