@@ -20,8 +20,11 @@ rank's attach and its two process groups first (the world group lists every
 rank, as the probe records it). From the start of window 2 (windows count from
 0, aligned to the server's) one rank, ``--slow-rank``, computes 20 % longer.
 Like the node agent, every agent flushes once a second (agents spread evenly
-over the second): one batch per table with the rows completed since its last
-flush, the kernel summaries of a window one second after the window ends.
+over the second), held while the server has not acknowledged its earlier
+batches, for at most :data:`~argus.agent.uploader.HOLD_FLUSHES` seconds
+(:func:`argus.agent.uploader.flush_due`): one batch per table with the rows
+completed since its last flush, the kernel summaries of a window one second
+after the window ends.
 
 Reported (the last line):
 
@@ -56,6 +59,7 @@ diagnoses seen. The simulators share the machine with the server: on a 2-core
 machine read the server's figures with ``simulator_cpu_pct`` in mind.
 
     python bench/scale.py [--agents 1250] [--windows 6] [--window-s 10] [--procs 3] [--drain-s 60]
+                          [--keep DIR]
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ import psutil  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from argus.agent.protocol import ipc_bytes, table_code  # noqa: E402
+from argus.agent.uploader import HOLD_FLUSHES, flush_due  # noqa: E402
 from argus.config import MAX_MESSAGE_BYTES  # noqa: E402
 from argus.proto import collector_pb2 as pb  # noqa: E402
 from argus.proto import collector_pb2_grpc as pb_grpc  # noqa: E402
@@ -227,6 +232,7 @@ async def _agent(
     call = pb_grpc.CollectorStub(channel).Stream()  # type: ignore[call-arg]  # aio: requests are written
     inflight: dict[int, tuple[str, int]] = {}
     room = asyncio.Semaphore(MAX_INFLIGHT)
+    settled = asyncio.Event()  # set when every batch sent is acknowledged
     seq = 0
 
     async def acks() -> None:
@@ -240,6 +246,8 @@ async def _agent(
         async for ack in call:
             table, rows = inflight.pop(ack.seq)
             room.release()
+            if not inflight:
+                settled.set()
             result.acked += 1
             result.last_ack_ns = max(result.last_ack_ns, time.time_ns())
             if ack.status in (pb.Ack.STORED, pb.Ack.DUPLICATE) and ack.rows == rows:
@@ -268,12 +276,19 @@ async def _agent(
     for table, data in prod.fleet.lifecycle(a, job.t0_ns - NS // 2).items():
         prod.produced[table] = prod.produced.get(table, 0) + data.num_rows
         await send(table, data)
-    # Agents flush spread evenly over each second, as independent nodes do.
-    tick = job.t0_ns + int(NS * FLUSH_S * (local + 0.5) / (prod.a1 - prod.a0))
+    # Agents flush spread evenly over each second, as independent nodes do, and hold a flush while
+    # the server has not acknowledged their earlier batches, as the node agent does (flush_due).
+    last = job.t0_ns + int(NS * FLUSH_S * ((local + 0.5) / (prod.a1 - prod.a0) - 1))
     index = 0
     while True:
-        await asyncio.sleep(max(0.0, (tick - time.time_ns()) / NS))
-        upto = min(tick, job.stop_ns)
+        await asyncio.sleep(max(0.0, (last + FLUSH_S * NS - time.time_ns()) / NS))
+        if not flush_due((time.time_ns() - last) / NS, len(inflight), FLUSH_S):
+            settled.clear()
+            hold_s = (last + HOLD_FLUSHES * FLUSH_S * NS - time.time_ns()) / NS
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(settled.wait(), max(hold_s, 0.0))
+        last = time.time_ns()
+        upto = min(last, job.stop_ns)
         parts: dict[str, list[pa.Table]] = {}
         while index < len(prod.blocks) and (block := prod.blocks[index]) is not None and block.due_ns <= upto:
             n = block.rows_per_agent
@@ -281,10 +296,10 @@ async def _agent(
             prod.take(index)
             index += 1
         for table, tables in parts.items():
-            await send(table, pa.concat_tables(tables) if len(tables) > 1 else tables[0])
-        if tick >= job.stop_ns:
+            # One record batch per table, as the node agent sends (Uploader.flush).
+            await send(table, pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0])
+        if upto >= job.stop_ns:
             break
-        tick += int(FLUSH_S * NS)
     await call.done_writing()
     await reader
     result.unacked_rows += sum(rows for _, rows in inflight.values())
@@ -478,6 +493,9 @@ def main() -> None:
         default=60.0,
         help="agents give up this long after the job's end (default %(default)s)",
     )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the store and the server's log in this new directory"
+    )
     args = parser.parse_args()
     print(
         run(
@@ -488,6 +506,7 @@ def main() -> None:
             args.procs,
             args.slow_rank,
             args.drain_s,
+            args.keep,
         )
     )
 
@@ -500,6 +519,7 @@ def run(
     procs: int,
     slow_rank: int | None,
     drain_s: float = 60.0,
+    keep: Path | None = None,
 ) -> str:
     """Run the benchmark; return its last line (printing progress on the way)."""
     world = agents * ranks_per_agent
@@ -508,7 +528,8 @@ def run(
     procs = max(1, min(procs, agents))
     job = Job(agents, ranks_per_agent, window_ns, windows, slow, drain_s)
     with tempfile.TemporaryDirectory(prefix="argus-bench-scale-") as tmp:
-        root = Path(tmp)
+        root = Path(tmp) if keep is None else keep
+        root.mkdir(parents=True, exist_ok=keep is None)
         server, target, http = start_server(root / "store", root / "server.log", window_s)
         try:
             ctx = mp.get_context("spawn")
