@@ -9,7 +9,9 @@ asyncio tasks. Each agent has its own gRPC channel (its own connection) and one
 ``Batch`` messages with a unique agent id, sequence numbers from 1, one table's
 rows as an Arrow IPC stream (:func:`argus.agent.protocol.ipc_bytes`, the node
 agent's encoder), at most :data:`MAX_INFLIGHT` unacknowledged (the node agent's
-``max_inflight``); every ``Ack`` is matched to its batch.
+``max_inflight``); every ``Ack`` is matched to its batch. A stream that ends with
+an error is opened again and its unacknowledged batches sent again, as the node
+agent does.
 
 The job (:class:`synthetic.fleet.Fleet`, played from one seed in every process
 so the job-wide all-reduce waits for the last rank of the whole world): per
@@ -59,7 +61,7 @@ diagnoses seen. The simulators share the machine with the server: on a 2-core
 machine read the server's figures with ``simulator_cpu_pct`` in mind.
 
     python bench/scale.py [--agents 1250] [--windows 6] [--window-s 10] [--procs 3] [--drain-s 60]
-                          [--keep DIR]
+                          [--keep DIR] [--no-analyzer]
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ FLUSH_S = 1.0
 ONSET_WINDOW = 2
 #: Data keeps coming this long after the last window, s (its heartbeats complete the last window).
 TAIL_S = 2.0
+#: An agent whose stream ended opens a new one this long after, s (the node agent's first back-off).
+RECONNECT_S = 0.2
 NS = 1_000_000_000
 TABLES = ("jobs", "ranks", "steps", "phases", "collectives", "kernel_summaries", "host_samples")
 
@@ -150,7 +154,6 @@ class SimResult:
     batches: int = 0
     acked: int = 0
     not_stored: list[str] = field(default_factory=list)
-    unacked_rows: int = 0
     first_send_ns: int = 0
     last_send_ns: int = 0
     last_ack_ns: int = 0
@@ -158,6 +161,8 @@ class SimResult:
     error: str = ""
     #: Streams that ended with an error, by gRPC status code.
     stream_errors: dict[str, int] = field(default_factory=dict)
+    #: Streams opened again after one ended with an error.
+    reconnects: int = 0
 
 
 @dataclass
@@ -227,52 +232,81 @@ class _Producer:
 async def _agent(
     a: int, channel: grpc.aio.Channel, prod: _Producer, result: SimResult, agent_id: str
 ) -> None:
-    """One node agent: lifecycle rows, then a flush a second until the job's stop; waits for every ack."""
+    """One node agent: lifecycle rows, then a flush a second until the job's stop; waits for every ack.
+
+    Like the node agent, when its stream ends with an error it opens a new one (after
+    :data:`RECONNECT_S`) and sends every unacknowledged batch again; the server deduplicates them.
+    """
     job, local = prod.job, a - prod.a0
-    call = pb_grpc.CollectorStub(channel).Stream()  # type: ignore[call-arg]  # aio: requests are written
-    inflight: dict[int, tuple[str, int]] = {}
+    stub = pb_grpc.CollectorStub(channel)
+    inflight: dict[int, tuple[str, int, pb.Batch]] = {}
     room = asyncio.Semaphore(MAX_INFLIGHT)
     settled = asyncio.Event()  # set when every batch sent is acknowledged
     seq = 0
 
-    async def acks() -> None:
-        try:
-            await read_acks()
-        except grpc.aio.AioRpcError as exc:  # the stream ended: what is in flight stays unacknowledged
-            code = exc.code().name
-            result.stream_errors[code] = result.stream_errors.get(code, 0) + 1
+    def failed(exc: grpc.aio.AioRpcError, how: str = "") -> None:
+        code = exc.code().name + how
+        result.stream_errors[code] = result.stream_errors.get(code, 0) + 1
 
-    async def read_acks() -> None:
-        async for ack in call:
-            table, rows = inflight.pop(ack.seq)
-            room.release()
-            if not inflight:
-                settled.set()
-            result.acked += 1
-            result.last_ack_ns = max(result.last_ack_ns, time.time_ns())
-            if ack.status in (pb.Ack.STORED, pb.Ack.DUPLICATE) and ack.rows == rows:
-                result.acked_rows += rows
-            else:
-                result.not_stored.append(
-                    f"{agent_id}:{ack.seq} {table} {ack.status} {ack.code} {ack.message}"
-                )
+    async def read_acks(call: Any) -> None:
+        try:
+            async for ack in call:
+                if ack.seq not in inflight:
+                    continue  # acknowledged on an earlier stream, sent again on this one
+                table, rows, _ = inflight.pop(ack.seq)
+                room.release()
+                if not inflight:
+                    settled.set()
+                result.acked += 1
+                result.last_ack_ns = max(result.last_ack_ns, time.time_ns())
+                if ack.status in (pb.Ack.STORED, pb.Ack.DUPLICATE) and ack.rows == rows:
+                    result.acked_rows += rows
+                else:
+                    result.not_stored.append(
+                        f"{agent_id}:{ack.seq} {table} {ack.status} {ack.code} {ack.message}"
+                    )
+        except grpc.aio.AioRpcError as exc:  # the stream ended: what is in flight is sent again
+            failed(exc)
+
+    stream: list[Any] = []  # the open call and its ack reader
+
+    async def reopen() -> None:
+        """A new stream, every batch in flight sent on it again, in order."""
+        while True:
+            if stream:
+                stream[1].cancel()
+                stream.clear()
+                result.reconnects += 1
+                await asyncio.sleep(RECONNECT_S)
+            call = stub.Stream()  # type: ignore[call-arg]  # aio: requests are written
+            stream[:] = [call, asyncio.create_task(read_acks(call))]
+            try:
+                for n in sorted(inflight):
+                    await call.write(inflight[n][2])
+                return
+            except grpc.aio.AioRpcError as exc:
+                failed(exc, " (write)")
 
     async def send(table: str, data: pa.Table) -> None:
         nonlocal seq
         seq += 1
         await room.acquire()
-        inflight[seq] = (table, data.num_rows)
         batch = pb.Batch(
             agent_id=agent_id, seq=seq, job_id=JOB_ID, table=table_code(table), arrow_ipc=ipc_bytes(data)
         )
-        await call.write(batch)  # raises AioRpcError once the stream has ended: see _agent
+        inflight[seq] = (table, data.num_rows, batch)
+        try:
+            await stream[0].write(batch)
+        except grpc.aio.AioRpcError as exc:  # the stream ended: a new one, this batch included
+            failed(exc, " (write)")
+            await reopen()
         now = time.time_ns()
         result.first_send_ns = min(result.first_send_ns or now, now)
         result.last_send_ns = max(result.last_send_ns, now)
         result.batches += 1
         result.offered[table] = result.offered.get(table, 0) + data.num_rows
 
-    reader = asyncio.create_task(acks())
+    await reopen()
     for table, data in prod.fleet.lifecycle(a, job.t0_ns - NS // 2).items():
         prod.produced[table] = prod.produced.get(table, 0) + data.num_rows
         await send(table, data)
@@ -300,9 +334,14 @@ async def _agent(
             await send(table, pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0])
         if upto >= job.stop_ns:
             break
-    await call.done_writing()
-    await reader
-    result.unacked_rows += sum(rows for _, rows in inflight.values())
+    while True:  # every batch acknowledged, on this stream or a new one
+        call, reader = stream
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call.done_writing()
+        await reader
+        if not inflight:
+            break
+        await reopen()
 
 
 async def _simulate(target: str, job: Job, a0: int, a1: int, ready: Any, start: Any) -> SimResult:
@@ -325,7 +364,7 @@ async def _simulate(target: str, job: Job, a0: int, a1: int, ready: Any, start: 
     stamp = time.time_ns()
     producer = asyncio.create_task(produce())
     prod.produce(time.time_ns() + 2 * NS)
-    # An agent whose stream fails stops alone (counted); the others go on.
+    # An agent that fails stops alone (reported); the others go on.
     runs = [
         _agent(a, ch, prod, result, f"scale-{a}-{stamp}")
         for a, ch in zip(range(a0, a1), channels, strict=True)
@@ -494,6 +533,11 @@ def main() -> None:
         help="agents give up this long after the job's end (default %(default)s)",
     )
     parser.add_argument(
+        "--no-analyzer",
+        action="store_true",
+        help="run the server without its analyzer: what ingest alone sustains (no lag, no detection)",
+    )
+    parser.add_argument(
         "--keep", type=Path, default=None, help="keep the store and the server's log in this new directory"
     )
     args = parser.parse_args()
@@ -507,6 +551,7 @@ def main() -> None:
             args.slow_rank,
             args.drain_s,
             args.keep,
+            args.no_analyzer,
         )
     )
 
@@ -520,6 +565,7 @@ def run(
     slow_rank: int | None,
     drain_s: float = 60.0,
     keep: Path | None = None,
+    no_analyzer: bool = False,
 ) -> str:
     """Run the benchmark; return its last line (printing progress on the way)."""
     world = agents * ranks_per_agent
@@ -530,7 +576,8 @@ def run(
     with tempfile.TemporaryDirectory(prefix="argus-bench-scale-") as tmp:
         root = Path(tmp) if keep is None else keep
         root.mkdir(parents=True, exist_ok=keep is None)
-        server, target, http = start_server(root / "store", root / "server.log", window_s)
+        flags = ["--no-analyzer"] if no_analyzer else []
+        server, target, http = start_server(root / "store", root / "server.log", window_s, *flags)
         try:
             ctx = mp.get_context("spawn")
             ready, out = ctx.Queue(), ctx.Queue()
@@ -568,7 +615,11 @@ def run(
             grace_s = max(2.0, window_s / 4)
             ready_at = job.t0_ns + windows * window_ns + int((grace_s + poll_s + 1) * NS)
             give_up = time.time_ns() + int(max(6 * window_s, 60) * NS)
-            while time.time_ns() < give_up and (time.time_ns() < ready_at or lag_metric(http) != 0.0):
+            while (
+                not no_analyzer
+                and time.time_ns() < give_up
+                and (time.time_ns() < ready_at or lag_metric(http) != 0.0)
+            ):
                 time.sleep(0.5)
             server_cpu = sum(server_ps.cpu_times()[:2]) - cpu0
             watch.stop.set()
@@ -596,7 +647,10 @@ def report(
         for t, n in r.offered.items():
             offered[t] = offered.get(t, 0) + n
         if r.error or r.stream_errors:
-            print(f"simulator: {r.error or 'ok'}; streams ended by an error: {r.stream_errors}")
+            print(
+                f"simulator: {r.error or 'ok'}; streams ended by an error: {r.stream_errors}, "
+                f"opened again: {r.reconnects}"
+            )
     total_offered, total_stored = sum(offered.values()), sum(counts.values())
     first = min(r.first_send_ns for r in results if r.first_send_ns)
     last_send = max(r.last_send_ns for r in results)

@@ -90,14 +90,14 @@ STREAM_LIMIT = (
 #: Batches of one stream decoded and queued for storage ahead of the one being acknowledged
 #: (the node agent keeps 64 in flight).
 PIPELINE_DEPTH = 64
-#: ... and at most this many bytes of them (encoded): four messages of the largest size.
+#: ... and at most this many bytes of their Arrow payloads: four messages of the largest size.
 PIPELINE_BYTES = 4 * MAX_MESSAGE_BYTES
 #: A batch whose Arrow payload is larger than this (bytes) is decoded in a thread, not on the loop.
 DECODE_ON_LOOP_BYTES = 256 << 10
 #: Threads decoding large batches.
 DECODE_THREADS = 2
 #: A batch read off a stream: the batch, its ack (or error) to come, its arrival
-#: (``time.monotonic()``, s) and its encoded size (bytes).
+#: (``time.monotonic()``, s) and the size of its Arrow payload (bytes).
 _Item = tuple[pb.Batch, "asyncio.Future[pb.Ack]", float, int]
 #: Calls beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
 _SPARE_CALLS = 32
@@ -248,7 +248,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         async def read() -> None:
             try:
                 async for batch in requests:
-                    arrived, size = time.monotonic(), batch.ByteSize()
+                    # The payload's size: upb's ByteSize() encodes the whole message to count it.
+                    arrived, size = time.monotonic(), len(batch.arrow_ipc)
                     await budget.reserve(size)
                     await ahead.put((batch, await self._submit(batch, size), arrived, size))
                 await ahead.put(None)
