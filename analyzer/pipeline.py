@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from argus.analyzer.causes import attribute
 from argus.analyzer.collectives import Decomposition, decompose, slow_links, transfer_medians
@@ -150,28 +151,46 @@ class JobAnalysis:
         of each rank's means about its role's, pooled over the ranks with two windows or more
         (the rank's own once it has :data:`DRIFT_WINDOWS`, if larger); 0 before any two windows.
         """
-        devs = {
-            r: np.array([[x.self_dev_ns, *x.comp_dev_ns] for x in w]) for r, w in self._ranks.items() if w
-        }
-        spread = [np.var(d, axis=0, ddof=1) for d in devs.values() if len(d) >= 2]
-        pooled = np.sqrt(np.mean(spread, axis=0)) if spread else np.zeros(1 + len(COMPONENTS))
-        out = {}
-        for r, windows in self._ranks.items():
-            if not windows:
-                continue
-            d = devs[r]
-            own = np.std(d, axis=0, ddof=1) if len(d) >= DRIFT_WINDOWS else np.zeros(d.shape[1])
-            drift = np.fmax(own, pooled)
-            out[r] = RankBaseline(
-                float(np.mean([x.self_ns for x in windows])),
-                float(np.median([x.sigma_ns for x in windows])),
-                np.mean(np.stack([x.comp_ns for x in windows]), axis=0),
-                float(np.median([x.step_ns for x in windows])),
-                float(drift[0]),
-                drift[1:],
-                len(windows),
+        ranks = [r for r, w in self._ranks.items() if w]
+        n_comp = 1 + len(COMPONENTS)
+        # Ranks with the same number of windows are stacked and reduced along the windows' axis: the
+        # same operations per rank as one rank at a time, without 10 numpy calls for each of 10,000.
+        by_count: dict[int, list[int]] = {}
+        for pos, r in enumerate(ranks):
+            by_count.setdefault(len(self._ranks[r]), []).append(pos)
+        spread = np.zeros((len(ranks), n_comp))
+        two = np.zeros(len(ranks), bool)  # ranks with two windows or more
+        stats: dict[int, tuple[NDArray[np.float64], ...]] = {}
+        for k, positions in by_count.items():
+            windows = [self._ranks[ranks[p]] for p in positions]
+            dev = np.array([[[x.self_dev_ns, *x.comp_dev_ns] for x in w] for w in windows])  # (n, k, 1+C)
+            if k >= 2:
+                spread[positions] = np.var(dev, axis=1, ddof=1)
+                two[positions] = True
+            own = np.std(dev, axis=1, ddof=1) if k >= DRIFT_WINDOWS else np.zeros((len(positions), n_comp))
+            stats[k] = (
+                own,
+                np.mean(np.array([[x.self_ns for x in w] for w in windows]), axis=1),
+                np.median(np.array([[x.sigma_ns for x in w] for w in windows]), axis=1),
+                np.mean(np.array([[x.comp_ns for x in w] for w in windows]), axis=1),
+                np.median(np.array([[x.step_ns for x in w] for w in windows]), axis=1),
             )
-        return out
+        pooled = np.sqrt(np.mean(spread[two], axis=0)) if np.any(two) else np.zeros(n_comp)
+        out = {}
+        for k, positions in by_count.items():
+            own, self_ns, sigma_ns, comp_ns, step_ns = stats[k]
+            drift = np.fmax(own, pooled)
+            for j, p in enumerate(positions):
+                out[ranks[p]] = RankBaseline(
+                    float(self_ns[j]),
+                    float(sigma_ns[j]),
+                    comp_ns[j],
+                    float(step_ns[j]),
+                    float(drift[j, 0]),
+                    drift[j, 1:],
+                    k,
+                )
+        return {r: out[r] for r in ranks}
 
     def _healthy_profile(self) -> JobProfile | None:
         if not self._profiles:
