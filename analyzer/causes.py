@@ -46,9 +46,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from argus.analyzer.collectives import LinkFinding
 from argus.analyzer.findings import Finding
@@ -127,6 +129,11 @@ class _Context:
                     float(l3.mean_ns[j]),
                     float(l3.ref_mean_ns[j]),
                 )
+
+    @cached_property
+    def step_shares(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """:func:`step_shares` of every rank of L2, by its index there."""
+        return step_shares(self.l2.excess_matrix)
 
     def role_counts(self, i: int) -> tuple[int, int, int]:
         """Of rank index ``i``'s role in L2: ranks compared, those looking slow (>= KEEP_SCORE), healthy."""
@@ -264,35 +271,47 @@ def _stalls(l2: PhaseResult, i: int) -> dict[str, Any]:
     return out
 
 
-def _typical_share(l2: PhaseResult, i: int) -> float:
-    """A rank's median step excess over its mean, from the fault's onset (1 = steady, 0 = spikes).
+def step_shares(excess: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """How each rank's step excess is spread over its steps, from the fault's onset: for all ranks
+    at once (a window of 10,000 ranks has thousands of candidates).
 
-    Signed excess (a step faster than its reference counts below zero), so noise around a
-    steady slowdown leaves the median near the mean; NaN when the mean excess is not positive.
-    The onset is as in :func:`_spiky_share`.
+    The onset is a rank's first step whose excess reaches half its largest: a steady slowdown
+    that began late in the window leaves its excess in the last steps, which is no spike.
+
+    Args:
+        excess: Per rank (rows) and step (columns, in step order), the step's excess, ns; NaN
+            where the rank has no such step. Shape ``(ranks, steps)``.
+
+    Returns:
+        ``(spiky, typical)``, each of shape ``(ranks,)``: *spiky*, the share of the rank's
+        positive excess carried by its worst third of steps (1/3 = even, 1 = spikes; NaN when it
+        has no positive excess); *typical*, its median signed excess over its mean (1 = steady,
+        0 = spikes; a step faster than its reference counts below zero, so noise around a steady
+        slowdown leaves the median near the mean; NaN when the largest or the mean excess is not
+        positive).
     """
-    e = l2.excess_matrix[i]
-    e = e[np.isfinite(e)]
-    if e.size == 0 or e.max() <= 0:
-        return np.nan
-    e = e[int(np.argmax(e >= 0.5 * e.max())) :]
-    mean = float(np.mean(e))
-    return float(np.median(e) / mean) if mean > 0 else np.nan
-
-
-def _spiky_share(l2: PhaseResult, i: int) -> float:
-    """Share of a rank's positive excess carried by its worst third of steps (1/3 = even, 1 = spikes).
-
-    Only the steps from the fault's onset count: a steady slowdown that began late in the
-    window leaves its excess in the last steps, which is no spike. The onset is the first
-    step whose excess reaches half the rank's largest.
-    """
-    e = l2.excess_matrix[i]
-    e = np.maximum(e[np.isfinite(e)], 0.0)  # in step order
-    if e.size == 0 or e.sum() <= 0:
-        return np.nan
-    e = np.sort(e[int(np.argmax(e >= 0.5 * e.max())) :])[::-1]
-    return float(e[: max(1, -(-e.size // 3))].sum() / e.sum())
+    n, m = excess.shape
+    if m == 0:
+        return np.full(n, np.nan), np.full(n, np.nan)
+    finite = np.isfinite(excess)
+    x = np.where(finite, excess, -np.inf)
+    largest = x.max(axis=1, initial=-np.inf)
+    # The onset: the first finite step reaching half the largest (the largest itself, at worst).
+    onset = np.argmax(finite & (x >= 0.5 * largest[:, None]), axis=1)
+    tail = finite & (np.arange(m)[None, :] >= onset[:, None])
+    count = tail.sum(axis=1)
+    typical = np.full(n, np.nan)
+    mean = np.where(tail, excess, 0.0).sum(axis=1) / np.maximum(count, 1)
+    ok = (largest > 0) & (mean > 0)
+    if np.any(ok):
+        median = np.nanmedian(np.where(tail[ok], excess[ok], np.nan), axis=1)
+        typical[ok] = median / mean[ok]
+    positive = np.where(tail, np.maximum(excess, 0.0), 0.0)
+    ordered = -np.sort(-positive, axis=1)  # largest first; steps before the onset count as 0
+    worst = np.take_along_axis(np.cumsum(ordered, axis=1), np.maximum(-(-count // 3), 1)[:, None] - 1, axis=1)
+    total = positive.sum(axis=1)
+    spiky = np.where(largest > 0, worst[:, 0] / np.where(total > 0, total, 1.0), np.nan)
+    return spiky, typical
 
 
 def _stall_or_compute(
@@ -319,7 +338,7 @@ def _stall_or_compute(
       majority wins; a tie goes to compute.
     """
     host = ctx.host
-    spiky = _spiky_vote(ctx.l2, i, ev)
+    spiky = _spiky_vote(ctx, i, ev)
     if total > 0 and pos[-1] >= 0.5 * total and l3_score < 1.0:
         return Cause.HOST_STALL
     votes: list[bool] = []  # True = stall
@@ -351,21 +370,21 @@ def _stall_or_compute(
     return Cause.HOST_STALL if 2 * sum(votes) > len(votes) else Cause.COMPUTE
 
 
-def _spiky_vote(l2: PhaseResult, i: int | None, ev: dict[str, Any]) -> bool | None:
-    """True when rank ``i``'s excess comes in pauses (see :func:`_typical_share`); None when unknown.
+def _spiky_vote(ctx: _Context, i: int | None, ev: dict[str, Any]) -> bool | None:
+    """True when rank ``i``'s excess comes in pauses (its typical share, :func:`step_shares`, is
+    under :data:`SPIKY_TYPICAL`); None when unknown.
 
     Records ``excess_in_worst_third_of_steps`` and ``median_to_mean_excess`` in ``ev``.
     """
     if i is None:
         return None
-    share = _spiky_share(l2, i)
-    if np.isfinite(share):
-        ev["excess_in_worst_third_of_steps"] = _r(share, 2)
-    typical = _typical_share(l2, i)
-    if not np.isfinite(typical):
+    spiky, typical = ctx.step_shares
+    if np.isfinite(spiky[i]):
+        ev["excess_in_worst_third_of_steps"] = _r(spiky[i], 2)
+    if not np.isfinite(typical[i]):
         return None
-    ev["median_to_mean_excess"] = _r(typical, 2)
-    return typical < SPIKY_TYPICAL
+    ev["median_to_mean_excess"] = _r(typical[i], 2)
+    return bool(typical[i] < SPIKY_TYPICAL)
 
 
 def _phase(cause: Cause, comp: np.ndarray) -> str | None:

@@ -4,16 +4,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from argus.analyzer.causes import SPIKY_TYPICAL, _drop_hidden, _spiky_share, _typical_share
+from argus.analyzer.causes import SPIKY_TYPICAL, _drop_hidden, step_shares
 from argus.analyzer.findings import Finding
 
 
-def _l2(excess: list[float]) -> Any:
-    return SimpleNamespace(excess_matrix=np.array([excess], dtype=np.float64))
-
-
 def _typical(excess: list[float]) -> float:
-    return _typical_share(_l2(excess), 0)
+    return float(step_shares(np.array([excess], dtype=np.float64))[1][0])
+
+
+def _spiky(excess: list[float]) -> float:
+    return float(step_shares(np.array([excess], dtype=np.float64))[0][0])
 
 
 @pytest.mark.parametrize("onset", [0, 10, 25, 33])
@@ -28,7 +28,7 @@ def test_a_steady_slowdown_as_large_as_the_noise_is_not_spiky(seed: int) -> None
     """10 ms more per step under per-step noise of 10 ms (a 2-core host): noise piles the excess
     into some steps (half of it or more in the worst third), but the typical step carries it."""
     excess = 10.0 + np.random.default_rng(seed).normal(0, 10, 60)
-    assert _spiky_share(_l2(excess.tolist()), 0) > 0.5
+    assert _spiky(excess.tolist()) > 0.5
     assert _typical(excess.tolist()) > SPIKY_TYPICAL
 
 
@@ -40,7 +40,7 @@ def test_a_pause_every_few_steps_is_spiky_wherever_it_begins(onset: int) -> None
 
 def test_no_excess_has_no_share() -> None:
     assert np.isnan(_typical([0.0, -1.0, float("nan")]))
-    assert np.isnan(_spiky_share(_l2([0.0, -1.0, float("nan")]), 0))
+    assert np.isnan(_spiky([0.0, -1.0, float("nan")]))
 
 
 def _straggler(rank: int, score: float) -> Finding:
@@ -100,3 +100,23 @@ def test_ranks_slow_alike_and_a_second_fault_over_half_as_large_are_all_named() 
     assert [f.rank for f in _kept({0: [0.0] * 40, **alike}, {1: 3.0, 2: 3.5, 3: 4.0})] == [1, 2, 3]
     second = {0: [0.0] * 40, 2: [20.0] * 40, 3: [30.0] * 40}
     assert [f.rank for f in _kept(second, {2: 2.0, 3: 3.0})] == [2, 3]
+
+
+def test_step_shares_spread_of_each_ranks_excess_from_its_onset() -> None:
+    nan = np.nan
+    excess = np.array(
+        [
+            [3.0, 3.0, 3.0, 3.0, 3.0, 3.0],  # steady: median = mean, worst third holds a third
+            [0.0, 0.0, 0.0, 0.0, 0.0, 9.0],  # one spike, at the end: its own onset, all of it
+            [-1.0, 1.0, 0.0, 6.0, 6.0, 6.0],  # a steady slowdown from step 3 (the onset)
+            [nan, 4.0, nan, 0.0, 8.0, nan],  # missing steps skipped; onset at the 4.0
+            [-2.0, -1.0, nan, -3.0, nan, nan],  # faster than its reference: unknown
+            [nan, nan, nan, nan, nan, nan],  # no steps: unknown
+        ]
+    )
+    spiky, typical = step_shares(excess)
+    assert spiky[:4] == pytest.approx([1 / 3, 1.0, 1 / 3, 8 / 12])
+    assert typical[:4] == pytest.approx([1.0, 1.0, 1.0, 4 / 4])
+    assert np.isnan(spiky[4:]).all() and np.isnan(typical[4:]).all()
+    spiky, typical = step_shares(np.zeros((2, 0)))
+    assert np.isnan(spiky).all() and np.isnan(typical).all()
