@@ -63,15 +63,28 @@ def _col(t: pa.Table, name: str, dtype: Any = np.int64) -> NDArray[Any]:
     return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
 
 
+#: Appended to a query whose ``LowCardinality(String)`` columns are read as Arrow dictionaries
+#: (:func:`_encoded`): a 10,000-rank window's 1.5M kernel names come as 50 strings and indices.
+_AS_DICTIONARY = " SETTINGS output_format_arrow_low_cardinality_as_dictionary = 1"
+
+
 def _encoded(t: pa.Table, name: str) -> tuple[NDArray[np.int64], list[str]]:
-    """The string column ``name`` as indices into its distinct values (Arrow's dictionary
-    encoding: no Python object per row, where a window of 10,000 ranks has millions)."""
+    """The string column ``name`` as indices into its distinct values, each used by a row (Arrow's
+    dictionary encoding: no Python object per row, where a window of 10,000 ranks has millions)."""
     column = t.column(name)
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    encoded = column.combine_chunks().dictionary_encode()
-    names = [str(v) for v in encoded.dictionary.to_pylist()]
-    return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64), names
+    if not pa.types.is_dictionary(column.type):
+        column = column.dictionary_encode()
+    column = column.unify_dictionaries()
+    if column.num_chunks == 0:
+        return np.zeros(0, np.int64), []
+    chunks: list[Any] = column.chunks  # pa.DictionaryArray each
+    indices = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks]).astype(np.int64)
+    dictionary = chunks[0].dictionary
+    used = np.flatnonzero(np.bincount(indices, minlength=len(dictionary)))
+    code = np.zeros(len(dictionary), np.int64)
+    code[used] = np.arange(used.size)
+    names = [str(v) for v in dictionary.take(used).to_pylist()]
+    return code[indices], names
 
 
 def _codes(t: pa.Table, name: str) -> tuple[NDArray[np.int64], tuple[str, ...]]:
@@ -345,7 +358,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     in_steps = f"(rank, step) IN (SELECT rank, step FROM steps WHERE {f})"
     ph = store.query(
         f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, phase, start_ns, dur_ns FROM phases
-            WHERE job_id = {{job:String}} AND {in_steps}""",
+            WHERE job_id = {{job:String}} AND {in_steps}"""
+        + _AS_DICTIONARY,
         p,
     )
     phase_code = {name: i for i, name in enumerate(PHASES)}
@@ -363,7 +377,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
             WHERE job_id = {{job:String}} AND (process_group, seq) IN (
                 SELECT process_group, seq FROM collectives
                 WHERE job_id = {{job:String}} AND issue_ns >= {{lo:Int64}} AND issue_ns < {{w1:Int64}}
-                    AND {in_steps})""",
+                    AND {in_steps})"""
+        + _AS_DICTIONARY,
         p,
     )
     group, group_names = _codes(co, "process_group")
@@ -407,7 +422,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         """SELECT toInt64(rank) AS rank, kernel, toInt64(stream) AS stream, collective,
                   toInt64(count) AS count,
                   p50_ns, p99_ns, log_lo, log_hi, sum_ns FROM kernel_summaries
-           WHERE job_id = {job:String} AND window_start_ns >= {w0:Int64} AND window_start_ns < {w1:Int64}""",
+           WHERE job_id = {job:String} AND window_start_ns >= {w0:Int64} AND window_start_ns < {w1:Int64}"""
+        + _AS_DICTIONARY,
         p,
     )
     kernel, kernel_names = _codes(ks, "kernel")
