@@ -89,6 +89,7 @@ sys.path.insert(0, str(ROOT))  # synthetic/ lives at the root
 import grpc  # noqa: E402
 import psutil  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from argus.agent.protocol import ipc_bytes, table_code  # noqa: E402
 from argus.agent.uploader import HOLD_FLUSHES, flush_due  # noqa: E402
@@ -469,6 +470,22 @@ class Watch(threading.Thread):
                 self._diagnoses()
 
 
+def analysis_seconds(http: str) -> dict[str, float]:
+    """Mean wall time of a window's analysis stages so far, s (``argus_analysis_window_seconds``)."""
+    try:
+        with urllib.request.urlopen(f"{http}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except Exception:
+        return {}
+    sums: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "argus_analysis_window_seconds":
+            for sample in family.samples:
+                if sample.name.endswith(("_sum", "_count")):
+                    sums.setdefault(sample.labels["stage"], {})[sample.name.rsplit("_", 1)[1]] = sample.value
+    return {stage: v["sum"] / v["count"] for stage, v in sums.items() if v.get("count")}
+
+
 def lag_metric(http: str) -> float:
     """``argus_analysis_lag_seconds`` now (nan when it cannot be read)."""
     try:
@@ -622,6 +639,7 @@ def run(
             ):
                 time.sleep(0.5)
             server_cpu = sum(server_ps.cpu_times()[:2]) - cpu0
+            stages = analysis_seconds(http)
             watch.stop.set()
             watch.join(5)
             rss = max(watch.peak_rss, peak_hwm_bytes(server.pid))
@@ -629,7 +647,7 @@ def run(
             server.terminate()
             server.wait(60)
         counts, written = stored(root / "store", job)
-    return report(job, results, counts, written, watch, rss, server_cpu)
+    return report(job, results, counts, written, watch, rss, server_cpu, stages)
 
 
 def report(
@@ -640,6 +658,7 @@ def report(
     watch: Watch,
     rss: int,
     server_cpu: float,
+    stages: dict[str, float],
 ) -> str:
     """Print the details; return the last line."""
     offered: dict[str, int] = {}
@@ -684,6 +703,7 @@ def report(
         + f"{ack_s - send_s:+.1f} s after the last send"
         + f"; lags per window {[round(x, 2) for x in lags]}"
         + f"; server CPU {server_cpu / max(ack_s, 1e-9) * 100:.0f} %"
+        + f"; a window's analysis, mean s by stage: { {k: round(v, 2) for k, v in stages.items()} }"
         + f"; first naming the slowed rank: {watch.first_named or '-'}"
         + f"; diagnoses seen {sorted(watch.seen.values())}",
         flush=True,

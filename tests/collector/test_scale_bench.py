@@ -64,7 +64,7 @@ def test_four_agents_stream_two_windows_and_lose_nothing(tmp_path: Path) -> None
     assert counts["phases"] == counts["collectives"] == 4 * counts["steps"] > 0
     watch = scale.Watch(os.getpid(), "http://127.0.0.1:1", job.slow_rank)
     job = scale.Job(**{**job.__dict__, "t0_ns": t0})
-    line = scale.report(job, [result], counts, {0: t0 + 2 * scale.NS}, watch, 2**30, 1.0)
+    line = scale.report(job, [result], counts, {0: t0 + 2 * scale.NS}, watch, 2**30, 1.0, {"read": 0.1})
     found = LINE.match(line)
     assert found, line
     assert found.group(1, 2, 7, 9) == ("32", "4", "1024", "0")
