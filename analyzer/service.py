@@ -110,6 +110,9 @@ __all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
 
 log = logging.getLogger(__name__)
 
+#: A window due whose ranks' heartbeats past its end are not all stored is looked at again this
+#: often, s (node agents hold their rows a few seconds when the collector is behind).
+HEARTBEAT_POLL_S = 1.0
 #: How far back a long-running analyzer starts on a job it has not seen yet, seconds.
 DEFAULT_BACKLOG_S = 3600.0
 #: Windows analysed after a job's newest row (enough to see a rank fall silent).
@@ -221,6 +224,7 @@ class Analyzer:
         self._stop = threading.Event()
         self._last_version = 0
         self._stage_start = 0.0  # time.monotonic() at the end of a window's last stage (_time)
+        self._backlog = False  # the last pass ended on its budget with windows still due
         #: Per job with data still to analyse, when its oldest unanalysed window was due, ns.
         self._due: dict[str, int] = {}
         if metrics is not None:
@@ -255,7 +259,7 @@ class Analyzer:
         written: list[Diagnosis] = []
         spans = list_jobs(self.store, self.job)
         first_error: ArgusError | None = None
-        turn = spans
+        turn, behind = spans, []
         while turn:
             behind = []
             for span in turn:
@@ -268,6 +272,7 @@ class Analyzer:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             turn = behind
+        self._backlog = bool(behind)
         for gone in self._due.keys() - {span.job_id for span in spans}:
             del self._due[gone]
         if first_error is not None:
@@ -494,16 +499,31 @@ class Analyzer:
         m.set_active_diagnoses(job_id, open_by_cause)
 
     def run_forever(self) -> None:
-        """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried."""
+        """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried.
+
+        The next pass starts at once when this one ended on its budget with windows due, else
+        when the next window of a job becomes due (its end plus the grace), and at the latest
+        after the polling interval (new jobs; windows that wait for their ranks' heartbeats).
+        """
         poll = self._poll_s()
         while not self._stop.is_set():
+            self._backlog = False
             try:
                 self.run_once(budget_s=poll)
             except ArgusError as exc:
                 log.warning("analysis failed, retrying: %s", exc)
             except Exception:
                 log.exception("analysis failed unexpectedly, retrying")
-            self._stop.wait(poll)
+            self._stop.wait(0.0 if self._backlog else self._until_due(poll))
+
+    def _until_due(self, poll: float) -> float:
+        """Seconds until the next job's window becomes due, at most ``poll``; at most
+        :data:`HEARTBEAT_POLL_S` while a due window waits for its ranks' heartbeats."""
+        now = time.time_ns()
+        waits = [(t - now) / 1e9 for t in self._due.values()]
+        if any(w <= 0 for w in waits):
+            return min(poll, HEARTBEAT_POLL_S)
+        return min([poll, *waits])
 
     def _poll_s(self) -> float:
         # A window completes every window_s; checking twice as often bounds the lag to half a window
