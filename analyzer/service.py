@@ -259,7 +259,8 @@ class Analyzer:
         written: list[Diagnosis] = []
         spans = list_jobs(self.store, self.job)
         first_error: ArgusError | None = None
-        turn, behind = spans, []
+        turn = spans
+        behind: list[JobSpan] = []  # jobs with more windows due than their turn took
         while turn:
             behind = []
             for span in turn:

@@ -275,6 +275,7 @@ async def _agent(
         """A new stream, every batch in flight sent on it again, in order."""
         while True:
             if stream:
+                stream[0].cancel()
                 stream[1].cancel()
                 stream.clear()
                 result.reconnects += 1
