@@ -110,9 +110,6 @@ __all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
 
 log = logging.getLogger(__name__)
 
-#: A window due whose ranks' heartbeats past its end are not all stored is looked at again this
-#: often, s (node agents hold their rows a few seconds when the collector is behind).
-HEARTBEAT_POLL_S = 1.0
 #: How far back a long-running analyzer starts on a job it has not seen yet, seconds.
 DEFAULT_BACKLOG_S = 3600.0
 #: Windows analysed after a job's newest row (enough to see a rank fall silent).
@@ -502,9 +499,8 @@ class Analyzer:
     def run_forever(self) -> None:
         """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried.
 
-        The next pass starts at once when this one ended on its budget with windows due, else
-        when the next window of a job becomes due (its end plus the grace), and at the latest
-        after the polling interval (new jobs; windows that wait for their ranks' heartbeats).
+        The next pass starts after the polling interval, or at once when this one ended on its
+        budget with windows still due (an analyzer behind catches up without sleeping).
         """
         poll = self._poll_s()
         while not self._stop.is_set():
@@ -515,16 +511,7 @@ class Analyzer:
                 log.warning("analysis failed, retrying: %s", exc)
             except Exception:
                 log.exception("analysis failed unexpectedly, retrying")
-            self._stop.wait(0.0 if self._backlog else self._until_due(poll))
-
-    def _until_due(self, poll: float) -> float:
-        """Seconds until the next job's window becomes due, at most ``poll``; at most
-        :data:`HEARTBEAT_POLL_S` while a due window waits for its ranks' heartbeats."""
-        now = time.time_ns()
-        waits = [(t - now) / 1e9 for t in self._due.values()]
-        if any(w <= 0 for w in waits):
-            return min(poll, HEARTBEAT_POLL_S)
-        return min([poll, *waits])
+            self._stop.wait(0.0 if self._backlog else poll)
 
     def _poll_s(self) -> float:
         # A window completes every window_s; checking twice as often bounds the lag to half a window
