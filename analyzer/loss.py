@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from argus.analyzer.findings import JOB_SUBJECT, Finding
+from argus.analyzer.causes import HIDDEN_SHARE
+from argus.analyzer.findings import JOB_SUBJECT, STRAGGLER_CAUSES, Finding
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.phase import COMPONENTS, PhaseResult, fell_behind
 from argus.config import DEFAULT_MIN_LOSS_PCT
@@ -175,7 +176,8 @@ def account(
     shared = [replace(f, lost_ns=c, wall_ns=wall) for f, c in zip(findings, shares, strict=True)]
     explained = sum(shares)
     acc = Accounting(wall, n, lost, explained, float(pace_ns) if pace_ns is not None else float("nan"))
-    job = _job_finding(acc, l1, l2, profile, healthy_profile, min_loss_pct, pace_sigma_ns)
+    named = {f.rank for f in findings if f.rank is not None}
+    job = _job_finding(acc, l1, l2, profile, healthy_profile, min_loss_pct, pace_sigma_ns, named)
     if job is not None:
         shared.append(job)
         acc = replace(acc, explained_ns=acc.explained_ns + job.lost_ns)
@@ -190,6 +192,7 @@ def _job_finding(
     healthy: JobProfile | None,
     min_loss_pct: float,
     pace_sigma_ns: float,
+    named: set[int],
 ) -> Finding | None:
     # The job-level finding claims only what no single rank explains: a step that waited for one
     # rank beyond all the others (a first, not yet repeated stall that no finding took) is that
@@ -206,15 +209,17 @@ def _job_finding(
     if score < 0.5:
         return None
     per_step = unexplained / max(acc.steps, 1)
-    behind = _ranks_behind(l2)
+    behind, knock_on = _ranks_behind(l2)
     growth: dict[str, float] = {}
     if profile is not None and healthy is not None:
         # What grew: in the ranks behind, against their own past beyond what the ranks not behind
-        # share (a checkpoint every rank takes is no rank's cause); with no rank behind, in the
+        # share (a checkpoint every rank takes is no rank's cause), when their change explains the
+        # loss; else (no rank behind, or a few behind by little while every rank slowed) in the
         # job as a whole against its healthy windows.
         d = profile.comp_ns - healthy.comp_ns
-        if behind:
-            d = np.nanmean(l2.behind_comp_ns[np.isin(l2.rank, behind)], axis=0)
+        mine = np.isin(l2.rank, behind)
+        if behind and float(np.mean(l2.behind_ns[mine])) >= GROWTH_SHARE * per_step:
+            d = np.nanmean(l2.behind_comp_ns[mine], axis=0)
         growth = {
             "data": float(d[0]),
             "compute": float(d[1] + d[2] + d[3]),
@@ -242,30 +247,65 @@ def _job_finding(
         "healthy_step_ms": _ms(acc.pace_ns),
         "growth_ms_per_step": {k: _ms(v) for k, v in growth.items()},
         "ranks_behind": len(behind),
+        **({"knock_on_ranks": list(knock_on)} if knock_on else {}),
         **{k: v for k, v in l1.evidence().items() if k in ("onset_step", "spike_steps")},
     }
+    # One rank behind whose own change explains the loss names the fault (a straggler's cause):
+    # the loss is that rank's (a rank in a role of two, with one window of own past, has no score
+    # of its own). That one window says nothing of drift: the finding needs confirmation.
+    own = _explains(l2, behind, per_step) if cause in STRAGGLER_CAUSES else None
+    if own is not None and own not in named:
+        evidence["behind_ms_per_step"] = _ms(float(l2.behind_ns[l2.rank == own][0]))
+        evidence["basis"] = "own past"
+    else:
+        own = None
     return Finding(
         cause=cause.value,
-        rank=None,
+        rank=own,
         ranks=behind,
         group=None,
         phase=phase,
         kernel=None,
         score=score,
         slowdown_pct=100.0 * unexplained / acc.wall_ns,
-        subject=JOB_SUBJECT,
+        subject=JOB_SUBJECT if own is None else f"rank:{own}",
         evidence=evidence,
         lost_ns=unexplained,
         wall_ns=acc.wall_ns,
+        needs_confirmation=own is not None,
     )
 
 
-def _ranks_behind(l2: PhaseResult) -> tuple[int, ...]:
-    """Ranks whose self time grew against their own past by the floor more than the job's common
-    change: none when every rank slowed alike (the job is slower, no rank stands out)."""
+def _explains(l2: PhaseResult, behind: tuple[int, ...], per_step_ns: float) -> int | None:
+    """The rank of ``behind`` when it is the only one, has no score of its own (no peers in its
+    role, one window of own past: nothing judged its change against noise, so nothing cleared
+    it) and its change against its own past covers :data:`GROWTH_SHARE` of the job's unexplained
+    loss per step (``per_step_ns``); else None."""
+    if len(behind) != 1:
+        return None
+    i = int(np.flatnonzero(l2.rank == behind[0])[0])
+    change = float(l2.behind_ns[i])
+    return behind[0] if np.isnan(l2.score[i]) and change >= GROWTH_SHARE * per_step_ns else None
+
+
+def _ranks_behind(l2: PhaseResult) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ranks behind, and the ranks behind that are their knock-on.
+
+    Behind: self time grown against its own past by the floor more than the job's common change
+    (:func:`~argus.analyzer.phase.fell_behind`); none when every rank slowed alike (the job is
+    slower, no rank stands out). Knock-on: behind by under
+    :data:`~argus.analyzer.causes.HIDDEN_SHARE` of the most-behind rank's change (the ranks that
+    wait for a straggler on a shared host lose some of their cores to it; ranks slow alike all
+    stay). Both sorted by rank.
+    """
     if l2.rank.size == 0:
-        return ()
-    return tuple(int(r) for r in l2.rank[fell_behind(l2)])
+        return (), ()
+    fell = fell_behind(l2)
+    if not np.any(fell):
+        return (), ()
+    change = l2.behind_ns
+    small = fell & (change < HIDDEN_SHARE * float(np.max(change[fell])))
+    return tuple(int(r) for r in l2.rank[fell & ~small]), tuple(int(r) for r in l2.rank[small])
 
 
 def _ms(ns: float) -> float | None:

@@ -146,6 +146,8 @@ class PhaseResult:
         behind_comp_ns: The same per component of :data:`COMPONENTS`, shape ``(n, 5)``: where
             it fell behind (what grew in it and not in the unchanged ranks).
         job_end_ns: Per step column, when the job ended the step (its slowest rank), ns.
+        past_step_ns: Per rank, the median step time of its own past, ns (NaN without history):
+            the step :func:`fell_behind` takes its floor from.
         change_sum_ns: Per rank, its self time's change against its own past summed over this
             window's steps, ns (NaN without history), with ``steps``: what a later window of the
             same fault adds to its own (``carried`` of :func:`compare_phases`).
@@ -176,6 +178,7 @@ class PhaseResult:
     behind_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_comp_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(COMPONENTS))))
     job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    past_step_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
@@ -454,14 +457,18 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         behind_ns=np.nanmean(np.where(valid, x_past, np.nan), axis=1),
         behind_comp_ns=np.nanmean(np.where(valid[None], x_past_comp, np.nan), axis=2).T,
         job_end_ns=job_end,
+        past_step_ns=base_step,
         change_sum_ns=change_sum,
     )
 
 
 def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
     """Per rank of ``l2``, whether its self time grew against its own past by :data:`REL_FLOOR`
-    of a step more than the job's common change (False without history)."""
-    return np.nan_to_num(l2.behind_ns, nan=-np.inf) >= REL_FLOOR * np.nan_to_num(l2.ref_step_ns, nan=np.inf)
+    of its own past's step more than the job's common change (False without history).
+
+    The floor comes from the rank's own past, as ``behind_ns`` does: a rank without peers (a role
+    of two, a pipeline stage's pair) falls behind like any other."""
+    return np.nan_to_num(l2.behind_ns, nan=-np.inf) >= REL_FLOOR * np.nan_to_num(l2.past_step_ns, nan=np.inf)
 
 
 def _common_change(

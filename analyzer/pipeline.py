@@ -132,9 +132,12 @@ class JobAnalysis:
 
         None until its healthy steps span a whole window (and :data:`CONFIDENT_STEPS` steps): a
         job's first, partial window misses its periodic pauses (checkpoints, evaluation), which
-        its pace must include.
+        its pace must include. Whole less the two steps a window cuts at its edges: one window
+        whose steps fill it is whole (else the job's second window, a fault's first perhaps,
+        would become the pace and its ranks' references unjudged).
         """
-        enough = len(self._steps) >= CONFIDENT_STEPS and float(np.sum(self._steps)) >= self.window_ns
+        edges = 2.0 * float(np.median(self._steps)) if self._steps else 0.0
+        enough = len(self._steps) >= CONFIDENT_STEPS and float(np.sum(self._steps)) >= self.window_ns - edges
         return float(np.mean(self._steps)) if enough else None
 
     @property

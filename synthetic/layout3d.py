@@ -14,7 +14,8 @@ Per step, a GPipe schedule of ``micro`` micro-batches:
 * stage 0 loads data; the last stage's compute includes the loss.
 
 Stages have unequal work (``stage_work``). A rank in ``slow`` computes
-``1 + slowdown`` times as long. Times are int64 ns on one clock (no offsets).
+``1 + slowdown`` times as long, from the step that starts ``onset_s`` after the first window
+does. Times are int64 ns on one clock (no offsets).
 Built with NumPy over all replicas and tensor positions at once: a 10,000-rank
 window of several thousand steps' rows takes seconds.
 """
@@ -43,6 +44,7 @@ class Layout3D:
     noise: float = 0.03
     slow: tuple[int, ...] = ()
     slowdown: float = 0.2
+    onset_s: float = 0.0
     seed: int = 0
 
     @property
@@ -64,8 +66,9 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     replica = np.repeat(np.arange(n_dp), n_tp)  # (n_dp*n_tp,) for one stage's ranks
     tpos = np.tile(np.arange(n_tp), n_dp)
     ranks_of = [_rank(lay, replica, s, tpos) for s in range(n_stages)]
+    slowed = np.ones(world)
+    slowed[list(lay.slow)] = 1.0 + lay.slowdown
     speed = np.ones(world)
-    speed[list(lay.slow)] = 1.0 + lay.slowdown
     unit = (
         lay.step_ms * 1e6 / (2 * n_micro * sum(lay.stage_work) / n_stages * 3)
     )  # compute per micro-batch pass
@@ -139,6 +142,8 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
 
     while t.min() < end_all:
         start = t.copy()
+        if start.min() >= T0 + lay.onset_s * NS:
+            speed = slowed
         data_end = t.copy()
         s0 = ranks_of[0]
         data_end[s0] += 0.05 * unit * n_micro * rng.lognormal(0, lay.noise, s0.size)

@@ -150,6 +150,30 @@ def test_a_slow_rank_of_a_pipeline_job_is_named_and_its_neighbours_are_not() -> 
     assert {cause for _, _, cause in opened} == {"compute"}
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("slow", [(3,), ()])
+def test_a_slow_rank_with_one_role_peer_and_one_window_of_past_is_named(
+    seed: int, slow: tuple[int, ...]
+) -> None:
+    # Two stages of two replicas: each role holds two ranks (no peer majority), and rank 3 slows
+    # in the job's second window, when its own past is one window long: only the job's loss and
+    # rank 3's change against that one window can name it (the recorded pipeline job under load).
+    lay = Layout3D(stages=2, tp=1, dp=2, step_ms=120.0, stage_work=(1.0, 1.6), slow=slow, slowdown=0.4,
+                   onset_s=12.0, seed=seed)  # fmt: skip
+    ws = windows(lay, 6, window_s=6.0)[1:]  # the first window the analyzer sees is whole
+    ja = JobAnalysis("l", ws[0].end_ns - ws[0].start_ns)
+    opened = [
+        (d.rank, d.ranks, d.cause, d.phase) for w in ws for d in ja.analyze(w).changed if d.state == "open"
+    ]
+    if not slow:
+        assert opened == []
+        return
+    assert opened and all(o[:3] == (3, [3], "compute") and o[3] in ("forward", "backward") for o in opened), (
+        opened
+    )
+    assert ja.tracker.open[0].evidence["basis"] == "own past"
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_three_of_four_ranks_slow_open_one_diagnosis_that_never_names_the_fast_rank(seed: int) -> None:
     spec = JobSpec(

@@ -57,7 +57,7 @@ def _kept(
         rank=np.array(ranks),
         excess_matrix=np.array([excess[r] for r in ranks]),
         behind_ns=np.array([(behind or {}).get(r, np.nan) for r in ranks]),
-        ref_step_ns=np.full(len(ranks), 100.0),
+        past_step_ns=np.full(len(ranks), 100.0),
     )
     return _drop_hidden([_straggler(r, s) for r, s in scores.items()], l2)
 
