@@ -49,6 +49,10 @@ class Finding:
     #: True when as many ranks look slow as are left to compare them with, on a thin reference:
     #: which side is slow is unclear, so only a strong score held for two windows opens it.
     ambiguous: bool = False
+    #: True when the finding is the job's unexplained loss (:mod:`argus.analyzer.loss`: the
+    #: job-level finding, or the one rank behind that explains it): one window of it, however
+    #: large (a checkpoint, a rank the scheduler held up), is no sustained loss; two open it.
+    job_loss: bool = False
 
     @property
     def family(self) -> str:

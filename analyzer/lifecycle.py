@@ -21,7 +21,9 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   in any case unless it scores >= :data:`STRONG_SCORE`; an ``ambiguous`` one
   (as many ranks look slow as are left to compare with, on a thin
   reference: which side is slow is unclear) opens only at
-  :data:`STRONG_SCORE`, held for two windows at least. ``unresponsive`` opens
+  :data:`STRONG_SCORE`, held for two windows at least. The job's own loss
+  (``job_loss``: the job-level finding, or the one rank behind that explains it)
+  needs two windows however strong. ``unresponsive`` opens
   at once: its thresholds are durations already.
 * **Update** every window a finding for it scores >= :data:`KEEP_SCORE`
   (hysteresis: a fault hovering around the threshold stays one diagnosis).
@@ -261,7 +263,7 @@ class Tracker:
         needed = 1 if f.family == "unresponsive" else self.confirm_windows
         # The job's own loss has no peers to stand out from: one window of it, however
         # large (a checkpoint), is no sustained loss.
-        if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.family == "job":
+        if (f.needs_confirmation and f.score < STRONG_SCORE) or f.ambiguous or f.job_loss:
             needed = max(needed, 2)
         if f.score < _open_score(f) or s.opening < needed:
             return False

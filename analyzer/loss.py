@@ -252,7 +252,7 @@ def _job_finding(
     }
     # One rank behind whose own change explains the loss names the fault (a straggler's cause):
     # the loss is that rank's (a rank in a role of two, with one window of own past, has no score
-    # of its own). That one window says nothing of drift: the finding needs confirmation.
+    # of its own). Like the job's loss, it opens only when held for two windows.
     own = _explains(l2, behind, per_step) if cause in STRAGGLER_CAUSES else None
     if own is not None and own not in named:
         evidence["behind_ms_per_step"] = _ms(float(l2.behind_ns[l2.rank == own][0]))
@@ -272,7 +272,7 @@ def _job_finding(
         evidence=evidence,
         lost_ns=unexplained,
         wall_ns=acc.wall_ns,
-        needs_confirmation=own is not None,
+        job_loss=True,
     )
 
 

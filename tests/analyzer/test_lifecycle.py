@@ -222,7 +222,17 @@ def _job(ranks: tuple[int, ...], score: float, lost_ns: float) -> Finding:
         subject="job",
         lost_ns=lost_ns,
         wall_ns=float(W),
+        job_loss=True,
     )
+
+
+def test_the_job_s_loss_opens_only_when_held_for_two_windows_even_for_one_rank() -> None:
+    """One 10 s window of the job's loss, however strong, opens nothing; so with the one rank
+    behind that explains it (``rank:R``); the second window opens it."""
+    for f in (_job((), 3.0, 0.5 * W), replace(_job((3,), 3.0, 0.5 * W), rank=3, subject="rank:3")):
+        t = Tracker("job")
+        out = _run(t, [[f], [f]])
+        assert out[0] == [] and [(d.rank, d.state) for d in out[1]] == [(f.rank, "open")], out
 
 
 def test_a_residual_of_the_stragglers_own_ranks_joins_its_diagnosis_another_opens_its_own() -> None:
