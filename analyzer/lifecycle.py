@@ -23,7 +23,8 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   reference: which side is slow is unclear) opens only at
   :data:`STRONG_SCORE`, held for two windows at least. The job's own loss
   (``job_loss``: the job-level finding, or the one rank behind that explains it)
-  needs two windows however strong. ``unresponsive`` opens
+  needs two windows however strong, one streak whether a rank explains it or
+  not in each of them. ``unresponsive`` opens
   at once: its thresholds are durations already.
 * **Update** every window a finding for it scores >= :data:`KEEP_SCORE`
   (hysteresis: a fault hovering around the threshold stays one diagnosis).
@@ -157,6 +158,8 @@ class Tracker:
         self._open: dict[tuple[str, str], _Open] = {}
         #: Faults not open yet, by key.
         self._streak: dict[tuple[str, str], _Streak] = {}
+        #: Keys of the last window's findings of the job's loss (``Finding.job_loss``).
+        self._job_loss_keys: set[tuple[str, str]] = set()
 
     @property
     def open(self) -> list[Diagnosis]:
@@ -211,9 +214,15 @@ class Tracker:
         """
         findings = self._fold_into_many(findings)
         streak: dict[tuple[str, str], _Streak] = {}
+        # The job's loss is one streak whether one rank explains it or not this window (its
+        # subject moves between ``job`` and ``rank:R`` as ranks fall behind by more or less).
+        job_loss = next((s for k, s in self._streak.items() if k in self._job_loss_keys), _Streak())
+        self._job_loss_keys = {
+            (f.family, f.subject) for f in findings if f.job_loss and f.score >= KEEP_SCORE
+        }
         for f in sorted(findings, key=lambda f: f.score):  # the best finding of a key counts
             if f.score >= KEEP_SCORE:
-                was = self._streak.get((f.family, f.subject), _Streak())
+                was = self._streak.get((f.family, f.subject), job_loss if f.job_loss else _Streak())
                 costs = (*was.costs[-MAX_CONFIRM_WINDOWS:], (f.lost_ns, f.wall_ns, f.cause))
                 s = _Streak(was.seen + 1, costs=costs)
                 if f.score >= _open_score(f):

@@ -235,6 +235,17 @@ def test_the_job_s_loss_opens_only_when_held_for_two_windows_even_for_one_rank()
         assert out[0] == [] and [(d.rank, d.state) for d in out[1]] == [(f.rank, "open")], out
 
 
+def test_the_job_s_loss_is_one_streak_whether_one_rank_explains_it_or_not() -> None:
+    """Rank 3 alone behind in one window, ranks 2 and 3 in the next: two windows of the job's loss
+    open it (as the latest window names it), counted from the first."""
+    one = replace(_job((3,), 3.0, 0.5 * W), rank=3, subject="rank:3")
+    for first, second in ((one, _job((2, 3), 3.0, 0.5 * W)), (_job((2, 3), 3.0, 0.5 * W), one)):
+        out = _run(Tracker("job"), [[first], [second]])
+        assert out[0] == [] and [(d.rank, d.state, d.first_window_ns) for d in out[1]] == [
+            (second.rank, "open", 0)
+        ]
+
+
 def test_a_residual_of_the_stragglers_own_ranks_joins_its_diagnosis_another_opens_its_own() -> None:
     """Rank 3 is slow and slows rank 2 beside it (``knock_on_ranks``); the job loses 0.5 s a window
     more than it waited for rank 3, and the ranks behind their own past are ranks 2 and 3: one
