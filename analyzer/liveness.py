@@ -22,7 +22,10 @@ that these ranks never issued) are the hung ones. Which collective: where the ra
 seq in a process group is behind its peers', the first seq it never issued
 (peers' rows show they issued it); otherwise the seq after the last one all
 ranks completed in the group its peers used last. A pause of every rank at the
-same point (a checkpoint, the end of training) names no one.
+same point (a checkpoint, the end of training) names no one. Of the ranks
+behind, one whose newest heartbeat shows it waiting in a collective is blocked,
+not hung, while another behind waits in none; and a rank is named only when it
+reported through the stall (rows that lag on a loaded host are not a position).
 """
 
 from __future__ import annotations
@@ -134,25 +137,21 @@ def _hung(
     # (When everything stops at once, the job or its feed stopped: that is not a hang.)
     if int(np.sort(status.last_seen_ns[cand])[-2]) < newest + stall_ns // 2:
         return []
-    # Who stopped first: the ranks whose (step, phase) position is behind everyone else's.
     pos = status.position
     known = cand & (pos >= 0)
-    if known.sum() < 2:
+    behind = _stopped_first(status, known) & (status.last_seen_ns >= newest + stall_ns // 2)
+    # (Only a rank that reported through the stall is known to be stuck where its rows say; one
+    # whose rows lag, on a loaded host or a slow link to the collector, may have moved on since.)
+    if not np.any(behind):
         return []
-    low = int(pos[known].min())
-    behind = known & (pos == low)
-    if behind.sum() * 2 > known.sum() or int(pos[known].max()) == low:
-        behind = known & _behind_in_collectives(status)
-        if not np.any(behind) or behind.sum() * 2 > known.sum():
-            return []  # everyone stopped at the same point (a checkpoint, the end of training)
     peers_pos = int(np.median(pos[known & ~behind]))
     out = []
     for i in np.flatnonzero(behind):
         evidence: dict[str, Any] = {
             "stalled_s": round(stalled / 1e9, 3),
             "last_progress_ns": int(prog[i]),
-            "at_step": low // 8,
-            "at_phase": _position_name(low),
+            "at_step": int(pos[i]) // 8,
+            "at_phase": _position_name(int(pos[i])),
             "peers_at_step": peers_pos // 8,
             "peers_at_phase": _position_name(peers_pos),
         }
@@ -163,6 +162,37 @@ def _hung(
             evidence["collective"] = f"{group}#{seq}"
         out.append(Unresponsive(int(status.rank[i]), hung=True, score=stalled / stall_ns, evidence=evidence))
     return out
+
+
+def _stopped_first(status: RankStatus, known: np.ndarray) -> np.ndarray:
+    """Per rank, True when it stopped before the others among ``known`` (ranks with a position).
+
+    The ranks whose (step, phase) position is behind everyone else's; where positions do not tell,
+    those behind in some process group's seqs. A rank whose newest heartbeat shows it waiting in a
+    collective is blocked by whoever never issued it: while some rank behind waits in none, the
+    waiting ones are not the ones that stopped. None when fewer than two are known or half or more
+    stand at the same point (a checkpoint, the end of training).
+    """
+    none = np.zeros(known.shape, bool)
+    pos = status.position
+    if known.sum() < 2:
+        return none
+    low = int(pos[known].min())
+    behind = known & (pos == low)
+    if behind.sum() * 2 > known.sum() or int(pos[known].max()) == low:
+        behind = known & _behind_in_collectives(status)
+        if not np.any(behind) or behind.sum() * 2 > known.sum():
+            return none
+    blocked = _waiting(status) >= 0
+    free: np.ndarray = behind & ~blocked
+    return free if np.any(free) else behind
+
+
+def _waiting(status: RankStatus) -> np.ndarray:
+    """Per rank, the issue time of the collective its newest heartbeat shows it waiting in, ns; -1 if none."""
+    if status.waiting_since_ns.shape == status.rank.shape:
+        return status.waiting_since_ns
+    return np.full(status.rank.shape, -1, np.int64)  # a window built without heartbeats' pending columns
 
 
 def _behind_in_collectives(status: RankStatus) -> np.ndarray:

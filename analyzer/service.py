@@ -130,10 +130,8 @@ SLICE_WINDOWS = 4
 class _Job:
     analysis: JobAnalysis
     cursor_ns: int
-    last_seen: dict[int, int] = field(default_factory=dict)
-    last_progress: dict[int, int] = field(default_factory=dict)
-    position: dict[int, int] = field(default_factory=dict)
-    max_seq: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: What the job's rows say of each rank's liveness so far (merged window after window).
+    live: Liveness = field(default_factory=Liveness)
     suspects: list[tuple[int, float]] = field(default_factory=list)
     analysed_to_ns: int = 0
     #: The backlog limit moved its start past its first window (its earliest data is not analysed).
@@ -379,23 +377,12 @@ class Analyzer:
         # Nothing of the job is written during a replay.
         job.analysis.tracker.load(job.stored_open, job.stored_states)
 
-    def _analyze_window(  # noqa: C901  (one window, step after step: read, replay, analyse, write)
-        self, job: _Job, w0: int, now: int
-    ) -> list[Diagnosis] | None:
+    def _analyze_window(self, job: _Job, w0: int, now: int) -> list[Diagnosis] | None:
         """The diagnoses written for window ``w0``; None when its analysis raised and is retried later."""
         self._stage_start = time.monotonic()
         w1 = w0 + self.window_ns
-        live = read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1)
-        for r, t in live.last_seen.items():
-            job.last_seen[r] = max(job.last_seen.get(r, -1), t)
-        for r, t in live.last_progress.items():
-            job.last_progress[r] = max(job.last_progress.get(r, -1), t)
-        for r, q in live.position.items():
-            job.position[r] = max(job.position.get(r, -1), q)
-        for k, q in live.max_seq.items():
-            job.max_seq[k] = max(job.max_seq.get(k, -1), q)
-        merged = Liveness(dict(job.last_seen), dict(job.last_progress), dict(job.max_seq), dict(job.position))
-        window = read_window(self.store, job.analysis.job_id, w0, w1, merged)
+        job.live = job.live.merge(read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1))
+        window = read_window(self.store, job.analysis.job_id, w0, w1, job.live)
         self._time("read")
         if w0 < job.replay_to_ns:
             with contextlib.suppress(Exception):  # a window that failed before fails again: skip it
@@ -426,7 +413,7 @@ class Analyzer:
             requests = self.stacks.requests(
                 changed,
                 job.analysis.tracker.open,
-                list(job.last_seen),
+                list(job.live.last_seen),
                 job.analysis.roles,
                 time.time_ns(),
                 self.window_ns,

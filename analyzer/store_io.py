@@ -22,7 +22,7 @@ Which rows belong to a window ``[w0, w1)``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -173,12 +173,43 @@ def _steps_filter() -> str:
 
 @dataclass(frozen=True)
 class Liveness:
-    """Per-rank newest timestamps and collective seqs seen up to a window's end (merge across windows)."""
+    """Per-rank newest timestamps and collective seqs seen up to a window's end (merge across windows).
 
-    last_seen: dict[int, int]
-    last_progress: dict[int, int]
-    max_seq: dict[tuple[str, int], int]
-    position: dict[int, int]
+    Attributes:
+        last_seen: Rank → newest timestamp of any of its rows, ns.
+        last_progress: Rank → newest end of a step or phase or issue of a collective, ns.
+        max_seq: (process group, rank) → newest seq it recorded or waits in.
+        position: Rank → furthest (step, phase) it completed (:func:`progress_position`).
+        heartbeat: Rank → (time of its newest host sample, ns; issue time of the collective that
+            sample shows it waiting in, ns, or -1 when it waits in none).
+    """
+
+    last_seen: dict[int, int] = field(default_factory=dict)
+    last_progress: dict[int, int] = field(default_factory=dict)
+    max_seq: dict[tuple[str, int], int] = field(default_factory=dict)
+    position: dict[int, int] = field(default_factory=dict)
+    heartbeat: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def merge(self, newer: Liveness) -> Liveness:
+        """This liveness updated by ``newer`` (a later read): the newest of each value, per key."""
+
+        def newest(old: dict[Any, int], new: dict[Any, int]) -> dict[Any, int]:
+            out = dict(old)
+            for k, v in new.items():
+                out[k] = max(out.get(k, -1), v)
+            return out
+
+        beats = dict(self.heartbeat)
+        for r, beat in newer.heartbeat.items():
+            if beat[0] >= beats.get(r, (-1, -1))[0]:
+                beats[r] = beat
+        return Liveness(
+            newest(self.last_seen, newer.last_seen),
+            newest(self.last_progress, newer.last_progress),
+            newest(self.max_seq, newer.max_seq),
+            newest(self.position, newer.position),
+            beats,
+        )
 
 
 def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness:
@@ -233,7 +264,22 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
         """,
         p,
     )
+    # The newest heartbeat of each rank, and the collective it shows the rank waiting in.
+    h = store.query(
+        """
+        SELECT toInt64(rank) AS rank, max(time_ns) AS t,
+               argMax(if(pending_seq >= 0, toInt64(pending_issue_ns), toInt64(-1)), time_ns) AS waiting
+        FROM host_samples
+        WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {lo:Int64} AND time_ns < {w1:Int64}
+        GROUP BY rank
+        """,
+        p,
+    )
     return Liveness(
+        heartbeat={
+            int(r): (int(t), int(w))
+            for r, t, w in zip(_col(h, "rank"), _col(h, "t"), _col(h, "waiting"), strict=True)
+        },
         last_seen={int(r): int(v) for r, v in zip(ranks, seen, strict=True)},
         last_progress={int(r): int(v) for r, v, a in zip(ranks, prog, anyp, strict=True) if a},
         position={int(r): int(v) for r, v in zip(ranks, pos, strict=True) if v >= 0},
@@ -334,6 +380,7 @@ def _status(
         last_seen_ns=np.array([live.last_seen.get(int(r), -1) for r in ranks], np.int64),
         last_progress_ns=np.array([live.last_progress.get(int(r), -1) for r in ranks], np.int64),
         position=np.array([live.position.get(int(r), -1) for r in ranks], np.int64),
+        waiting_since_ns=np.array([live.heartbeat.get(int(r), (-1, -1))[1] for r in ranks], np.int64),
         has_gpu=has_gpu,
         groups=groups,
         seq_groups=seq_groups,

@@ -179,6 +179,8 @@ class RankStatus:
         position: How far the rank got, ``step * 8 + k`` with k = 1..4 for the end of the
             ``data``/``forward``/``backward``/``optimizer`` phase and 5 for the end of the
             step (:func:`progress_position`); -1 if none.
+        waiting_since_ns: Issue time of the collective the rank's newest heartbeat shows it
+            waiting in, ns; -1 when it waits in none (or sent no heartbeat).
         has_gpu: True when the rank's host samples report a GPU clock.
         groups: Process group name → its global ranks (from ``group`` rows; may be empty).
         seq_groups: Process group names indexed by ``seq_group``.
@@ -192,6 +194,7 @@ class RankStatus:
     last_seen_ns: I64 = field(default_factory=_i64)
     last_progress_ns: I64 = field(default_factory=_i64)
     position: I64 = field(default_factory=_i64)
+    waiting_since_ns: I64 = field(default_factory=_i64)
     has_gpu: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     groups: dict[str, I64] = field(default_factory=dict)
     seq_groups: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ the function (must show 2, second half).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -132,7 +133,7 @@ def test_a_hung_rank_s_blocking_dump_names_the_function(
     server = argus_server_factory("--window-s", "2")
     with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
         found = _run_until_frames(server, http, work, ["--hang", "--stall-after-s=6"], {}, "unresponsive")
-        assert found["rank"] == 3 and found["evidence"]["hung"] is True, found
+        assert found["rank"] == 3 and found["evidence"]["hung"] is True, json.dumps(found, indent=1)
         about = found["evidence"]["stacks"]
         assert about["rank"] == 3 and about["sampler"] == "py-spy-native", about  # the blocking dump
         top = found["evidence"]["top_frames"]

@@ -209,6 +209,33 @@ def test_a_hung_rank_is_named_with_the_collective_its_peers_wait_in() -> None:
     assert find_unresponsive(stopped, end, silence_ns=60 * 10**9, typical_step_ns=1e8) == []
 
 
+def test_a_peer_blocked_in_a_collective_or_lagging_is_not_taken_for_the_hung_rank() -> None:
+    """Rank 3 hangs outside any collective. Rank 1 stands at the same position: once because its
+    newest heartbeat shows it waiting in an all-reduce (it is blocked, by rank 3), once because its
+    rows lag (its newest row predates most of the stall, so its position is stale)."""
+    end = 120 * 10**9
+    position = np.array([8 * 50 + 2, 8 * 50 + 1, 8 * 50 + 2, 8 * 50 + 1])
+    progress = np.full(4, 110 * 10**9)
+    waiting = np.array([110, 110, 110, -1]) * 10**9  # issue times of the collectives they wait in
+    blocked = _status(
+        last_seen_ns=np.full(4, 119 * 10**9), last_progress_ns=progress, position=position,
+        waiting_since_ns=np.where(waiting < 0, -1, waiting),
+    )  # fmt: skip
+    found = find_unresponsive(blocked, end, silence_ns=60 * 10**9, typical_step_ns=1e8)
+    assert [(u.rank, u.hung) for u in found] == [(3, True)]
+    # Without heartbeats' pending columns both stand behind and both are named (as before).
+    both = _status(last_seen_ns=np.full(4, 119 * 10**9), last_progress_ns=progress, position=position)
+    assert [u.rank for u in find_unresponsive(both, end, silence_ns=60 * 10**9, typical_step_ns=1e8)] == [
+        1,
+        3,
+    ]
+    lagging = _status(
+        last_seen_ns=np.array([119, 110.5, 119, 119]) * 10**9, last_progress_ns=progress, position=position
+    )
+    found = find_unresponsive(lagging, end, silence_ns=60 * 10**9, typical_step_ns=1e8)
+    assert [(u.rank, u.hung) for u in found] == [(3, True)]
+
+
 def test_a_hung_rank_of_a_job_without_phases_is_named_by_the_collective_its_peers_wait_in() -> None:
     """A plain DDP loop records step ends only: every rank's last step end is step 50's, and the
     hung rank's peers sit in the next step's first all-reduce (seq 812 in their heartbeats), which

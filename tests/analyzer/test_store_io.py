@@ -47,3 +47,42 @@ def test_each_group_has_the_members_of_its_newest_row_and_exits_and_devices_are_
     assert status.exited.tolist() == [False, False, False, True]
     assert status.exit_code.tolist() == [0, 0, 0, 1]
     assert status.has_gpu.tolist() == [False, True, False, False]
+
+
+def test_the_newest_heartbeat_says_which_collective_a_rank_waits_in_across_reads(store: Store) -> None:
+    """A rank's ``waiting_since_ns`` is the issue time of the collective its newest host sample shows
+    pending (-1 when that sample shows none), and a later read's heartbeat replaces an earlier one."""
+    t0 = 1_700_000_000 * S
+    beats = [  # (rank, time, pending seq, its issue time)
+        (0, t0 + 1 * S, 7, t0 + 500_000_000),
+        (0, t0 + 2 * S, -1, 0),  # rank 0's all-reduce completed: it waits in nothing now
+        (1, t0 + 1 * S, -1, 0),
+        (1, t0 + 2 * S, 8, t0 + 1_500_000_000),  # rank 1 waits in seq 8 since 1.5 s
+        (1, t0 + 12 * S, -1, 0),  # ...and no longer, per the next read's newest sample
+    ]
+    n = len(beats)
+    cols: dict[str, list[object]] = {
+        "rank": [b[0] for b in beats],
+        "time_ns": [b[1] for b in beats],
+        "pending_seq": [b[2] for b in beats],
+        "pending_issue_ns": [b[3] for b in beats],
+        "pending_group": ["0" if b[2] >= 0 else "" for b in beats],
+        "pending_op": ["allreduce" if b[2] >= 0 else "" for b in beats],
+        "host": ["node0"] * n,
+        "interval_ns": [S] * n,
+    }
+    for zero in ("proc_cpu_ns", "gc_pause_ns", "gc_count", "rss_bytes", "dropped_events", "gpu_sm_clock_mhz"):
+        cols[zero] = [0] * n
+    for zero in ("host_cpu_pct", "gpu_temp_c", "gpu_power_w", "gpu_util_pct", "gpu_throttle_reasons"):
+        cols[zero] = [0] * n
+    store.insert("host_samples", wire_table("host_samples", cols, job_id="j"))
+    first = read_liveness(store, "j", t0, t0 + 10 * S)
+    status = read_window(store, "j", t0, t0 + 10 * S, first).status
+    assert status.rank.tolist() == [0, 1]
+    assert status.waiting_since_ns.tolist() == [-1, t0 + 1_500_000_000]
+    later = first.merge(read_liveness(store, "j", t0 + 10 * S, t0 + 20 * S))
+    status = read_window(store, "j", t0 + 10 * S, t0 + 20 * S, later).status
+    assert status.waiting_since_ns.tolist() == [-1, -1]
+    assert later.last_seen == {0: t0 + 2 * S, 1: t0 + 12 * S}
+    # An older read merged after a newer one does not bring its stale heartbeat back.
+    assert later.merge(first).heartbeat == later.heartbeat
