@@ -254,21 +254,21 @@ def _job_finding(
     # the loss is that rank's (a rank in a role of two, with one window of own past, has no score
     # of its own). Like the job's loss, it opens only when held for two windows.
     own = _explains(l2, behind, per_step) if cause in STRAGGLER_CAUSES else None
-    if own is not None and own not in named:
-        evidence["behind_ms_per_step"] = _ms(float(l2.behind_ns[l2.rank == own][0]))
+    rank = None
+    if own is not None and own[0] not in named:
+        rank = own[0]
+        evidence["behind_ms_per_step"] = _ms(own[1])
         evidence["basis"] = "own past"
-    else:
-        own = None
     return Finding(
         cause=cause.value,
-        rank=own,
+        rank=rank,
         ranks=behind,
         group=None,
         phase=phase,
         kernel=None,
         score=score,
         slowdown_pct=100.0 * unexplained / acc.wall_ns,
-        subject=JOB_SUBJECT if own is None else f"rank:{own}",
+        subject=JOB_SUBJECT if rank is None else f"rank:{rank}",
         evidence=evidence,
         lost_ns=unexplained,
         wall_ns=acc.wall_ns,
@@ -276,16 +276,16 @@ def _job_finding(
     )
 
 
-def _explains(l2: PhaseResult, behind: tuple[int, ...], per_step_ns: float) -> int | None:
-    """The rank of ``behind`` when it is the only one, has no score of its own (no peers in its
-    role, one window of own past: nothing judged its change against noise, so nothing cleared
-    it) and its change against its own past covers :data:`GROWTH_SHARE` of the job's unexplained
-    loss per step (``per_step_ns``); else None."""
+def _explains(l2: PhaseResult, behind: tuple[int, ...], per_step_ns: float) -> tuple[int, float] | None:
+    """``(rank, change ns per step)`` of the rank of ``behind`` when it is the only one, has no
+    score of its own (no peers in its role, one window of own past: nothing judged its change
+    against noise, so nothing cleared it) and its change against its own past covers
+    :data:`GROWTH_SHARE` of the job's unexplained loss per step (``per_step_ns``); else None."""
     if len(behind) != 1:
         return None
     i = int(np.flatnonzero(l2.rank == behind[0])[0])
     change = float(l2.behind_ns[i])
-    return behind[0] if np.isnan(l2.score[i]) and change >= GROWTH_SHARE * per_step_ns else None
+    return (behind[0], change) if np.isnan(l2.score[i]) and change >= GROWTH_SHARE * per_step_ns else None
 
 
 def _ranks_behind(l2: PhaseResult) -> tuple[tuple[int, ...], tuple[int, ...]]:
