@@ -135,13 +135,14 @@ def _hung(
         return []
     # Hung ranks and their blocked peers stay alive: they kept reporting long after progress stopped.
     # (When everything stops at once, the job or its feed stopped: that is not a hang.)
-    if int(np.sort(status.last_seen_ns[cand])[-2]) < newest + stall_ns // 2:
+    # Only a rank that reported through the stall is known to be stuck where its rows say; one
+    # whose rows lag, on a loaded host or a slow link to the collector, may have moved on since.
+    reported = cand & (status.last_seen_ns >= newest + stall_ns // 2)
+    if np.count_nonzero(reported) < 2:
         return []
     pos = status.position
     known = cand & (pos >= 0)
-    behind = _stopped_first(status, known) & (status.last_seen_ns >= newest + stall_ns // 2)
-    # (Only a rank that reported through the stall is known to be stuck where its rows say; one
-    # whose rows lag, on a loaded host or a slow link to the collector, may have moved on since.)
+    behind = _stopped_first(status, known) & reported
     if not np.any(behind):
         return []
     peers_pos = int(np.median(pos[known & ~behind]))

@@ -222,21 +222,25 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     t = store.query(
         """
         SELECT rank, max(t) AS seen_ns, maxIf(t, prog = 1) AS progress_ns, max(prog) AS has_progress,
-               max(pos) AS position FROM (
-            SELECT toInt64(rank) AS rank, time_ns AS t, 0 AS prog, toInt64(-1) AS pos FROM host_samples
+               max(pos) AS position,
+               min(prog) = 0 AS has_beat, maxIf(t, prog = 0) AS beat_ns, argMaxIf(w, t, prog = 0) AS waiting
+        FROM (
+            SELECT toInt64(rank) AS rank, time_ns AS t, 0 AS prog, toInt64(-1) AS pos,
+                   if(pending_seq >= 0, toInt64(pending_issue_ns), toInt64(-1)) AS w FROM host_samples
                 WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {lo:Int64} AND time_ns < {w1:Int64}
             UNION ALL
-            SELECT toInt64(rank), start_ns + dur_ns, 1, toInt64(step) * 8 + 5 FROM steps
+            SELECT toInt64(rank), start_ns + dur_ns, 1, toInt64(step) * 8 + 5, toInt64(-1) FROM steps
                 WHERE job_id = {job:String}
                     AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
             UNION ALL
             SELECT toInt64(rank), start_ns + dur_ns, 1,
-                   toInt64(step) * 8 + indexOf(['data', 'forward', 'backward', 'optimizer'], phase)
+                   toInt64(step) * 8 + indexOf(['data', 'forward', 'backward', 'optimizer'], phase),
+                   toInt64(-1)
                 FROM phases
                 WHERE job_id = {job:String}
                     AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
             UNION ALL
-            SELECT toInt64(rank), issue_ns, 1, toInt64(-1) FROM collectives
+            SELECT toInt64(rank), issue_ns, 1, toInt64(-1), toInt64(-1) FROM collectives
                 WHERE job_id = {job:String} AND issue_ns >= {lo:Int64} AND issue_ns < {w1:Int64}
         ) GROUP BY rank
         """,
@@ -264,22 +268,10 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
         """,
         p,
     )
-    # The newest heartbeat of each rank, and the collective it shows the rank waiting in.
-    h = store.query(
-        """
-        SELECT toInt64(rank) AS rank, max(time_ns) AS t,
-               argMax(if(pending_seq >= 0, toInt64(pending_issue_ns), toInt64(-1)), time_ns) AS waiting
-        FROM host_samples
-        WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {lo:Int64} AND time_ns < {w1:Int64}
-        GROUP BY rank
-        """,
-        p,
-    )
+    # The newest heartbeat (host sample) of each rank, and the collective it shows the rank waiting in.
+    beats = zip(ranks, _col(t, "has_beat"), _col(t, "beat_ns"), _col(t, "waiting"), strict=True)
     return Liveness(
-        heartbeat={
-            int(r): (int(t), int(w))
-            for r, t, w in zip(_col(h, "rank"), _col(h, "t"), _col(h, "waiting"), strict=True)
-        },
+        heartbeat={int(r): (int(b), int(w)) for r, has, b, w in beats if has},
         last_seen={int(r): int(v) for r, v in zip(ranks, seen, strict=True)},
         last_progress={int(r): int(v) for r, v, a in zip(ranks, prog, anyp, strict=True) if a},
         position={int(r): int(v) for r, v in zip(ranks, pos, strict=True) if v >= 0},
