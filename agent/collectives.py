@@ -58,6 +58,13 @@ PG_METHODS: dict[str, tuple[str, int]] = {
     "_allgather_base": ("allgather", 1),
     "allgather_coalesced": ("allgather_coalesced", 1),
     "allgather_into_tensor_coalesced": ("allgather_coalesced", 1),
+    # torch >= 2.10: all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (FSDP's
+    # all-gathers and reduce-scatters, MoE's all-to-all) end in these, not in the *_base methods.
+    "all_gather_single": ("allgather", 1),
+    "all_gather_single_coalesced": ("allgather_coalesced", 1),
+    "reduce_scatter_single": ("reduce_scatter", 1),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_coalesced", 1),
+    "all_to_all_single": ("alltoall", 1),
     "reduce_scatter": ("reduce_scatter", 1),
     "_reduce_scatter_base": ("reduce_scatter", 1),
     "reduce_scatter_tensor_coalesced": ("reduce_scatter_coalesced", 1),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,45 @@ class InPlaceNet(nn.Module):
         return self.fc3(self.act(out))
 
 
+#: The op each call of :func:`every_collective` is recorded as, in order (the coalesced block is one).
+EVERY_COLLECTIVE = [
+    "allreduce", "allreduce", "allgather", "allgather", "reduce_scatter", "reduce_scatter", "alltoall",
+    "alltoall", "broadcast", "reduce", "gather", "scatter", "barrier", "allreduce_coalesced",
+    "allgather_coalesced", "reduce_scatter_coalesced",
+]  # fmt: skip
+
+
+def every_collective(world: int, rank: int) -> list[Callable[[], object]]:
+    """One call of each public c10d collective (sync and async), as FSDP, ZeRO and MoE code issues them."""
+    one, many, parts = torch.ones(8), torch.ones(8 * world), [torch.ones(8) for _ in range(world)]
+
+    def coalesced() -> object:
+        with dist._coalescing_manager(async_ops=True) as cm:  # FSDP1's and DeepSpeed's bucketing
+            dist.all_gather_into_tensor(torch.empty(8 * world), one)
+        with dist._coalescing_manager(async_ops=True) as cm2:
+            dist.reduce_scatter_tensor(torch.empty(8), many)
+        cm.wait()
+        return cm2
+
+    return [
+        lambda: dist.all_reduce(one),
+        lambda: dist.all_reduce(one, async_op=True),
+        lambda: dist.all_gather([torch.empty(8) for _ in range(world)], one),
+        lambda: dist.all_gather_into_tensor(torch.empty(8 * world), one, async_op=True),
+        lambda: dist.reduce_scatter_tensor(torch.empty(8), many),
+        lambda: dist.reduce_scatter(torch.empty(8), parts),
+        lambda: dist.all_to_all_single(torch.empty(8 * world), many),
+        lambda: dist.all_to_all([torch.empty(8) for _ in range(world)], parts),
+        lambda: dist.broadcast(one, 0),
+        lambda: dist.reduce(one, 0),
+        lambda: dist.gather(one, [torch.empty(8) for _ in range(world)] if rank == 0 else None, 0),
+        lambda: dist.scatter(torch.empty(8), parts if rank == 0 else None, 0),
+        dist.barrier,
+        lambda: dist.all_reduce_coalesced([one, one.clone()]),
+        coalesced,
+    ]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
@@ -51,6 +91,11 @@ def main() -> None:
         type=int,
         default=0,
         help="at the end, N rounds of a ring exchange (send/recv, then isend/irecv) on the world group",
+    )
+    p.add_argument(
+        "--every-collective",
+        action="store_true",
+        help="at the end, each public c10d collective once, in the order of EVERY_COLLECTIVE",
     )
     p.add_argument(
         "--p2p-delay-s", type=float, default=0.0, help="even ranks wait this long before each blocking send"
@@ -111,6 +156,11 @@ def main() -> None:
                 dist.recv(buf, left)
                 dist.send(torch.ones(16), right)
             for work in (dist.isend(torch.ones(16), left), dist.irecv(buf, right)):
+                work.wait()
+    if args.every_collective:
+        for call in every_collective(dist.get_world_size(), rank):
+            work = call()
+            if work is not None:
                 work.wait()
     final = loss.detach().clone()
     dist.all_reduce(final)
