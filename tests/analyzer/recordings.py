@@ -36,8 +36,9 @@ RECORDINGS = Path(__file__).resolve().parent.parent / "data" / "real_runs"
 _JOB_PREFIX = "real-"
 
 
-def export_recording(store: Store, out: Path) -> dict[str, int]:
-    """Write the ``real-*`` jobs' rows of every wire table in ``store`` to ``out/<table>.parquet``.
+def export_recording(store: Store, out: Path, prefix: str = _JOB_PREFIX) -> dict[str, int]:
+    """Write the rows of the jobs whose ids start with ``prefix`` (``real-*``) of every wire table
+    in ``store`` to ``out/<table>.parquet``.
 
     Returns:
         Rows written per table.
@@ -48,7 +49,7 @@ def export_recording(store: Store, out: Path) -> dict[str, int]:
         rows = store.query(
             f"SELECT * EXCEPT (stored_at) FROM {table} WHERE startsWith(job_id, {{prefix:String}}) "
             "ORDER BY ALL",
-            {"prefix": _JOB_PREFIX},
+            {"prefix": prefix},
         )
         # Times and counts are integers that grow slowly along a rank: delta-encoded, a third smaller.
         ints = [f.name for f in rows.schema if pa.types.is_integer(f.type)]
