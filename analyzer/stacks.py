@@ -14,7 +14,10 @@
   same capture: per function (``function``, its file), the share of the rank's samples (one
   sample: one look at every thread of the process) in which a thread's stack holds it; the
   functions whose share most exceeds the peer's come first. Argus's own threads (``argus-…``)
-  are left out. Each version
+  are left out, and so are the probe's wrapper frames in the training threads (the
+  ``wait``/c10d wrappers of ``argus/agent/collectives.py``, :func:`_probe_frame`): they sit
+  between the user's collective and torch's in every stack that waits in one, so a rank
+  waiting more would show Argus's frame where the collective's belongs. Each version
   of the diagnosis written after the stacks are stored carries them as ``evidence.top_frames``
   (with ``evidence.stacks``: the capture, its sampler and the ranks compared).
 """
@@ -57,6 +60,10 @@ TOP_FRAMES = 5
 #: A fault whose latest window ended longer ago than this is not sampled (its rank moved on), ns.
 STALE_NS = 60 * 10**9
 _LABEL = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+#: The probe's module that wraps c10d calls (``argus/agent/collectives.py``; ``agent/…`` from a
+#: source checkout), and the functions of it that run in a training thread's stack.
+_PROBE_FILE = re.compile(r"(^|/)agent/collectives\.py$")
+_PROBE_FUNCTIONS = ("_wrap_", "argus_comm_hook", "recorded_allreduce")
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,11 @@ def pick_peer(flagged: Sequence[int], ranks: Sequence[int], busy: set[int], role
     return min(healthy, key=lambda r: (abs(r - first), r))
 
 
+def _probe_frame(function: str, file: str) -> bool:
+    """True for a frame of Argus's probe wrapping a c10d call (left out of the ranking)."""
+    return function.startswith(_PROBE_FUNCTIONS) and _PROBE_FILE.search(file) is not None
+
+
 def _function(label: str) -> tuple[str, str, int]:
     m = _LABEL.match(label)
     if m is None:
@@ -128,6 +140,8 @@ def _shares(
         seen = set()
         for label in frames.split(";") if frames else []:
             function, file, line = _function(label)
+            if _probe_frame(function, file):
+                continue
             key = (function, file)
             lines[key][line] += n
             if key not in seen:
@@ -146,6 +160,8 @@ def _ancestors(rows: list[tuple[str, str, int]]) -> dict[tuple[str, str], set[tu
         above: set[tuple[str, str]] = set()
         for label in frames.split(";") if frames else []:
             function, file, _line = _function(label)
+            if _probe_frame(function, file):
+                continue
             key = (function, file)
             out[key] = out[key] & above if key in out else set(above)
             above.add(key)

@@ -100,6 +100,22 @@ def test_evidence_gets_top_frames_once_stacks_are_stored(store: Store) -> None:
     }  # fmt: skip
 
 
+def test_the_probe_s_own_wrapper_frames_are_never_a_top_frame() -> None:
+    """A rank that waits more in an all-reduce: the collective leads, not Argus's ``wait`` wrapper
+    below it (the frame a new user read as "Argus is what is slow")."""
+    loop = "<module> (train.py:1);main (train.py:40)"
+    reduce = f"{loop};all_reduce (torch/distributed/distributed_c10d.py:3252)"
+    for probe in ("agent/collectives.py", "/venv/site-packages/argus/agent/collectives.py"):
+        waiting = f"{reduce};_wrap_work_wait.<locals>.wait ({probe}:216)"
+        flagged = [("MainThread", waiting, 60), ("MainThread", f"{loop};forward (model.py:3)", 40)]
+        peer = [("MainThread", waiting, 20), ("MainThread", f"{loop};forward (model.py:3)", 80)]
+        top = top_frames(flagged, peer)
+        assert [f["function"] for f in top] == ["all_reduce"], top
+    # The same function name in another module is kept.
+    mine = f"{reduce};_wrap_work_wait.<locals>.wait (myproj/agent/collectives_x.py:3)"
+    assert top_frames([("MainThread", mine, 10)], [])[0]["function"] == "_wrap_work_wait.<locals>.wait"
+
+
 def test_a_hung_rank_s_one_dump_names_its_deepest_python_frame_first() -> None:
     """A blocking dump holds every frame of the hung thread's stack in its one sample (all at a
     share of 1): the innermost Python function is what it is doing, not libc or ``main``."""
