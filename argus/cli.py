@@ -245,9 +245,10 @@ def _demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument(
         "--layout",
-        choices=["dp", "pp", "tp"],
+        choices=["dp", "pp", "tp", "fsdp"],
         default="dp",
-        help="data parallel, pipeline x data parallel, tensor x data parallel (default %(default)s)",
+        help="data parallel, pipeline x data parallel, tensor x data parallel, fully sharded data "
+        "parallel (FSDP2) (default %(default)s)",
     )
     p.add_argument("--ranks", type=int, default=4, help="world size (default %(default)s)")
     p.add_argument(

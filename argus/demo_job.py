@@ -24,6 +24,11 @@ line — `argus run` attaches the probe. Layouts (``--layout``):
   group in forward; the inputs' gradients are all-reduced there in backward).
   DDP over the data-parallel group (the ranks of one position) reduces the
   gradients.
+- ``fsdp``: fully sharded data parallel (FSDP2, ``fully_shard``): the dp
+  layout's model with each encoder layer and then the whole model sharded over
+  the world group, so every layer's forward and backward all-gathers its
+  parameters and backward reduce-scatters its gradients: a step meets at many
+  synchronisation points, and a slow rank's lateness is absorbed at the first.
 
 Every ``10`` steps the ranks agree whether to stop (an all-reduce of one flag
 on the world group): once ``--stop-file`` exists or rank 0 has trained for
@@ -103,7 +108,7 @@ __all__ = [
 ]
 
 SCENARIOS = ("none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work")
-LAYOUTS = ("dp", "pp", "tp")
+LAYOUTS = ("dp", "pp", "tp", "fsdp")
 SYNC_POINTS = ("none", "barrier", "broadcast")
 #: Encoder layers of pipeline stage 0 and stage 1 (stage 1 also holds the head and the loss).
 PP_LAYERS = (1, 3)
@@ -189,19 +194,29 @@ def _encoder(dim: int, layers: int) -> nn.TransformerEncoder:
 class TinyLM(nn.Module):
     """Embedding, a 2-layer transformer encoder and a vocabulary head (the dp layout's model)."""
 
-    def __init__(self, vocab: int, dim: int, fault: Fault, compute_repeat: float) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        dim: int,
+        fault: Fault,
+        compute_repeat: float,
+        extra: Callable[[torch.Tensor], Any] | None = None,
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.encoder = _encoder(dim, 2)
         self.head = nn.Linear(dim, vocab)
         self.fault = fault
         self.compute_repeat = compute_repeat
+        #: What the compute fault's extra passes run (default the encoder): a sharded encoder
+        #: all-gathers its parameters in every call, which the healthy ranks would not join.
+        self.extra = extra
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.encoder(self.embed(tokens))
         if self.fault.active("compute"):
             # Extra work that changes no result: the same activations, recomputed.
-            extra_passes(self.encoder, x, self.compute_repeat)
+            extra_passes(self.extra or self.encoder, x, self.compute_repeat)
         logits: torch.Tensor = self.head(x)
         return logits
 
@@ -412,6 +427,29 @@ def dp_job(args: argparse.Namespace, fault: Fault) -> Job:
         return float(loss.detach())
 
     return Job(_forever(_loader(args, fault, 0)), step)
+
+
+def fsdp_job(args: argparse.Namespace, fault: Fault) -> Job:
+    from torch.distributed.fsdp import fully_shard  # FSDP2: only this layout needs it
+
+    # The compute fault's passes run through an unsharded copy of the encoder, held as a bound
+    # method so that fully_shard does not take it for a submodule to shard.
+    model = TinyLM(args.vocab, args.dim, fault, args.compute_repeat, extra=_encoder(args.dim, 2).forward)
+    for layer in model.encoder.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor] | None) -> float:
+        assert batch is not None
+        tokens, targets = batch
+        loss = _ce(model(tokens), targets)
+        optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        optimizer.step()
+        return float(loss.detach())
+
+    return Job(_forever(_loader(args, fault, dist.get_rank())), step)
 
 
 def _allreduce_grads(params: list[nn.Parameter], group: Any, size: int) -> None:
@@ -644,7 +682,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     random.seed(rank)
     fault = Fault(args.scenario, ranks, 0)
-    job = {"dp": dp_job, "pp": pp_job, "tp": tp_job}[args.layout](args, fault)
+    job = {"dp": dp_job, "pp": pp_job, "tp": tp_job, "fsdp": fsdp_job}[args.layout](args, fault)
     # Rank 0's clock starts the warm-up for everyone.
     start = torch.tensor([time.time_ns() + round(args.fault_after_s * 1e9)], dtype=torch.int64)
     dist.broadcast(start, src=0)

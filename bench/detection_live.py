@@ -1,14 +1,16 @@
 """Labelled detection benchmark on real jobs (issue 10, "Must show" 1; the goals of issue 16).
 
-About 24 real 4-rank gloo jobs (:mod:`argus.demo_job`, one CPU thread per rank)
+About 30 real 4-rank gloo jobs (:mod:`argus.demo_job`, one CPU thread per rank)
 run one after another under `argus run`, streaming to one `argus server` on an
 embedded store with its analyzer on and one node agent (the demo's stack, its
-5 s window): the diagnosis a user gets live. :data:`CASES` holds 12 faults
+5 s window): the diagnosis a user gets live. :data:`CASES` holds 15 faults
 built from the failure classes, not from what an analyzer catches:
 
-- the three layouts: data parallel (``dp``), pipeline × data parallel with
+- the four layouts: data parallel (``dp``), pipeline × data parallel with
   unequal stages and a GPipe schedule over ``isend``/``recv`` (``pp``), tensor
-  × data parallel with all-reduces inside the tensor-parallel group (``tp``);
+  × data parallel with all-reduces inside the tensor-parallel group (``tp``),
+  fully sharded data parallel (FSDP2: an all-gather per layer, reduce-scatters
+  in backward; ``fsdp``);
 - every fault kind: compute, steady host stall, rare large stall, slow
   dataloader, host work before an extra synchronisation point (a broadcast
   before forward), several ranks slow at once (3 of 4), one pipeline stage slow
@@ -154,6 +156,11 @@ CASES: tuple[Case, ...] = (
     # tp: host work before a broadcast, a compute straggler.
     Case("tp-host_work", "tp", "host_work", (2,), ("--host-work-s=0.025",), ("--sync=broadcast",)),
     Case("tp-compute", "tp", "compute", (3,), ("--compute-repeat=1.0",)),
+    # fsdp: every layer's all-gather is a synchronisation point; the step meets first at the
+    # root's all-gather before forward, where a slow rank's lateness is absorbed.
+    Case("fsdp-compute", "fsdp", "compute", (1,), ("--compute-repeat=4.0",)),
+    Case("fsdp-host_stall", "fsdp", "host_stall", (3,), ("--stall-every=4", "--stall-s=0.17")),
+    Case("fsdp-dataloader", "fsdp", "dataloader", (2,), ("--sample-delay-s=0.004",)),
 )
 
 

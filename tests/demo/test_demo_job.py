@@ -91,6 +91,38 @@ def test_pipeline_rows_pair_each_send_with_its_receive(argus_server_factory) -> 
     assert (pairs.issue_ns_recv + pairs.dur_ns_recv >= pairs.issue_ns_send).all()
 
 
+@pytest.mark.slow
+def test_fsdp_layout_records_every_layer_s_all_gather_and_reduce_scatter(argus_server_factory) -> None:
+    """FSDP2 on gloo under `argus run`: its traffic is captured, and its waits are known.
+
+    Each of the 2 sharded encoder layers and the root all-gather their parameters in forward and
+    again in backward (resharded after forward) and reduce-scatter their gradients in backward.
+    A compute fault on one rank from the start must not desynchronise the job's collectives.
+    """
+    server = argus_server_factory("--no-analyzer")
+    with short_dir() as work:
+        timeline = work / "timeline.json"
+        job = _job(timeline, "--layout=fsdp", "--scenario=compute", "--slow-rank=1", "--fault-after-s=0")
+        out = run(argus_run(work, server.grpc_target, "fsdp-rows", job), job_env(work))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert len(_timeline(timeline)["step_end_ns"]) == STEPS
+    assert server.stop() == 0, server.logs()
+    tables = read_tables(server.store_url, "fsdp-rows", ["collectives", "phases"])
+    co, ph = (tables[t].to_pandas() for t in ("collectives", "phases"))
+    sharded = 3  # two encoder layers and the root
+    for r in range(4):
+        mine = co[(co["rank"] == r) & co.step.between(1, STEPS - 2)]  # whole steps
+        per_step = mine.groupby("step").op.value_counts().unstack(fill_value=0)
+        assert (per_step["allgather"] >= sharded).all() and (per_step["reduce_scatter"] >= sharded).all(), (
+            per_step
+        )
+        assert set(ph[ph["rank"] == r].phase) >= {"forward", "backward", "optimizer"}
+    # Every rank issues the same collectives in the same order (one instance per seq).
+    world = co[co.process_group == "0"]
+    assert (world.groupby("seq")["rank"].nunique() == 4).all()
+    assert (world.groupby("seq").op.nunique() == 1).all()
+
+
 def _demo_choices(dest: str) -> list[str]:
     sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return list(next(a.choices for a in sub.choices["demo"]._actions if a.dest == dest))
