@@ -134,12 +134,6 @@ class CollectiveRecorder(Protocol):
     def bucket_done(self, key: int, uid: int, fut: Any) -> Any:
         """``then`` callback of a recorded DDP bucket: close ``key`` now, return the reduced bucket."""
 
-    def work_waiting(self, work: Any, wait_ns: int) -> None:
-        """The caller entered ``wait()`` on a recorded work at ``wait_ns``: if it is still pending,
-        the rank blocks on it from then (an ``async_op=True`` call, FSDP's prefetched all-gathers
-        and its reduce-scatters, is waited long after its issue).
-        """
-
     def work_waited(self, work: Any, wait_ns: int = 0) -> None:
         """A recorded work without a future was waited on (or ``is_completed()`` said True): it ended now.
 
@@ -219,12 +213,6 @@ def _wrap_broadcast_coalesced(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_work_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         began = _now()
-        rec = _recorder
-        if rec is not None:
-            try:
-                rec.work_waiting(self, began)
-            except Exception:
-                log.debug("argus: recording a wait failed", exc_info=True)
         done = orig(self, *args, **kwargs)
         rec = _recorder
         if rec is not None:

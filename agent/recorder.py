@@ -57,7 +57,7 @@ class _Group:
 class _Pending:
     """A collective issued and not yet complete (``__slots__``: one is made per collective)."""
 
-    __slots__ = ("bytes", "issue_ns", "op", "overlapped", "peer", "process_group", "seq", "step", "wait_ns")
+    __slots__ = ("bytes", "issue_ns", "op", "overlapped", "peer", "process_group", "seq", "step")
 
     def __init__(
         self,
@@ -72,15 +72,9 @@ class _Pending:
     ) -> None:
         self.step, self.process_group, self.seq, self.op = step, process_group, seq, op
         self.bytes, self.issue_ns, self.peer, self.overlapped = nbytes, issue_ns, peer, overlapped
-        #: When the rank's thread entered ``wait()`` on its work while it was pending (0: not seen).
-        self.wait_ns = 0
 
     def done(self, end_ns: int, wait_ns: int = 0) -> CollectiveRow:
-        """The row of this collective completed at ``end_ns``, waited on from ``wait_ns`` (host times).
-
-        ``wait_ns`` 0: the wait noted by :meth:`Recorder.work_waiting`, if any.
-        """
-        wait_ns = wait_ns or self.wait_ns
+        """The row of this collective completed at ``end_ns``, waited on from ``wait_ns`` (host times)."""
         return CollectiveRow(
             self.step,
             self.process_group,
@@ -136,9 +130,6 @@ class Recorder:
         #: id(work) -> (key, uid, finalizer) of point-to-point works without a future, closed when
         #: the caller's wait returns (see :meth:`work_waited`).
         self._awaiting: dict[int, tuple[int, int, weakref.finalize[Any, Any]]] = {}
-        #: id(work) -> key of pending collectives whose work has a future: a ``wait()`` on one
-        #: before it completes is when the rank began to block on it (see :meth:`work_waiting`).
-        self._by_work: dict[int, int] = {}
         self._lock = threading.Lock()
 
     # --- collectives (training threads) ----------------------------------------------------------
@@ -169,9 +160,7 @@ class Recorder:
                 return
             self.close_collective(key, time.time_ns(), uid)
             return
-        wid = id(work)
-        self._by_work[wid] = key
-        fut.add_done_callback(partial(self._work_done, key, uid, wid))
+        fut.add_done_callback(partial(self._work_done, key, uid))
 
     def _await_wait(self, work: Any, key: int, uid: int) -> bool:
         """Hold ``key`` until ``work`` is waited on (gloo's send/recv have no future); False: cannot."""
@@ -199,16 +188,7 @@ class Recorder:
         if entry is not None and self._pending.pop(entry[0], None) is not None:
             self._pending_dropped += 1
 
-    def work_waiting(self, work: Any, wait_ns: int) -> None:
-        """See :class:`argus.agent.collectives.CollectiveRecorder`."""
-        key = self._by_work.get(id(work))
-        pending = self._pending.get(key) if key else None
-        if pending is not None and not pending.wait_ns:
-            pending.wait_ns = wait_ns
-
-    def _work_done(self, key: int, uid: int, wid: int, _fut: Any) -> None:
-        if self._by_work.get(wid) == key:  # a newer work may reuse the id of a freed one
-            self._by_work.pop(wid, None)
+    def _work_done(self, key: int, uid: int, _fut: Any) -> None:
         self.close_collective(key, time.time_ns(), uid)
 
     def open_collective(

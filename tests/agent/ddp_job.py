@@ -98,12 +98,6 @@ def main() -> None:
         help="at the end, each public c10d collective once, in the order of EVERY_COLLECTIVE",
     )
     p.add_argument(
-        "--late-wait-s",
-        type=float,
-        default=0.0,
-        help="at the end, rank 0 sleeps S then all-reduces; the others issue it async, work S/4, then wait",
-    )
-    p.add_argument(
         "--p2p-delay-s", type=float, default=0.0, help="even ranks wait this long before each blocking send"
     )
     args = p.parse_args()
@@ -168,14 +162,6 @@ def main() -> None:
             work = call()
             if work is not None:
                 work.wait()
-    if args.late_wait_s:
-        if rank == 0:
-            time.sleep(args.late_wait_s)
-            dist.all_reduce(torch.ones(8))
-        else:
-            work = dist.all_reduce(torch.ones(8), async_op=True)
-            time.sleep(args.late_wait_s / 4)  # the rank's own work, overlapping the collective
-            work.wait()
     final = loss.detach().clone()
     dist.all_reduce(final)
     if rank == 0 and args.loss_out:
