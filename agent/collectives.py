@@ -58,7 +58,7 @@ PG_METHODS: dict[str, tuple[str, int]] = {
     "_allgather_base": ("allgather", 1),
     "allgather_coalesced": ("allgather_coalesced", 1),
     "allgather_into_tensor_coalesced": ("allgather_coalesced", 1),
-    # torch 2.13 (not older torch): all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (FSDP's
+    # torch 2.13: all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (FSDP's
     # all-gathers and reduce-scatters, MoE's all-to-all) end in these, not in the *_base methods.
     "all_gather_single": ("allgather", 1),
     "all_gather_single_coalesced": ("allgather_coalesced", 1),
