@@ -413,31 +413,11 @@ def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def dp_job(args: argparse.Namespace, fault: Fault) -> Job:
     model = DistributedDataParallel(TinyLM(args.vocab, args.dim, fault, args.compute_repeat))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step(batch: tuple[torch.Tensor, torch.Tensor] | None) -> float:
-        assert batch is not None
-        tokens, targets = batch
-        logits = model(tokens)
-        loss = loss_fn(logits.reshape(-1, args.vocab), targets.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return float(loss.detach())
-
-    return Job(_forever(_loader(args, fault, 0)), step)
+    return Job(_forever(_loader(args, fault, 0)), _whole_model_step(model))
 
 
-def fsdp_job(args: argparse.Namespace, fault: Fault) -> Job:
-    from torch.distributed.fsdp import fully_shard  # FSDP2: only this layout needs it
-
-    # The compute fault's passes run through an unsharded copy of the encoder, held as a bound
-    # method so that fully_shard does not take it for a submodule to shard.
-    model = TinyLM(args.vocab, args.dim, fault, args.compute_repeat, extra=_encoder(args.dim, 2).forward)
-    for layer in model.encoder.layers:
-        fully_shard(layer)
-    fully_shard(model)
+def _whole_model_step(model: nn.Module) -> Callable[[tuple[torch.Tensor, torch.Tensor] | None], float]:
+    """The training step of a layout whose every rank runs the whole model (dp, fsdp): AdamW."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step(batch: tuple[torch.Tensor, torch.Tensor] | None) -> float:
@@ -449,7 +429,19 @@ def fsdp_job(args: argparse.Namespace, fault: Fault) -> Job:
         optimizer.step()
         return float(loss.detach())
 
-    return Job(_forever(_loader(args, fault, dist.get_rank())), step)
+    return step
+
+
+def fsdp_job(args: argparse.Namespace, fault: Fault) -> Job:
+    from torch.distributed.fsdp import fully_shard  # FSDP2: only this layout needs it
+
+    # The compute fault's passes run through an unsharded copy of the encoder, held as a bound
+    # method so that fully_shard does not take it for a submodule to shard.
+    model = TinyLM(args.vocab, args.dim, fault, args.compute_repeat, extra=_encoder(args.dim, 2).forward)
+    for layer in model.encoder.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return Job(_forever(_loader(args, fault, dist.get_rank())), _whole_model_step(model))
 
 
 def _allreduce_grads(params: list[nn.Parameter], group: Any, size: int) -> None:
