@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from argus.analyzer.collectives import LinkFinding
-from argus.analyzer.findings import Finding
+from argus.analyzer.findings import KEEP_SCORE, Finding
 from argus.analyzer.host import HostResult
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
@@ -62,10 +62,8 @@ from argus.analyzer.phase import COMPONENTS, SPIKE_REL, PhaseResult, fell_behind
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
-__all__ = ["CLOCK_DROP", "CPU_SHARE", "KEEP_SCORE", "MAX_INDIVIDUAL", "attribute"]
+__all__ = ["CLOCK_DROP", "CPU_SHARE", "MAX_INDIVIDUAL", "attribute"]
 
-#: Findings below this score are dropped; the lifecycle keeps open diagnoses down to it.
-KEEP_SCORE = 0.5
 #: More ranks than this with one cause become one many-rank finding.
 MAX_INDIVIDUAL = 4
 #: A GPU clock this much below the peers' median is throttling.

@@ -7,7 +7,11 @@ from typing import Any
 
 from argus.diagnosis import Cause
 
-__all__ = ["JOB_SUBJECT", "STRAGGLER_CAUSES", "Finding", "family"]
+__all__ = ["JOB_SUBJECT", "KEEP_SCORE", "STRAGGLER_CAUSES", "Finding", "family"]
+
+#: Findings below this score are dropped (:mod:`~argus.analyzer.causes`); an open diagnosis is
+#: kept by findings down to it (:mod:`~argus.analyzer.lifecycle`).
+KEEP_SCORE = 0.5
 
 #: Causes of one slow rank (or several): the lifecycle lets a fault's cause follow the evidence.
 STRAGGLER_CAUSES = frozenset({Cause.COMPUTE, Cause.HOST_STALL, Cause.DATALOADER, Cause.THROTTLING})

@@ -63,17 +63,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from argus.analyzer.findings import JOB_SUBJECT, Finding, family
+from argus.analyzer.findings import JOB_SUBJECT, KEEP_SCORE, Finding, family
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
 from argus.config import DEFAULT_WINDOW_S
 from argus.diagnosis import Diagnosis, State
 
-__all__ = ["KEEP_SCORE", "OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]
+__all__ = ["OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]
 
 #: A new fault opens a diagnosis at this score.
 OPEN_SCORE = 1.0
-#: An open diagnosis is kept by findings down to this score.
-KEEP_SCORE = 0.5
 #: A finding that needs confirmation opens at once when it is this strong.
 STRONG_SCORE = 2.0
 #: A fault must be seen for this long (in consecutive windows) before it opens, ns.
