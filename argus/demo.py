@@ -55,11 +55,17 @@ CLEAN_RUN_S = 25.0
 #: the request, a 3 s capture, its rows' trip to the store and the next window's analysis took
 #: 23 s from the diagnosis's opening on this 2-core machine at a load of 15 (5-10 s unloaded).
 STACKS_WAIT_S = 4 * WINDOW_S
+#: Extra forward passes of the compute fault where the job's default (2) costs too little to show:
+#: a tensor-parallel rank repeats only its shard of each block, an FSDP rank adds one unsharded
+#: encoder; on a CPU host whose ranks share the cores, the waiting ranks' cores go to the others,
+#: so one rank's extra work costs the job little more than its share of all the work.
+COMPUTE_REPEAT = {"tp": 6.0, "fsdp": 4.0}
 #: How the status line names each ``--layout``.
 LAYOUT_NAMES = {
     "dp": "data parallel (DDP)",
     "pp": "pipeline (2 unequal stages, GPipe) x data parallel",
     "tp": "tensor (2-way, Megatron-style) x data parallel",
+    "fsdp": "fully sharded data parallel (FSDP2)",
 }
 
 
@@ -245,16 +251,11 @@ def trace_path(work: Path, keep_data: bool, job_id: str) -> Path:
     return folder / f"{job_id}.trace.json"
 
 
-def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader follows it)
-    args: argparse.Namespace, console: Console, work: Path, keep_data: bool
-) -> dict[str, Any]:
+def _job_args(args: argparse.Namespace, slow_rank: int | None, stop_file: Path) -> list[str]:
+    """The demo job's command-line arguments (:mod:`argus.demo_job`) for the demo's ``args``."""
     scenario: str = args.scenario
-    slow_rank = None if scenario == "none" else _default_slow_rank(args)
-    layout: str = args.layout
-    job_id = f"demo-{layout}-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
-    stop_file = work / "stop"
     job_args = [
-        f"--layout={layout}",
+        f"--layout={args.layout}",
         f"--scenario={scenario}",
         f"--fault-after-s={WARMUP_S}",
         f"--stop-file={stop_file}",
@@ -263,8 +264,20 @@ def _run(  # noqa: PLR0915  (the demo's script, step after step, as a reader fol
         job_args.append(f"--slow-rank={slow_rank}")
     if scenario == "host_work":
         job_args.append("--sync=broadcast")  # the fault is host work before this sync point
+    if scenario == "compute" and args.layout in COMPUTE_REPEAT:
+        job_args.append(f"--compute-repeat={COMPUTE_REPEAT[args.layout]}")
     if args.steps is not None:
         job_args.append(f"--steps={args.steps}")
+    return job_args
+
+
+def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool) -> dict[str, Any]:
+    scenario: str = args.scenario
+    slow_rank = None if scenario == "none" else _default_slow_rank(args)
+    layout: str = args.layout
+    job_id = f"demo-{layout}-{scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stop_file = work / "stop"
+    job_args = _job_args(args, slow_rank, stop_file)
 
     with local_service(work, console) as service:
         http, logs = service.http, service.logs

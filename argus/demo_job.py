@@ -417,7 +417,8 @@ def dp_job(args: argparse.Namespace, fault: Fault) -> Job:
 
 
 def _whole_model_step(model: nn.Module) -> Callable[[tuple[torch.Tensor, torch.Tensor] | None], float]:
-    """The training step of a layout whose every rank runs the whole model (dp, fsdp): AdamW."""
+    """The training step of a layout whose every rank runs its model end to end, tokens to loss
+    (dp, fsdp, and tp, whose model holds the rank's shard of each layer): AdamW."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step(batch: tuple[torch.Tensor, torch.Tensor] | None) -> float:
@@ -536,20 +537,9 @@ def tp_job(args: argparse.Namespace, fault: Fault) -> Job:
     tp_group, dp_group = tp_groups[replica], dp_groups[position]
     lm = TPLM(args.vocab, args.dim, position, tp_group, fault, args.compute_repeat)
     model = DistributedDataParallel(lm, process_group=dp_group)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step(batch: tuple[torch.Tensor, torch.Tensor] | None) -> float:
-        assert batch is not None
-        tokens, targets = batch
-        loss = _ce(model(tokens), targets)
-        optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        optimizer.step()
-        return float(loss.detach())
-
     # Both positions of a replica read the same batches (the order is seeded by the replica).
     batches = _forever(_loader(args, fault, replica))
-    return Job(batches, step)
+    return Job(batches, _whole_model_step(model))
 
 
 # --- the loop -------------------------------------------------------------------------------------

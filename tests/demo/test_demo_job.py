@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from argus import cli, demo_job
+from argus import cli, demo, demo_job
 from tests.agent.jobs import argus_run, job_env, read_tables, run, short_dir
 
 STEPS = 12
@@ -133,6 +133,7 @@ def test_cli_offers_the_jobs_scenarios_and_layouts() -> None:
     # slow_link is the multi-node harness's fault (argus.demo_nodes caps a link), not the job's.
     assert _demo_choices("scenario") == [*demo_job.SCENARIOS, "slow_link"]
     assert _demo_choices("layout") == list(demo_job.LAYOUTS)
+    assert sorted(demo.LAYOUT_NAMES) == sorted(demo_job.LAYOUTS)  # the status line names each
 
 
 def test_extra_passes_do_a_fraction_of_a_pass_on_that_share_of_the_batch() -> None:
