@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus.collector.ipc_size import declared_bytes
+from argus.collector.ipc_size import read_stream
 from argus.errors import InvalidBatch, StoreError
 from argus.jobid import check_job_id
 from argus.limits import WIRE_COLUMN_LIMITS, WIRE_LENGTH_LIMITS, check_declared
@@ -124,19 +124,18 @@ def encode_arrow_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _read_ipc(payload: bytes) -> pa.Table:
+def _refuse_past_limit(decoded: int) -> None:
+    """What compressed buffers declare is allocated before they are inflated: check it first."""
     try:
-        decoded = declared_bytes(payload)
-    except ValueError as exc:
-        raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
-    try:
-        # What compressed buffers declare is allocated before they are inflated: check it first.
         check_declared("arrow_ipc: decoded size", decoded, "max_batch_decoded_bytes")
     except ValueError as exc:
         raise InvalidBatch(str(exc)) from exc
+
+
+def _read_ipc(payload: bytes) -> pa.Table:
     try:
-        data = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
-    except (pa.ArrowException, ValueError, OSError) as exc:
+        data = read_stream(payload, _refuse_past_limit)
+    except ValueError as exc:
         raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
     try:
         # Offsets, lengths and UTF-8 of every buffer: a crafted batch is refused here,

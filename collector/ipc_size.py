@@ -1,4 +1,4 @@
-"""The decoded size an Arrow IPC stream declares, read before Arrow allocates it.
+"""An Arrow IPC stream read once, with the decoded size it declares checked before Arrow allocates it.
 
 A record batch with body compression (LZ4 or ZSTD, Arrow IPC format 1.0) prefixes
 each buffer with its uncompressed length (int64, ``-1``: stored uncompressed);
@@ -7,19 +7,23 @@ declare terabytes. :func:`declared_bytes` walks the stream's messages
 (``pyarrow.ipc.MessageReader``) and each record batch's flatbuffer metadata
 (``Message.header`` → ``RecordBatch.buffers``, ``RecordBatch.compression``; format
 in Arrow's ``format/Message.fbs``) and adds up what the buffers will take decoded,
-without decoding them.
+without decoding them. :func:`read_stream` reads a stream in the same walk, checking each
+record batch's declared size before decoding it: one pass over the messages, and the
+stream's schema message parsed once per distinct schema, not once per batch (a node agent
+sends the same few schemas all day; 1,250 of them send 5,000 batches a second).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pyarrow as pa
 
-__all__ = ["declared_bytes"]
+__all__ = ["declared_bytes", "read_stream"]
 
 _RECORD_BATCH = 3
-_DICTIONARY_BATCH = 4
+_DICTIONARY_BATCH = 2  # MessageHeader: Schema 1, DictionaryBatch 2, RecordBatch 3
 
 
 def _field(meta: bytes, table: int, index: int) -> int | None:
@@ -68,6 +72,78 @@ def _batch_bytes(meta: bytes, body: pa.Buffer) -> int:
     return total
 
 
+def _declared(message: pa.ipc.Message) -> int:
+    """Bytes the record or dictionary batch ``message`` declares decoded (0 for other messages).
+
+    Raises:
+        ValueError, struct.error, IndexError: malformed metadata.
+    """
+    if message.type not in ("record batch", "dictionary"):  # pyarrow's names of the two
+        return 0
+    body = message.body if message.body is not None else pa.py_buffer(b"")
+    return _batch_bytes(message.metadata.to_pybytes(), body)
+
+
+#: Schemas by the metadata bytes of their schema message (equal bytes, equal schema); at most
+#: :data:`_MAX_SCHEMAS`, past which a new schema is parsed each time, not remembered.
+_schemas: dict[bytes, pa.Schema] = {}
+_MAX_SCHEMAS = 256
+
+
+def _schema(message: pa.ipc.Message) -> pa.Schema:
+    """The schema of the schema message ``message``, parsed once per distinct metadata."""
+    key = message.metadata.to_pybytes()
+    schema = _schemas.get(key)
+    if schema is None:
+        schema = pa.ipc.read_schema(message)
+        if len(_schemas) < _MAX_SCHEMAS:
+            _schemas[key] = schema
+    return schema
+
+
+def read_stream(payload: bytes, check: Callable[[int], object]) -> pa.Table:
+    """The table of the IPC stream ``payload``: one schema message, then record batches.
+
+    ``check`` is called with the bytes the stream's record batches declare decoded, in
+    total up to and including the next one, before that one is decoded; what it raises
+    passes through (it refuses a stream that declares too much before anything is allocated).
+    The buffers are not validated (``pa.Table.validate(full=True)`` is the caller's).
+
+    Raises:
+        ValueError: not a readable stream: malformed messages or metadata, no schema first,
+            a dictionary batch (the wire schemas have no dictionary columns), a batch that
+            does not match the schema (Arrow's errors are raised as ValueError).
+    """
+    total, batches = 0, []
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(payload))
+        first = reader.read_next_message()
+        if first.type != "schema":
+            raise ValueError(f"the stream starts with a {first.type} message, not its schema")
+        schema = _schema(first)
+    except (struct.error, IndexError, pa.ArrowException, OSError, StopIteration) as exc:
+        raise ValueError(f"malformed IPC stream ({exc})") from exc
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"malformed IPC message ({exc})") from exc
+        if message.type != "record batch":
+            raise ValueError(f"a {message.type} message inside the stream; only record batches are read")
+        try:
+            total += _declared(message)
+        except (struct.error, IndexError) as exc:
+            raise ValueError(f"malformed IPC message metadata ({exc})") from exc
+        check(total)
+        try:
+            batches.append(pa.ipc.read_record_batch(message, schema))
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"unreadable record batch ({exc})") from exc
+    return pa.Table.from_batches(batches, schema)
+
+
 def declared_bytes(payload: bytes) -> int:
     """Bytes the record and dictionary batches of the IPC stream ``payload`` declare, decoded.
 
@@ -78,9 +154,7 @@ def declared_bytes(payload: bytes) -> int:
     try:
         total = 0
         for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(payload)):
-            if message.type in ("record batch", "dictionary batch"):
-                body = message.body if message.body is not None else pa.py_buffer(b"")
-                total += _batch_bytes(message.metadata.to_pybytes(), body)
+            total += _declared(message)
         return total
     except (struct.error, IndexError, pa.ArrowException, OSError) as exc:
         raise ValueError(f"malformed IPC message metadata ({exc})") from exc
