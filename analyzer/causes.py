@@ -5,7 +5,11 @@ Order of the rules, each applied to what the earlier ones left:
 1. ``unresponsive`` — from :mod:`argus.analyzer.liveness`; those ranks leave
    every other comparison.
 2. Straggler ranks — L2 self-time score or L3 compute-kernel score >= 0.5 (the
-   lifecycle opens a diagnosis at 1 and keeps it down to 0.5). Each gets one of:
+   lifecycle opens a diagnosis at 1 and keeps it down to 0.5). A rank's L3 score is
+   the highest of its kernels', which chance alone lifts: it makes the rank a
+   candidate when, as the single score equally unlikely by chance
+   (:func:`argus.analyzer.robust.highest_of`), it is >= 0.5, or, for the ranks of
+   an open diagnosis, as it is. Each gets one of:
 
    * ``throttling`` — it runs on a GPU whose SM clock is at least
      :data:`CLOCK_DROP` below its peers', or that reports thermal/power-brake
@@ -45,6 +49,7 @@ A diagnosis's ``score`` is the latest window's.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -59,6 +64,7 @@ from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
 from argus.analyzer.phase import COMPONENTS, SPIKE_REL, PhaseResult, fell_behind
+from argus.analyzer.robust import highest_of
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
@@ -115,10 +121,16 @@ class _Context:
         self.peer_throttled = float(np.median(host.throttled_frac[on_gpu])) if np.any(on_gpu) else 0.0
         # Per rank, its compute kernel that scores highest: (score, kernel, W1 excess, mean, peers' mean).
         self.top_kernel: dict[int, tuple[float, int, float, float, float]] = {}
+        #: Per rank, its top compute-kernel score as the single score as unlikely by chance
+        #: (:func:`~argus.analyzer.robust.highest_of` of its kernels scored): what makes it a candidate.
+        self.top_kernel_alone: dict[int, float] = {}
         rows = np.flatnonzero(~l3.collective & np.isfinite(l3.score))
         if rows.size:
             rows = rows[np.lexsort((-l3.score[rows], l3.rank[rows]))]
-            best = rows[np.r_[True, np.diff(l3.rank[rows]) != 0]]
+            starts = np.flatnonzero(np.r_[True, np.diff(l3.rank[rows]) != 0])
+            best = rows[starts]
+            alone = highest_of(l3.score[best], np.diff(np.r_[starts, rows.size]))
+            self.top_kernel_alone = dict(zip(l3.rank[best].tolist(), alone.tolist(), strict=True))
             for j in best.tolist():
                 self.top_kernel[int(l3.rank[j])] = (
                     float(l3.score[j]),
@@ -634,8 +646,11 @@ def attribute(
     host: HostResult,
     links: list[LinkFinding],
     unresponsive: list[Unresponsive],
+    watched: Collection[int] = (),
 ) -> list[Finding]:
     """Turn one window's level results into findings, one cause each (rules in the module doc).
+
+    ``watched``: ranks of the job's open diagnoses; their top kernel counts at face value.
 
     Returns:
         Findings with ``score >= KEEP_SCORE``; the lifecycle decides which open or update diagnoses.
@@ -661,7 +676,13 @@ def attribute(
         )
     ctx = _Context(w, l2, l3, host)
     candidates = set(l2.rank[np.nan_to_num(l2.score) >= KEEP_SCORE].tolist())
-    candidates |= {r for r, t in ctx.top_kernel.items() if t[0] >= KEEP_SCORE}
+    # A rank's top kernel is the highest of its many: chance alone lifts it (robust.highest_of);
+    # the ranks of an open diagnosis keep the plain threshold (the lifecycle's hysteresis).
+    candidates |= {
+        r
+        for r, t in ctx.top_kernel.items()
+        if (t[0] if r in watched else ctx.top_kernel_alone[r]) >= KEEP_SCORE
+    }
     found = []
     for rank in sorted(candidates - gone):
         f = _straggler(ctx, int(rank))

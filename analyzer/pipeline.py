@@ -241,7 +241,10 @@ class JobAnalysis:
             silence_ns=silence_threshold_ns(self.window_ns),
             typical_step_ns=self.typical_step_ns,
         )
-        findings = attribute(w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive)
+        watched = {r for d in self.tracker.open for r in d.ranks}
+        findings = attribute(
+            w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive, watched=watched
+        )
         findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
         profile = job_profile(l2)
         findings, acc = account(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import iqr
 
-from argus.analyzer.robust import grouped_median, one_sided_scores
+from argus.analyzer.robust import K_SIGMA, grouped_median, highest_of, one_sided_scores
 from argus.analyzer.wasserstein import U_POINTS, w1
 
 RNG = np.random.default_rng(5)
@@ -80,3 +80,26 @@ def test_grouped_median_matches_numpy() -> None:
             assert got[k] == pytest.approx(np.median(v))
         else:
             assert np.isnan(got[k])
+
+
+def test_highest_of_one_score_is_that_score() -> None:
+    scores = np.array([-0.3, 0.0, 0.5, 1.0, 4.0])
+    np.testing.assert_allclose(highest_of(scores, 1), scores)
+
+
+def test_the_highest_of_many_noise_scores_is_as_rare_as_one_after_highest_of() -> None:
+    # 10,000 healthy ranks, 50 kernels each, scored as one_sided_scores would: z / K_SIGMA.
+    rng = np.random.default_rng(7)
+    scores = rng.standard_normal((10_000, 50)) / K_SIGMA
+    top = scores.max(axis=1)
+    single = np.mean(scores[:, 0] >= 0.5)  # one comparison past 0.5: ~0.6 % of ranks
+    assert np.mean(top >= 0.5) > 0.2  # the highest of 50 passes it for a quarter of them
+    assert np.mean(highest_of(top, 50) >= 0.5) == pytest.approx(single, abs=0.003)
+
+
+def test_highest_of_keeps_a_real_outlier_and_never_raises_a_score() -> None:
+    top = np.array([0.6, 1.0, 4.7, 40.0])
+    adjusted = highest_of(top, [50, 50, 50, 500])
+    assert np.all(adjusted <= top)
+    assert adjusted[2] > 4.5 and adjusted[3] == 40.0
+    assert adjusted[0] < 0.5 < adjusted[1]
