@@ -55,11 +55,6 @@ CLEAN_RUN_S = 25.0
 #: the request, a 3 s capture, its rows' trip to the store and the next window's analysis took
 #: 23 s from the diagnosis's opening on this 2-core machine at a load of 15 (5-10 s unloaded).
 STACKS_WAIT_S = 4 * WINDOW_S
-#: Extra forward passes of the compute fault where the job's default (2) costs too little to show:
-#: a tensor-parallel rank repeats only its shard of each block, an FSDP rank adds one unsharded
-#: encoder; on a CPU host whose ranks share the cores, the waiting ranks' cores go to the others,
-#: so one rank's extra work costs the job little more than its share of all the work.
-COMPUTE_REPEAT = {"tp": 6.0, "fsdp": 4.0}
 #: How the status line names each ``--layout``.
 LAYOUT_NAMES = {
     "dp": "data parallel (DDP)",
@@ -264,8 +259,6 @@ def _job_args(args: argparse.Namespace, slow_rank: int | None, stop_file: Path) 
         job_args.append(f"--slow-rank={slow_rank}")
     if scenario == "host_work":
         job_args.append("--sync=broadcast")  # the fault is host work before this sync point
-    if scenario == "compute" and args.layout in COMPUTE_REPEAT:
-        job_args.append(f"--compute-repeat={COMPUTE_REPEAT[args.layout]}")
     if args.steps is not None:
         job_args.append(f"--steps={args.steps}")
     return job_args

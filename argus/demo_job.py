@@ -43,7 +43,8 @@ size knob:
 
 - ``compute``: every forward on those ranks makes ``--compute-repeat`` extra
   passes through the rank's own layers (no communication; a fraction is a pass
-  over that share of the batch), as a slower device would;
+  over that share of the batch), as a slower device would; by default 2, more
+  where 2 costs the job too little to be a fault (:data:`COMPUTE_REPEAT`);
 - ``host_stall``: every ``--stall-every`` steps the host stops for
   ``--stall-s`` (a blocking sleep outside the loader and the model,
   :func:`injected_host_stall`), as when a
@@ -116,6 +117,11 @@ PP_LAYERS = (1, 3)
 MICRO_BATCHES = 4
 #: Tensor-parallel width of the tp layout.
 TP_SIZE = 2
+#: Extra forward passes of the compute fault by layout where 2 costs the job too little to be a fault:
+#: a tensor-parallel rank repeats only its shard of each block, an FSDP rank adds one unsharded
+#: encoder; on a CPU host whose ranks share the cores, the waiting ranks' cores go to the others,
+#: so one rank's extra work costs the job little more than its share of all the work.
+COMPUTE_REPEAT = {"tp": 6.0, "fsdp": 4.0}
 #: Steps between two stop checks (an all-reduce on the world group).
 STOP_CHECK_EVERY = 10
 NHEAD = 4
@@ -627,14 +633,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--compute-repeat", type=float, default=2.0, help="compute: extra passes per forward")
+    p.add_argument(
+        "--compute-repeat",
+        type=float,
+        default=None,
+        help="compute: extra passes per forward (default by layout: dp and pp 2, tp 6, fsdp 4)",
+    )
     p.add_argument("--stall-every", type=int, default=4, help="host_stall: pause every N steps")
     p.add_argument("--stall-s", type=float, default=0.15, help="host_stall: pause length, s")
     p.add_argument("--spike-every", type=int, default=40, help="spiky_stall: one stop every N steps")
     p.add_argument("--spike-s", type=float, default=2.0, help="spiky_stall: stop length, s")
     p.add_argument("--sample-delay-s", type=float, default=0.004, help="dataloader: per-sample delay, s")
     p.add_argument("--host-work-s", type=float, default=0.03, help="host_work: CPU work per step, s")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.compute_repeat is None:
+        args.compute_repeat = COMPUTE_REPEAT.get(args.layout, 2.0)
+    return args
 
 
 def shutdown() -> list[str]:
