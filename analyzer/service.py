@@ -486,8 +486,9 @@ class Analyzer:
     def run_forever(self) -> None:
         """Call :meth:`run_once` until :meth:`stop`; store errors are logged and retried.
 
-        The next pass starts after the polling interval, or at once when this one ended on its
-        budget with windows still due (an analyzer behind catches up without sleeping).
+        The next pass starts when the next window of a job falls due (its end plus the grace),
+        after the polling interval at the latest, or at once when this one ended on its budget
+        with windows still due (an analyzer behind catches up without sleeping).
         """
         poll = self._poll_s()
         while not self._stop.is_set():
@@ -498,7 +499,14 @@ class Analyzer:
                 log.warning("analysis failed, retrying: %s", exc)
             except Exception:
                 log.exception("analysis failed unexpectedly, retrying")
-            self._stop.wait(0.0 if self._backlog else poll)
+            self._stop.wait(0.0 if self._backlog else self._until_due_s(poll))
+
+    def _until_due_s(self, poll: float) -> float:
+        """Seconds until the next job's window falls due, at most ``poll``. Windows due already
+        (waiting for a node agent's rows) are looked at again after ``poll``, not at once."""
+        now = time.time_ns()
+        ahead = [(due - now) / 1e9 for due in self._due.values() if due > now]
+        return min([poll, *ahead])
 
     def _poll_s(self) -> float:
         # A window completes every window_s; checking twice as often bounds the lag to half a window
