@@ -85,13 +85,18 @@ def _declared(message: pa.ipc.Message) -> int:
 
 
 #: Schemas by the metadata bytes of their schema message (equal bytes, equal schema); at most
-#: :data:`_MAX_SCHEMAS`, past which a new schema is parsed each time, not remembered.
+#: :data:`_MAX_SCHEMAS` of at most :data:`_MAX_KEY_BYTES` each (a wire schema's message takes
+#: under 2 KiB; senders choose these bytes, so what is remembered stays under 16 MiB); any
+#: other schema is parsed each time, not remembered.
 _schemas: dict[bytes, pa.Schema] = {}
 _MAX_SCHEMAS = 256
+_MAX_KEY_BYTES = 64 * 1024
 
 
 def _schema(message: pa.ipc.Message) -> pa.Schema:
     """The schema of the schema message ``message``, parsed once per distinct metadata."""
+    if message.metadata.size > _MAX_KEY_BYTES:
+        return pa.ipc.read_schema(message)
     key = message.metadata.to_pybytes()
     schema = _schemas.get(key)
     if schema is None:

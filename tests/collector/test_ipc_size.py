@@ -7,6 +7,7 @@ import struct
 import pyarrow as pa
 import pytest
 
+from argus.collector import ipc_size
 from argus.collector.ipc_size import declared_bytes, read_stream
 
 
@@ -104,3 +105,11 @@ def _batch_only(payload: bytes) -> bytes:
     reader = pa.ipc.MessageReader.open_stream(payload)
     reader.read_next_message()
     return reader.read_next_message().serialize().to_pybytes()
+
+
+def test_a_schema_too_large_to_remember_is_read_and_not_remembered() -> None:
+    big = _batch(2).replace_schema_metadata({"padding": "x" * (ipc_size._MAX_KEY_BYTES + 1)})
+    before = len(ipc_size._schemas)
+    got = read_stream(_stream(big), lambda _: None)
+    assert got.schema.metadata[b"padding"] == b"x" * (ipc_size._MAX_KEY_BYTES + 1)
+    assert len(ipc_size._schemas) == before
