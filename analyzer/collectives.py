@@ -280,9 +280,10 @@ def slow_links(
     with the same kind of instances of other groups — a robust one-sided score
     of the group's median log-transfer — and, for groups with no peers (a job
     with one process group), with the group's own transfers in earlier windows
-    (``history``). A group is reported when its transfers are at least
-    ``1 + min_increase`` times the reference while its last arrivals are on
-    average later by less than the extra transfer time (long transfers, not
+    (``history``) and, with two groups of a kind, with the other one as well: it must stand
+    out from both (two groups slower alike are the host's or the job's). A group is reported
+    when its transfers are at least ``1 + min_increase`` times the reference while its last
+    arrivals are on average later by less than the extra transfer time (long transfers, not
     late ranks).
 
     Args:
@@ -316,12 +317,17 @@ def slow_links(
             res = one_sided_scores(pair_median[sel], floor=np.log1p(min_increase))
             score[sel], ref[sel], basis[sel] = res.score, res.centre, "peers"
             continue
+        # Too few groups of this kind for a robust comparison: each against its own history and,
+        # where there is one, against the other group of its kind now; a slow link stands out
+        # from both (two groups slower alike than before are the host's or the job's, not a link).
         for i in sel:
             base = history.get((group_names[pairs[i, 1]], int(_history_key(int(key)))))
-            if base is not None and base > 0:
-                ref[i] = np.log(base)
-                score[i] = (pair_median[i] - ref[i]) / np.log1p(min_increase)
-                basis[i] = "history"
+            if base is None or base <= 0:
+                continue
+            others = pair_median[sel[sel != i]]
+            ref[i] = max(np.log(base), float(np.median(others))) if others.size else np.log(base)
+            score[i] = (pair_median[i] - ref[i]) / np.log1p(min_increase)
+            basis[i] = "history"
     out = []
     for g in np.unique(pairs[:, 1]):
         sel = np.flatnonzero((pairs[:, 1] == g) & ~np.isnan(score))

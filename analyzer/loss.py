@@ -291,9 +291,9 @@ def _explains(l2: PhaseResult, behind: tuple[int, ...], per_step_ns: float) -> t
 def _ranks_behind(l2: PhaseResult) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The ranks behind, and the ranks behind that are their knock-on.
 
-    Behind: self time grown against its own past by the floor more than the job's common change
-    (:func:`~argus.analyzer.phase.fell_behind`); none when every rank slowed alike (the job is
-    slower, no rank stands out). Knock-on: behind by under
+    Behind: self time grown against its own past, beyond the job's common change, by the floor
+    and by more than its noise (:func:`~argus.analyzer.phase.fell_behind`); none when every rank
+    slowed alike (the job is slower, no rank stands out). Knock-on: behind by under
     :data:`~argus.analyzer.causes.HIDDEN_SHARE` of the most-behind rank's change (the ranks that
     wait for a straggler on a shared host lose some of their cores to it; ranks slow alike all
     stay). Both sorted by rank.

@@ -151,6 +151,9 @@ class PhaseResult:
         change_sum_ns: Per rank, its self time's change against its own past summed over this
             window's steps, ns (NaN without history), with ``steps``: what a later window of the
             same fault adds to its own (``carried`` of :func:`compare_phases`).
+        behind_noise_ns: Per rank, what ``behind_ns`` reaches by chance: :data:`K_SIGMA`
+            standard errors of a window's mean change (its per-step noise and its drift between
+            windows), ns (NaN without history).
     """
 
     rank: NDArray[np.int64]
@@ -180,6 +183,7 @@ class PhaseResult:
     job_end_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     past_step_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    behind_noise_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
         """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
@@ -415,6 +419,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         )
         if j == 0:
             peer_spikes, past_spikes, past_stat = p_spikes, q_spikes, q_stat
+            behind_noise = K_SIGMA * q_err
     peer_score = np.where(enough & has_peers, peer_score * shrink, np.nan)
     past_score = past_score * shrink
     score = np.fmax(peer_score, past_score)
@@ -459,16 +464,23 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         job_end_ns=job_end,
         past_step_ns=base_step,
         change_sum_ns=change_sum,
+        behind_noise_ns=behind_noise,
     )
 
 
 def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
-    """Per rank of ``l2``, whether its self time grew against its own past by :data:`REL_FLOOR`
-    of its own past's step more than the job's common change (False without history).
+    """Per rank of ``l2``, whether its self time grew against its own past more than the job's
+    common change by :data:`REL_FLOOR` of its own past's step and by more than chance
+    (``behind_noise_ns``); False without history.
 
     The floor comes from the rank's own past, as ``behind_ns`` does: a rank without peers (a role
-    of two, a pipeline stage's pair) falls behind like any other."""
-    return np.nan_to_num(l2.behind_ns, nan=-np.inf) >= REL_FLOOR * np.nan_to_num(l2.past_step_ns, nan=np.inf)
+    of two, a pipeline stage's pair) falls behind like any other. A rank behind by less than its
+    noise is not behind: on a busy host a job-level loss would otherwise name whichever ranks
+    the scheduler held up most in that window."""
+    floor = REL_FLOOR * np.nan_to_num(l2.past_step_ns, nan=np.inf)
+    if l2.behind_noise_ns.size == l2.behind_ns.size:
+        floor = np.fmax(floor, l2.behind_noise_ns)
+    return np.nan_to_num(l2.behind_ns, nan=-np.inf) >= floor
 
 
 def _common_change(

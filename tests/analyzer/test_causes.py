@@ -6,6 +6,7 @@ import pytest
 
 from argus.analyzer.causes import SPIKY_TYPICAL, _drop_hidden, step_shares
 from argus.analyzer.findings import Finding
+from argus.analyzer.phase import fell_behind
 
 
 def _typical(excess: list[float]) -> float:
@@ -58,6 +59,7 @@ def _kept(
         excess_matrix=np.array([excess[r] for r in ranks]),
         behind_ns=np.array([(behind or {}).get(r, np.nan) for r in ranks]),
         past_step_ns=np.full(len(ranks), 100.0),
+        behind_noise_ns=np.zeros(len(ranks)),
     )
     return _drop_hidden([_straggler(r, s) for r, s in scores.items()], l2)
 
@@ -120,3 +122,14 @@ def test_step_shares_spread_of_each_ranks_excess_from_its_onset() -> None:
     assert np.isnan(spiky[4:]).all() and np.isnan(typical[4:]).all()
     spiky, typical = step_shares(np.zeros((2, 0)))
     assert np.isnan(spiky).all() and np.isnan(typical).all()
+
+
+def test_a_rank_behind_by_less_than_its_noise_is_not_behind() -> None:
+    """The floor (4 % of a 55 ms step, 2.2 ms) is not enough: a rank 3.8 ms behind whose window
+    means move by 8 ms with nothing wrong is not named behind; one 12 ms behind is."""
+    l2: Any = SimpleNamespace(
+        behind_ns=np.array([3.8, 12.0, 3.0, np.nan]) * 1e6,
+        past_step_ns=np.full(4, 55.0e6),
+        behind_noise_ns=np.array([8.0, 8.0, 0.5, 1.0]) * 1e6,
+    )
+    assert fell_behind(l2).tolist() == [False, True, True, False]

@@ -147,6 +147,23 @@ def test_slow_link_is_found_by_peers_and_by_history() -> None:
     ]
 
 
+@pytest.mark.parametrize("slowed", [("1",), ("1", "2")])
+def test_with_two_groups_of_a_kind_a_slow_link_stands_out_from_the_other_group_too(
+    slowed: tuple[str, ...],
+) -> None:
+    """Two groups of 8 (too few for a peer comparison): one slower than its past and than the other
+    group is its link; both slower alike are the host's or the job's, no group's link."""
+    faults = tuple(Fault("communication", (), 3.0, 20.0, g) for g in slowed)
+    sim = simulate(JobSpec(world=16, windows=4, seed=5, gpu=True, group_size=8, faults=faults))
+    names = sim.windows[1].collectives.group_names
+    history = transfer_medians(decompose(sim.windows[1].collectives), names)
+    links = [f for f in slow_links(decompose(sim.windows[2].collectives), names, history) if f.score >= 1]
+    if len(slowed) == 1:
+        assert [(f.group, f.basis) for f in links] == [("1", "history")]
+    else:
+        assert links == []
+
+
 def _status(**kw: object) -> RankStatus:
     n = 4
     base = dict(
