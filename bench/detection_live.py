@@ -155,7 +155,7 @@ CASES: tuple[Case, ...] = (
     Case("pp-spiky_stall", "pp", "spiky_stall", (1,), ("--spike-every=40", "--spike-s=2.5")),
     # tp: host work before a broadcast, a compute straggler.
     Case("tp-host_work", "tp", "host_work", (2,), ("--host-work-s=0.025",), ("--sync=broadcast",)),
-    Case("tp-compute", "tp", "compute", (3,), ("--compute-repeat=1.0",)),
+    Case("tp-compute", "tp", "compute", (3,)),  # the layout's repeat (argus.demo_job.COMPUTE_REPEAT)
     # fsdp: every layer's all-gather is a synchronisation point; the step meets first at the
     # root's all-gather before forward, where a slow rank's lateness is absorbed.
     Case("fsdp-compute", "fsdp", "compute", (1,), ("--compute-repeat=4.0",)),
