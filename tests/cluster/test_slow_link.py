@@ -46,8 +46,8 @@ def test_a_rate_limited_link_on_node_1_opens_a_diagnosis(slow_link_demo: dict[st
     assert any(d["state"] == "open" for d in found), json.dumps(slow_link_demo, indent=1)
 
 
-# Known to fail until 2026-12-06: CI runs named rank 1's host stalls (the shaped link's sends block
-# it) instead, and once rank 0's, on a clean node.
+# Known to fail: CI runs named rank 1's host stalls (the shaped link's sends block it) instead, and
+# once rank 0's, on a clean node.
 def test_the_limited_link_alone_is_named_communication_with_its_evidence(
     slow_link_demo: dict[str, Any],
 ) -> None:
