@@ -29,7 +29,17 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ArgusServer"]
+#: Known failures of issue 16 (open), kept running and visible in every report: on a 2-core host
+#: running 4 CPU ranks the analyzer also names ranks that are not the fault's: the ranks waiting for
+#: a slow one grow their own backward time (our hypothesis: gloo's threads spin through DDP's
+#: overlapped all-reduces and take the cores that backward needs), and a rank the scheduler slows
+#: for two windows reads as a straggler.
+KNOWN_ISSUE_16 = pytest.mark.xfail(
+    reason="issue 16: on an oversubscribed CPU host, ranks that are not the fault's are named too",
+    strict=False,
+)
+
+__all__ = ["KNOWN_ISSUE_16", "ArgusServer"]
 
 _READY = re.compile(r"^argus server: gRPC on (?P<grpc>\S+?)(?: \(TLS\))?, HTTP on (?P<http>\S+), store ")
 
