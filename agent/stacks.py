@@ -68,6 +68,9 @@ PYSPY_NATIVE = "py-spy-native"
 IN_PROCESS = "in-process"
 #: Samples per second of either sampler by default.
 DEFAULT_RATE_HZ = 10.0
+#: Tries of a capture's first py-spy dump before the capture falls back, and the pause between them.
+FIRST_TRIES = 3
+FIRST_RETRY_S = 0.2
 #: Seconds one py-spy call may take before it counts as failed.
 PYSPY_TIMEOUT_S = 10.0
 
@@ -160,17 +163,17 @@ def sample_pyspy(
         blocking: One blocking dump of every thread with native frames (a hung rank).
 
     Raises:
-        SamplerError: py-spy is absent, or its first dump failed (no ptrace permission, no
-            such process, not a Python process). A later failed dump loses that sample only
-            (a non-blocking read can catch a frame mid-update); the rank's exit ends the
-            capture early.
+        SamplerError: py-spy is absent, or its first dump failed :data:`FIRST_TRIES` times (no
+            ptrace permission, no such process, not a Python process). A later failed dump
+            loses that sample only (a non-blocking read can catch a frame mid-update); the
+            rank's exit ends the capture early.
     """
     exe = pyspy_path()
     if exe is None:
         raise SamplerError("py-spy is not installed (pip install py-spy, or the [agent] extra)")
     if blocking:
         return aggregate(_thread_samples(pid, _pyspy_dump(exe, pid, blocking=True)))
-    samples = _thread_samples(pid, _pyspy_dump(exe, pid, blocking=False))
+    samples = _first_samples(exe, pid)
     period = 1.0 / rate_hz
     deadline = time.monotonic() + seconds
     next_at = time.monotonic() + period
@@ -185,6 +188,20 @@ def sample_pyspy(
             if not psutil.pid_exists(pid):
                 break
     return aggregate(samples)
+
+
+def _first_samples(exe: str, pid: int) -> list[tuple[str, str, bool, bool]]:
+    """The first non-blocking dump, tried up to :data:`FIRST_TRIES` times: like any later one it
+    can fail on a read mid-update (py-spy then reports it cannot find the Python version); only
+    failing every time means py-spy cannot read the process. Raises the last :class:`SamplerError`."""
+    for attempt in range(FIRST_TRIES):
+        try:
+            return _thread_samples(pid, _pyspy_dump(exe, pid, blocking=False))
+        except SamplerError:
+            if attempt == FIRST_TRIES - 1 or not psutil.pid_exists(pid):
+                raise
+            time.sleep(FIRST_RETRY_S)
+    raise AssertionError("unreachable")
 
 
 def _python_frames(frame: FrameType | None) -> str:
