@@ -103,6 +103,26 @@ def test_in_process_sampler_sees_its_own_threads() -> None:
     assert not any("sample_threads" in r.frames for r in rows)  # the sampling thread is left out
 
 
+def test_pyspy_capture_survives_a_failed_first_dump(
+    child: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first dump can fail like any later one (a CI run: "Failed to find python version from
+    # target process" on a torch rank, then the capture fell back to in-process sampling).
+    real = stacks.pyspy_path()
+    assert real is not None
+    flaky = tmp_path / "py-spy"
+    calls = tmp_path / "calls"
+    flaky.write_text(
+        f"#!/bin/sh\necho x >> {calls}\n"
+        f'[ "$(wc -l < {calls})" -eq 1 ] && {{ echo "Error: Failed to find python version" >&2; exit 1; }}\n'
+        f'exec {real} "$@"\n'
+    )
+    flaky.chmod(0o755)
+    monkeypatch.setenv("ARGUS_PYSPY", str(flaky))
+    rows = stacks.sample_pyspy(child, seconds=0.5, rate_hz=10)
+    assert any("very_distinctive_spin_for_stacks" in r.frames for r in rows), rows
+
+
 def test_pyspy_capture_goes_on_past_a_failed_dump(
     child: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
