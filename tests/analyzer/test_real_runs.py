@@ -145,7 +145,14 @@ def test_every_rank_is_recorded_and_analysed_from_start_to_stop(
     assert job.failed_windows == 0, job
 
 
-@KNOWN_ISSUE_16
-@pytest.mark.parametrize("name", LIVE)
+#: Live verdicts asserted: right in every run of the analyzer since 2026-12-06 (local and CI). The
+#: others stay known failures of issue 16: the pipeline job's slow rank, with one role peer, now
+#: and then stays inside its own past's noise on a loaded host.
+ASSERTED = {"none", "tp_compute"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[] if n in ASSERTED else [KNOWN_ISSUE_16]) for n in LIVE]
+)
 def test_the_verdict_on_a_live_job(recorded: dict[str, Recorded], name: str) -> None:
     check_verdict(name, recorded[name].diagnoses)

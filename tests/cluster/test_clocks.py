@@ -54,7 +54,10 @@ def clock_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Outcom
         _set_offset(spec, "+5")
 
     with Cluster(3) as cluster:
-        yield run_job(cluster, work / "run", "clocks", node_env={1: env, **same_cost}, fault=step, clean_s=25), before
+        yield (
+            run_job(cluster, work / "run", "clocks", node_env={1: env, **same_cost}, fault=step, clean_s=25),
+            before,
+        )
 
 
 def test_a_node_3_s_ahead_is_corrected_and_its_offset_stored_with_its_ranks(

@@ -20,7 +20,6 @@ import pytest
 from argus.demo_nodes import SLOW_LINK_MBIT
 from argus.netns import Cluster, netns_unavailable
 from tests.cluster.harness import WARMUP_S, require, run_job
-from tests.conftest import KNOWN_ISSUE_16
 
 pytestmark = pytest.mark.slow
 
@@ -47,9 +46,6 @@ def test_a_rate_limited_link_on_node_1_opens_a_diagnosis(slow_link_demo: dict[st
     assert any(d["state"] == "open" for d in found), json.dumps(slow_link_demo, indent=1)
 
 
-# Known to fail: CI runs named rank 1's host stalls (the shaped link's sends block it) instead, and
-# once rank 0's, on a clean node.
-@KNOWN_ISSUE_16
 def test_the_limited_link_alone_is_named_communication_with_its_evidence(
     slow_link_demo: dict[str, Any],
 ) -> None:
@@ -71,13 +67,11 @@ def test_the_limited_link_alone_is_named_communication_with_its_evidence(
     assert busy["node1"] >= 50 and max(busy["node0"], busy["node2"]) < 10, json.dumps(ev)
 
 
-@KNOWN_ISSUE_16  # passed here, failed in a fresh-clone CI run: a clean job named a rank
 def test_the_same_job_without_the_limit_opens_nothing(cluster3: Cluster, tmp_path: Path) -> None:
     out = run_job(cluster3, tmp_path, "no-limit", clean_s=25)
     assert out.diagnoses == [], out.describe()
 
 
-@KNOWN_ISSUE_16
 def test_a_compute_straggler_on_node_2_is_compute_on_that_rank(cluster3: Cluster, tmp_path: Path) -> None:
     out = run_job(
         cluster3,

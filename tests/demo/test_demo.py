@@ -20,7 +20,6 @@ from rich.console import Console
 from argus import render
 from argus.demo import TRACE_DIR, trace_path
 from argus.diagnosis import Diagnosis
-from tests.conftest import KNOWN_ISSUE_16
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +92,6 @@ def test_demo_report_prints_the_top_frames_of_the_slow_rank(
     assert re.search(rf"%  {function} \(argus/demo_job\.py:\d+\)", printed), printed
 
 
-@KNOWN_ISSUE_16
 @pytest.mark.parametrize(("scenario", "slow_rank"), SLOW)
 def test_demo_names_the_slow_rank_alone_with_its_cause(
     demo_runs: dict[str, dict[str, Any]], scenario: str, slow_rank: int
@@ -104,7 +102,6 @@ def test_demo_names_the_slow_rank_alone_with_its_cause(
     ], json.dumps(result, indent=1)
 
 
-@KNOWN_ISSUE_16  # passed here, failed in a fresh-clone CI run: a clean job named a rank
 def test_demo_without_a_fault_diagnoses_nothing(demo_runs: dict[str, dict[str, Any]]) -> None:
     result = demo_runs["none"]
     assert result["slow_rank"] is None
