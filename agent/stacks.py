@@ -194,14 +194,14 @@ def _first_samples(exe: str, pid: int) -> list[tuple[str, str, bool, bool]]:
     """The first non-blocking dump, tried up to :data:`FIRST_TRIES` times: like any later one it
     can fail on a read mid-update (py-spy then reports it cannot find the Python version); only
     failing every time means py-spy cannot read the process. Raises the last :class:`SamplerError`."""
-    for attempt in range(FIRST_TRIES):
+    for _ in range(FIRST_TRIES - 1):
         try:
             return _thread_samples(pid, _pyspy_dump(exe, pid, blocking=False))
         except SamplerError:
-            if attempt == FIRST_TRIES - 1 or not psutil.pid_exists(pid):
+            if not psutil.pid_exists(pid):
                 raise
             time.sleep(FIRST_RETRY_S)
-    raise AssertionError("unreachable")
+    return _thread_samples(pid, _pyspy_dump(exe, pid, blocking=False))
 
 
 def _python_frames(frame: FrameType | None) -> str:
