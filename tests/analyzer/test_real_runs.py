@@ -145,9 +145,10 @@ def test_every_rank_is_recorded_and_analysed_from_start_to_stop(
     assert job.failed_windows == 0, job
 
 
-#: Live verdicts asserted: right in every run of the analyzer since 2026-12-06 (local and CI). The
-#: others stay known failures of issue 16: the pipeline job's slow rank, with one role peer, now
-#: and then stays inside its own past's noise on a loaded host.
+#: Live verdicts asserted: the tensor-parallel job's was right in every run since 82d531a (local
+#: and CI), and the clean job blamed no one in every one. The others stay known failures of issue
+#: 16: the pipeline job's slow rank, with one role peer, now and then stays inside its own past's
+#: noise on a loaded host.
 ASSERTED = {"none", "tp_compute"}
 
 
