@@ -80,6 +80,7 @@ class HostRow(NamedTuple):
     gpu_power_w: float
     gpu_util_pct: float
     gpu_throttle_reasons: int
+    run_delay_ns: int
     dropped_events: int
     pending_group: str
     pending_seq: int

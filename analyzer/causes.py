@@ -15,10 +15,12 @@ Order of the rules, each applied to what the earlier ones left:
      :data:`CLOCK_DROP` below its peers', or that reports thermal/power-brake
      reasons in most samples while its peers do not;
    * ``dataloader`` — the ``data`` phase carries at least half of its excess;
-   * ``host_stall`` or ``compute`` — by a majority of three votes
-     (:func:`_stall_or_compute`): is the extra time spent on the CPU (process CPU
-     time, GC pauses), does it come in spikes on a few steps or evenly, and does
-     it sit in untracked host time or in the compute phases (and kernels).
+   * ``host_stall`` or ``compute`` (:func:`_stall_or_compute`) — ``host_stall`` when the
+     extra time sits in untracked host time, or when the rank spent it runnable but
+     waiting for a CPU held by other processes (its run-queue delay beyond what its own
+     CPU time explains, :func:`_starved`); else by a majority of three votes: is the extra
+     time spent on the CPU (process CPU time, GC pauses), does it come in spikes on a few
+     steps or evenly, and did its kernels get slower.
 
    A straggler hidden behind the strongest one (its excess under half of that
    one's, step by step; :func:`_drop_hidden`) is that one's knock-on and is not
@@ -68,7 +70,7 @@ from argus.analyzer.robust import highest_of
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
-__all__ = ["CLOCK_DROP", "CPU_SHARE", "MAX_INDIVIDUAL", "attribute"]
+__all__ = ["CLOCK_DROP", "CPU_SHARE", "MAX_INDIVIDUAL", "STARVED_SHARE", "attribute"]
 
 #: More ranks than this with one cause become one many-rank finding.
 MAX_INDIVIDUAL = 4
@@ -76,6 +78,9 @@ MAX_INDIVIDUAL = 4
 CLOCK_DROP = 0.05
 #: Extra CPU time below this share of the extra self time means the extra time was not CPU work.
 CPU_SHARE = 0.5
+#: Run-queue delay beyond what its CPU time explains, at this share of a rank's extra self time or
+#: more: the rank was starved of CPU by other processes on its host (``host_stall``).
+STARVED_SHARE = 0.5
 #: With fewer healthy ranks than this as the reference, one window cannot open a diagnosis.
 MIN_REFERENCE = 4
 #: A rank's median step excess (from the fault's onset) below this share of its mean excess: the
@@ -116,6 +121,20 @@ class _Context:
         self.peer_gc = float(np.median(host.gc_frac[peer])) if host.rank.size else np.nan
         cpu = host.cpu_frac[peer]
         self.cpu_noise = 1.4826 * float(np.median(np.abs(cpu - np.median(cpu)))) if cpu.size else np.inf
+        # Run-queue delay the peers pay per unit of CPU time they get: on a busy host every
+        # runnable thread waits about alike for each slice it runs, so a rank with more CPU
+        # work also waits more; only the wait beyond that is the host's doing (starved).
+        known = peer & np.isfinite(host.wait_frac)
+        self.peer_wait = float(np.median(host.wait_frac[known])) if np.any(known) else np.nan
+        self.wait_per_cpu = (
+            float(np.median(host.wait_frac[known] / np.maximum(host.cpu_frac[known], 1e-3)))
+            if np.any(known)
+            else np.nan
+        )
+        starved = host.wait_frac[known] - host.cpu_frac[known] * self.wait_per_cpu
+        self.starved_noise = (
+            1.4826 * float(np.median(np.abs(starved - np.median(starved)))) if starved.size else np.inf
+        )
         on_gpu = peer & (host.sm_clock_mhz > 0)
         self.peer_clock = float(np.median(host.sm_clock_mhz[on_gpu])) if np.any(on_gpu) else np.nan
         self.peer_throttled = float(np.median(host.throttled_frac[on_gpu])) if np.any(on_gpu) else 0.0
@@ -340,6 +359,7 @@ def _stall_or_compute(
       and optimizer: the training loop's own host code, a checkpoint, a blocked thread)
       carries half the excess or more, it is ``host_stall``, whether the host slept or
       worked (host work before a barrier is no slower compute).
+    * Then the run queue: a CPU-starved rank (:func:`_starved`) is ``host_stall``.
     * Inside the compute phases, by votes: CPU (CPU ranks, when the excess is well above
       the peers' CPU-accounting noise: extra CPU below :data:`CPU_SHARE` of the extra self
       time votes stall, else compute; GC pauses explaining half of it vote stall) and
@@ -349,11 +369,14 @@ def _stall_or_compute(
     """
     host = ctx.host
     spiky = _spiky_vote(ctx, i, ev)
+    h = host.lookup(rank)
+    starved = _starved(ctx, rank, h, extra_self_frac, ev)
     if total > 0 and pos[-1] >= 0.5 * total and l3_score < 1.0:
+        return Cause.HOST_STALL
+    if starved:
         return Cause.HOST_STALL
     votes: list[bool] = []  # True = stall
     cpu_vote: bool | None = None
-    h = host.lookup(rank)
     if h is not None and rank not in ctx.gpu and np.isfinite(extra_self_frac) and extra_self_frac > 0:
         extra_cpu = float(host.cpu_frac[h]) - ctx.peer_cpu
         extra_gc = float(host.gc_frac[h]) - ctx.peer_gc
@@ -378,6 +401,32 @@ def _stall_or_compute(
     if l3_score >= 1.0:
         votes.append(False)
     return Cause.HOST_STALL if 2 * sum(votes) > len(votes) else Cause.COMPUTE
+
+
+def _starved(ctx: _Context, rank: int, h: int | None, extra_self_frac: float, ev: dict[str, Any]) -> bool:
+    """True when rank ``rank`` (host index ``h``) spent at least :data:`STARVED_SHARE` of its extra
+    self time runnable but waiting for a CPU, beyond the wait its own CPU time explains at its
+    peers' wait per CPU second, and that beyond the peers' noise: a CPU-starved rank, slowed
+    by other processes on its host, not by its own work. Records the run-queue evidence in ``ev``.
+    """
+    if (
+        h is None
+        or rank in ctx.gpu
+        or not np.isfinite(ctx.host.wait_frac[h])
+        or not np.isfinite(ctx.peer_wait)
+    ):
+        return False
+    wait, cpu = float(ctx.host.wait_frac[h]), float(ctx.host.cpu_frac[h])
+    beyond = wait - cpu * ctx.wait_per_cpu
+    ev["cpu_wait_pct"] = _r(100 * wait, 1)
+    ev["peer_cpu_wait_pct"] = _r(100 * ctx.peer_wait, 1)
+    if not np.isfinite(extra_self_frac) or extra_self_frac <= 0:
+        return False
+    ev["starved_share"] = _r(beyond / extra_self_frac, 2)
+    starved = beyond >= STARVED_SHARE * extra_self_frac and beyond >= 4 * ctx.starved_noise
+    if starved:
+        ev["cpu_starved"] = True
+    return bool(starved)
 
 
 def _spiky_vote(ctx: _Context, i: int | None, ev: dict[str, Any]) -> bool | None:

@@ -1,9 +1,11 @@
-"""Per-rank host signals of a window: CPU use, GC pauses, GPU clocks and throttle reasons.
+"""Per-rank host signals of a window: CPU use, run-queue delay, GC pauses, GPU clocks and
+throttle reasons.
 
 These do not find stragglers; they tell *why* one is slow (:mod:`argus.analyzer.causes`):
 extra time burnt on the CPU is extra work (``compute``), extra time without
-CPU is a stall (``host_stall``); a reduced SM clock or a thermal/power-brake
-reason is ``throttling``.
+CPU is a stall (``host_stall``), and so is extra time spent runnable but waiting
+for a CPU that other processes held (run-queue delay); a reduced SM clock or a
+thermal/power-brake reason is ``throttling``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class HostResult:
     Attributes:
         rank: Global ranks with host samples, sorted.
         cpu_frac: Process CPU time / wall time over the samples (may exceed 1: threads).
+        wait_frac: Run-queue delay / wall time over the samples that know it (may exceed 1:
+            threads); NaN where none does.
         gc_frac: GC pause time / wall time.
         sm_clock_mhz: Median SM clock; 0 without a GPU.
         throttled_frac: Fraction of samples with a :data:`THROTTLE_MASK` reason set.
@@ -38,6 +42,7 @@ class HostResult:
 
     rank: NDArray[np.int64]
     cpu_frac: NDArray[np.float64]
+    wait_frac: NDArray[np.float64]
     gc_frac: NDArray[np.float64]
     sm_clock_mhz: NDArray[np.float64]
     throttled_frac: NDArray[np.float64]
@@ -57,6 +62,11 @@ def host_signals(h: HostSamples) -> HostResult:
     with np.errstate(divide="ignore", invalid="ignore"):
         cpu = np.bincount(idx, h.proc_cpu_ns.astype(np.float64), n) / wall
         gc = np.bincount(idx, h.gc_pause_ns.astype(np.float64), n) / wall
+        delay = h.run_delays
+        known = delay >= 0
+        wait = np.bincount(idx, np.where(known, delay, 0).astype(np.float64), n) / np.bincount(
+            idx, np.where(known, h.interval_ns, 0).astype(np.float64), n
+        )
     clock = np.zeros(n)
     if n:
         order = np.lexsort((h.gpu_sm_clock_mhz, idx))
@@ -68,5 +78,5 @@ def host_signals(h: HostSamples) -> HostResult:
     reasons = np.zeros(n, np.int64)
     np.bitwise_or.at(reasons, idx, h.gpu_throttle_reasons & THROTTLE_MASK)
     return HostResult(
-        ranks.astype(np.int64), np.nan_to_num(cpu), np.nan_to_num(gc), clock, throttled, reasons
+        ranks.astype(np.int64), np.nan_to_num(cpu), wait, np.nan_to_num(gc), clock, throttled, reasons
     )

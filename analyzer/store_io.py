@@ -443,7 +443,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,
-                  toInt64(gpu_sm_clock_mhz) AS clock, toInt64(gpu_throttle_reasons) AS reasons
+                  toInt64(gpu_sm_clock_mhz) AS clock, toInt64(gpu_throttle_reasons) AS reasons,
+                  run_delay_ns
            FROM host_samples
            WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {w0:Int64} AND time_ns < {w1:Int64}""",
         p,
@@ -456,6 +457,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         _col(hs, "gc_pause_ns"),
         _col(hs, "clock"),
         _col(hs, "reasons"),
+        _col(hs, "run_delay_ns"),
     )
     ks = store.query(
         """SELECT toInt64(rank) AS rank, kernel, toInt64(stream) AS stream, collective,

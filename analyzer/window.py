@@ -102,7 +102,11 @@ class Collectives:
 
 @dataclass(frozen=True)
 class HostSamples:
-    """Host samples whose interval ended inside the window (rank >= 0 only)."""
+    """Host samples whose interval ended inside the window (rank >= 0 only).
+
+    ``run_delay_ns``: run-queue delay in the interval, -1 where unknown; None when the rows
+    carry none (a synthetic window).
+    """
 
     rank: I64 = field(default_factory=_i64)
     time_ns: I64 = field(default_factory=_i64)
@@ -111,6 +115,12 @@ class HostSamples:
     gc_pause_ns: I64 = field(default_factory=_i64)
     gpu_sm_clock_mhz: I64 = field(default_factory=_i64)
     gpu_throttle_reasons: I64 = field(default_factory=_i64)
+    run_delay_ns: I64 | None = None
+
+    @property
+    def run_delays(self) -> I64:
+        """``run_delay_ns`` per row (-1, unknown, where the rows carry none)."""
+        return self.run_delay_ns if self.run_delay_ns is not None else np.full(self.rank.size, -1, np.int64)
 
 
 @dataclass(frozen=True)

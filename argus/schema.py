@@ -373,6 +373,14 @@ HOST_SAMPLES = TableDef(
             0,
         ),
         _c("net_qdisc_drops", "UInt64", pa.uint64(), "packets the root qdisc dropped in the interval", 0),
+        _c(
+            "run_delay_ns",
+            "Int64",
+            pa.int64(),
+            "time the rank's threads were runnable but waited for a CPU in the interval (the kernel's "
+            "run-queue delay, /proc schedstat); -1 where unknown and on node-level rows",
+            -1,
+        ),
     ),
     ("job_id", "rank", "time_ns"),
     "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in). "

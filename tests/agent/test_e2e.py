@@ -97,8 +97,11 @@ def test_four_rank_ddp_job_is_recorded_whole(argus_server_factory) -> None:
     node, hs = hs[hs["rank"] < 0], hs[hs["rank"] >= 0]
     assert set(hs["rank"]) == {0, 1, 2, 3}
     assert (hs.proc_cpu_ns > 0).any() and (hs.rss_bytes > 0).all() and (hs.dropped_events == 0).all()
+    # Four ranks on two cores: they wait in the run queue now and then; the node's rows know no such thing.
+    assert (hs.run_delay_ns >= 0).all() and (hs.run_delay_ns > 0).any()
     # The node agent's link rows (rank -1): one per network interface and second, loopback left out.
     assert len(node) > 0 and (node.net_if != "").all() and "lo" not in set(node.net_if)
+    assert (node.run_delay_ns == -1).all()
 
 
 def test_delayed_rank_waits_least(argus_server_factory) -> None:

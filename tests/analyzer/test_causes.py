@@ -4,7 +4,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from argus.analyzer.causes import SPIKY_TYPICAL, _drop_hidden, step_shares
+from argus.analyzer.causes import SPIKY_TYPICAL, _drop_hidden, _starved, step_shares
 from argus.analyzer.findings import Finding
 from argus.analyzer.phase import fell_behind
 
@@ -133,3 +133,44 @@ def test_a_rank_behind_by_less_than_its_noise_is_not_behind() -> None:
         behind_noise_ns=np.array([8.0, 8.0, 0.5, 1.0]) * 1e6,
     )
     assert fell_behind(l2).tolist() == [False, True, True, False]
+
+
+def _host_context(cpu: list[float], wait: list[float]) -> Any:
+    """What :func:`_starved` reads of a window's context: rank 0 flagged, ranks 1.. its peers."""
+    host = SimpleNamespace(rank=np.arange(len(cpu)), cpu_frac=np.array(cpu), wait_frac=np.array(wait))
+    peers = np.arange(1, len(cpu))
+    ratio = host.wait_frac[peers] / host.cpu_frac[peers]
+    starved = host.wait_frac[peers] - host.cpu_frac[peers] * np.median(ratio)
+    return SimpleNamespace(
+        host=host,
+        gpu=set(),
+        peer_wait=float(np.median(host.wait_frac[peers])),
+        wait_per_cpu=float(np.median(ratio)),
+        starved_noise=1.4826 * float(np.median(np.abs(starved - np.median(starved)))),
+    )
+
+
+def test_a_rank_that_waited_for_a_cpu_its_peers_got_is_starved() -> None:
+    """Peers run 40 % of the wall time and wait 20 %; rank 0 runs as much but waits 45 %: the 25 %
+    more it waited carries its 25 % extra self time."""
+    ctx = _host_context([0.40, 0.41, 0.39, 0.40], [0.45, 0.20, 0.21, 0.19])
+    ev: dict[str, Any] = {}
+    assert _starved(ctx, 0, 0, 0.25, ev)
+    assert ev["cpu_starved"] and ev["cpu_wait_pct"] == 45.0 and ev["peer_cpu_wait_pct"] == 20.0
+    assert 0.9 < ev["starved_share"] < 1.1
+
+
+def test_a_rank_with_more_cpu_work_on_a_busy_host_waits_more_but_is_not_starved() -> None:
+    """Twice the CPU work: on a host where every thread waits half a second per CPU second, it waits
+    twice as long too, which its own work explains (``compute``, not the host)."""
+    ctx = _host_context([0.80, 0.41, 0.39, 0.40], [0.40, 0.20, 0.21, 0.19])
+    ev: dict[str, Any] = {}
+    assert not _starved(ctx, 0, 0, 0.5, ev)
+    assert "cpu_starved" not in ev and abs(ev["starved_share"]) < 0.1
+
+
+def test_without_run_queue_delays_nothing_is_starved_and_nothing_is_claimed() -> None:
+    ctx = _host_context([0.40, 0.41, 0.39, 0.40], [np.nan] * 4)
+    ev: dict[str, Any] = {}
+    assert not _starved(ctx, 0, 0, 0.25, ev)
+    assert ev == {}
