@@ -4,9 +4,11 @@
 (e.g. ``+3``); a clock that is to step reads its offset from a file
 (``FAKETIME_TIMESTAMP_FILE``) on every clock read (``FAKETIME_NO_CACHE=1``, a few µs a
 read), so writing a new offset into it steps the clock of every process of the node at once.
-libfaketime 0.9.10 breaks Python 3.11's ``time.sleep`` in that mode; the small shim
-``faketime_fix.c``, compiled here with the system C compiler and preloaded first, routes
-monotonic sleeps around it.
+libfaketime 0.9.10 rewrites absolute monotonic deadlines as if they were faked times, which
+breaks Python 3.11's ``time.sleep`` and turns CPython's GIL wait into a spin (a rank under it
+burnt extra CPU and was named a straggler); the small shim ``faketime_fix.c``, compiled here
+with the system C compiler and preloaded first, routes monotonic sleeps and condition-variable
+waits around it (:mod:`tests.cluster.test_faketime`).
 """
 
 from __future__ import annotations

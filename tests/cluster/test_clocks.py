@@ -20,7 +20,7 @@ from argus.multinode import MultiNodeJob
 from argus.netns import Cluster, netns_unavailable
 from tests.cluster.faketime import faketime_env
 from tests.cluster.harness import Outcome, require, run_job
-from tests.conftest import KNOWN_ISSUE_16, assert_blames_no_one
+from tests.conftest import assert_blames_no_one
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,6 @@ def test_a_step_of_2_s_mid_run_is_logged_refreshed_and_not_taken_for_lateness(
     assert abs(offsets[0]) < TOLERANCE_NS, offsets
 
 
-@KNOWN_ISSUE_16
 def test_neither_the_offset_nor_its_step_opens_anything(
     clock_run: tuple[Outcome, list[dict[str, Any]]],
 ) -> None:
