@@ -408,6 +408,9 @@ def _starved(ctx: _Context, rank: int, h: int | None, extra_self_frac: float, ev
     self time runnable but waiting for a CPU, beyond the wait its own CPU time explains at its
     peers' wait per CPU second, and that beyond the peers' noise: a CPU-starved rank, slowed
     by other processes on its host, not by its own work. Records the run-queue evidence in ``ev``.
+
+    CPU ranks only, as the CPU vote: on a GPU rank the host threads wait while kernels run, and
+    their run-queue delay need not lengthen the step.
     """
     if (
         h is None

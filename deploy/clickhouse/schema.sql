@@ -186,6 +186,7 @@ CREATE TABLE IF NOT EXISTS argus.host_samples_local ON CLUSTER argus (
     `net_qdisc_backlog_bytes` UInt64 DEFAULT 0,
     `net_qdisc_overlimits` UInt64 DEFAULT 0,
     `net_qdisc_drops` UInt64 DEFAULT 0,
+    `run_delay_ns` Int64 DEFAULT -1,
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
