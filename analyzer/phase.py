@@ -17,7 +17,12 @@ Two references, each per (rank, step):
   batch everywhere, a checkpoint, a GC storm) cancels. The healthy set comes
   from the one-sided rule of :mod:`argus.analyzer.robust` over per-rank
   medians, so it stays right with up to half of a role slow. Used when the role
-  has at least :data:`MIN_PEERS` ranks.
+  has at least :data:`MIN_PEERS` ranks. In a role of two (a pipeline stage's
+  two data-parallel replicas, a tensor position's) each rank is the other's
+  reference, step by step: the pair's difference is what one waited for the
+  other at the synchronisation points they share, so the later rank is the one
+  behind; its noise is the difference's own spread from step to step and, once
+  known, how far it moved between healthy windows (``role_drift_ns``).
 * **Own past** — the rank's median self time in recent healthy windows
   (``baseline``, kept by the caller), less the change common to the job (the
   level of the ranks that did not change: a slower data epoch for everyone is
@@ -55,6 +60,7 @@ from argus.analyzer.window import Window
 __all__ = [
     "COMPONENTS",
     "MIN_PEERS",
+    "PAIR",
     "REL_FLOOR",
     "WARMUP_STEPS",
     "PhaseResult",
@@ -77,8 +83,11 @@ CONFIDENT_STEPS = 8
 #: nothing of how far a rank's mean moves between windows with nothing wrong (a shared host's
 #: scheduler moves it by several percent), and a score without that drift names noise.
 PAST_WINDOWS = 2
-#: Fewest ranks in a role for a comparison with peers (with two, which one is slow is unclear).
+#: Fewest ranks in a role for a comparison with its healthy peers' median (with two, the median
+#: is the pair's middle: see :data:`PAIR`).
 MIN_PEERS = 3
+#: A role of this many ranks compares each with the other, step by step (module doc).
+PAIR = 2
 #: A step whose excess is this many robust sigmas (and :data:`SPIKE_REL` of a step) above the
 #: rank's usual level is a spike; one spike alone, not repeated, is a hiccup and left out.
 SPIKE_K = 5.0
@@ -103,6 +112,9 @@ class RankBaseline:
         comp_drift_ns: The same per component, ns, shape ``(5,)``.
         windows: How many healthy windows these are. A rank is scored against its own past from
             :data:`PAST_WINDOWS` of them; one is enough to say which ranks moved (``behind_ns``).
+        role_drift_ns: Standard deviation, between those windows, of the rank's own mean self
+            time about its role's median (its own, not pooled; 0 before two windows), ns. In a
+            role of two, half of how far the pair's difference moves between windows.
     """
 
     self_ns: float
@@ -112,6 +124,7 @@ class RankBaseline:
     drift_ns: float = 0.0
     comp_drift_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(len(COMPONENTS)))
     windows: int = PAST_WINDOWS
+    role_drift_ns: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -342,12 +355,24 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     peer_comp = np.full((len(COMPONENTS), n_r, n_s), np.nan)
     peer_step = np.full(n_r, np.nan)
     peer_wait = np.full(n_r, np.nan)
+    paired = np.zeros(n_r, bool)
     for g in np.unique(role):
         members = role == g
         scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
         ok = scores.healthy & members & enough
         healthy |= ok
-        if int(np.sum(members & enough)) < MIN_PEERS or not np.any(ok):
+        pair = np.flatnonzero(members & enough)
+        if pair.size == PAIR:
+            # Each rank of a pair is the other's reference, step by step: the later one is the
+            # one its partner waited for at the synchronisation points they share.
+            other = pair[::-1]
+            paired[pair] = has_peers[pair] = True
+            peer_ref[pair] = self_t[other]
+            peer_comp[:, pair] = comps[:, other]
+            peer_step[pair] = np.nanmean(t.step_ns[other], axis=1)
+            peer_wait[pair] = np.nanmean(np.where(valid, t.blocked_ns, np.nan)[other], axis=1)
+            continue
+        if pair.size < MIN_PEERS or not np.any(ok):
             continue
         has_peers |= members
         peer_ref[members] = np.nanmedian(self_t[ok], axis=0)
@@ -364,6 +389,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     ).reshape(n_r, len(COMPONENTS))
     base_step = np.array([baseline[r].step_ns if r in baseline else np.nan for r in ranks.tolist()])
     scored_past = np.array([r in baseline and baseline[r].windows >= PAST_WINDOWS for r in ranks.tolist()])
+    pair_drift = np.array([2.0 * baseline[r].role_drift_ns if r in baseline else 0.0 for r in ranks.tolist()])
     drift = np.array(
         [
             np.concatenate([[baseline[r].drift_ns], baseline[r].comp_drift_ns])
@@ -398,11 +424,17 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     for j, (xp, xq) in enumerate(
         [(x_peer, x_past), *((comps[k] - peer_comp[k], x_past_comp[k]) for k in range(len(COMPONENTS)))]
     ):
-        sigma_step = _noise(xp, healthy, valid)
-        p_stat, p_spikes = _mean_excess(xp, valid, sigma_step, ref_step, recent_spikes, ranks)
+        sigma_step = _noise(xp, healthy & ~paired, valid)
+        # A pair's noise is its own: the spread of the two ranks' difference from step to step.
+        p_sigma = np.where(paired, _rank_noise(xp, valid), sigma_step)
+        p_stat, p_spikes = _mean_excess(xp, valid, p_sigma, ref_step, recent_spikes, ranks)
         q_noise = _rank_noise(xq, valid)
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
-        for g in np.unique(role[has_peers]):
+        # A pair's difference moves between windows with nothing wrong, as a rank's mean does.
+        pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(n_steps - 1, 1)), pair_drift if j == 0 else 0.0)
+        pair_thr = np.fmax(K_SIGMA * pair_err, REL_FLOOR * peer_step)
+        peer_score = np.fmax(peer_score, np.where(paired, p_stat / pair_thr, np.nan))
+        for g in np.unique(role[has_peers & ~paired]):
             members = (role == g) & enough
             floor = REL_FLOOR * float(np.nanmedian(peer_step[members]))
             sc = one_sided_scores(

@@ -31,6 +31,7 @@ from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting, JobProfile, ac
 from argus.analyzer.phase import (
     COMPONENTS,
     CONFIDENT_STEPS,
+    PAIR,
     WARMUP_STEPS,
     PhaseResult,
     RankBaseline,
@@ -172,6 +173,7 @@ class JobAnalysis:
                 two[positions] = True
             own = np.std(dev, axis=1, ddof=1) if k >= DRIFT_WINDOWS else np.zeros((len(positions), n_comp))
             stats[k] = (
+                np.sqrt(spread[positions, 0]),
                 own,
                 np.mean(np.array([[x.self_ns for x in w] for w in windows]), axis=1),
                 np.median(np.array([[x.sigma_ns for x in w] for w in windows]), axis=1),
@@ -181,7 +183,7 @@ class JobAnalysis:
         pooled = np.sqrt(np.mean(spread[two], axis=0)) if np.any(two) else np.zeros(n_comp)
         out = {}
         for k, positions in by_count.items():
-            own, self_ns, sigma_ns, comp_ns, step_ns = stats[k]
+            role_drift, own, self_ns, sigma_ns, comp_ns, step_ns = stats[k]
             drift = np.fmax(own, pooled)
             for j, p in enumerate(positions):
                 out[ranks[p]] = RankBaseline(
@@ -192,6 +194,7 @@ class JobAnalysis:
                     float(drift[j, 0]),
                     drift[j, 1:],
                     k,
+                    float(role_drift[j]),
                 )
         return {r: out[r] for r in ranks}
 
@@ -326,13 +329,18 @@ def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _R
     """Each rank's healthy-window entry (ranks in ``flagged`` and ranks with too few steps left out).
 
     Every rank's reference comes from the same windows: the job's common change between then
-    and now is only measurable against references of one period.
+    and now is only measurable against references of one period. So a rank flagged in a role
+    of two keeps its partner's window out too: the pair is compared as one difference.
     """
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         means = np.nanmean(t.self_ns, axis=1)
         comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
     role = roles.of(t.rank)
+    for g in np.unique(role):
+        pair = set(t.rank[role == g].tolist())
+        if len(pair) == PAIR and pair & flagged:
+            flagged = flagged | pair
     typical = np.full(t.rank.size, np.nan)
     comp_typical = np.zeros_like(comp_means)
     for g in np.unique(role):

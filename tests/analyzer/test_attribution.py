@@ -156,8 +156,8 @@ def test_a_slow_rank_with_one_role_peer_and_one_window_of_past_is_named(
     seed: int, slow: tuple[int, ...]
 ) -> None:
     # Two stages of two replicas: each role holds two ranks (no peer majority), and rank 3 slows
-    # in the job's second window, when its own past is one window long: only the job's loss and
-    # rank 3's change against that one window can name it (the recorded pipeline job under load).
+    # in the job's second window, when its own past is one window long: its partner in the role
+    # (rank 2, which waits for it in their all-reduce) names it, step by step.
     lay = Layout3D(stages=2, tp=1, dp=2, step_ms=120.0, stage_work=(1.0, 1.6), slow=slow, slowdown=0.4,
                    onset_s=12.0, seed=seed)  # fmt: skip
     ws = windows(lay, 6, window_s=6.0)[1:]  # the first window the analyzer sees is whole
@@ -171,6 +171,26 @@ def test_a_slow_rank_with_one_role_peer_and_one_window_of_past_is_named(
     assert opened and all(o[:3] == (3, [3], "compute") and o[3] in ("forward", "backward") for o in opened), (
         opened
     )
+    evidence = ja.tracker.open[0].evidence
+    assert evidence["compared_with"] == "peers" and evidence["role"] == "stage 1", evidence
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("slow", [(1,), ()])
+def test_a_slow_stage_of_a_pipeline_without_replicas_is_named_against_its_own_past(
+    seed: int, slow: tuple[int, ...]
+) -> None:
+    # Two stages of one rank each: every role holds one rank, so only its own past can name it.
+    lay = Layout3D(stages=2, tp=1, dp=1, step_ms=120.0, stage_work=(1.0, 1.6), slow=slow, slowdown=0.4,
+                   onset_s=12.0, seed=seed)  # fmt: skip
+    ws = windows(lay, 6, window_s=6.0)[1:]
+    ja = JobAnalysis("l", ws[0].end_ns - ws[0].start_ns)
+    opened = [(d.rank, d.ranks, d.cause) for w in ws for d in ja.analyze(w).changed if d.state == "open"]
+    if not slow:
+        assert opened == []
+        return
+    assert opened and all(o == (1, [1], "compute") for o in opened), opened
+    # Named by the job's loss that its change explains (one healthy window of its own past).
     assert ja.tracker.open[0].evidence["basis"] == "own past"
 
 

@@ -406,10 +406,10 @@ def test_a_two_rank_job_of_one_window_with_a_small_excess_opens_nothing(
     kind: str, magnitude: float, seed: int
 ) -> None:
     """`argus run -- torchrun --nproc_per_node 2 examples/train_ddp.py`: about 2 s of 11 ms steps,
-    all in one 10 s window, then every rank exits. A rank 1 ms late per step against a reference
-    of one rank is no fail-slow fault (before 5db5319 these cases opened a one-window diagnosis,
-    resolved at once by the job's end); with peers too few for a comparison and no past of its own,
-    the analysis now finds nothing at all."""
+    all in one 10 s window, then every rank exits. A rank 1 ms late per step for 2 s is no
+    fail-slow fault (before 5db5319 these cases opened a one-window diagnosis, resolved at once by
+    the job's end): its partner, which waits for it every step, may find it slower, but 2 s of
+    steps never open a diagnosis."""
     spec = JobSpec(
         world=2,
         windows=2,
@@ -425,8 +425,8 @@ def test_a_two_rank_job_of_one_window_with_a_small_excess_opens_nothing(
     assert sim.windows[0].steps.step.size > 400 and sim.windows[1].steps.step.size == 0
     ja = JobAnalysis("t", spec.window_ns)
     results = [ja.analyze(w) for w in sim.windows]
-    # Two ranks are too few to tell which is slow from one window without a past to compare with.
-    assert not [f for r in results for f in r.findings if f.score >= 1.0]
+    # What is found is the slowed rank's (rank 0 waits for it), and held for one window only.
+    assert {f.rank for r in results for f in r.findings if f.score >= 1.0} <= {1}
     assert [d for r in results for d in r.changed] == []
     assert bool(sim.windows[1].status.exited.all())  # the job ended
 

@@ -25,17 +25,17 @@ from tests.analyzer.recordings import RECORDINGS, load_recording, recording_jobs
 #: windows and the job-level loss counts single-rank waits only beyond the healthy windows' (both
 #: 2026-12-02), three slow ranks of four and the held-out clean tensor-parallel job are right;
 #: since the one rank behind that explains a job's loss is named when nothing scored it
-#: (2026-12-04: the loaded recording's pipeline job, whose slow rank had one role peer and one
-#: window of own past), so is the loaded pipeline job. On the held-out recording (heavy load) the
-#: pipeline job's slow rank, with one role peer, stays inside its own past's noise. (Its clean
-#: data-parallel job opens a job-level loss that names no rank, backed by a real slowdown of the
-#: whole job: right since 2026-12-06, when a clean job's verdict became "blames no one",
+#: (2026-12-04), so is the loaded pipeline job; since the ranks of a role of two are compared
+#: with each other step by step (2026-12-06), so is the held-out pipeline job, whose slow rank
+#: stayed inside its own past's noise on that heavily loaded host. (Its clean data-parallel job
+#: opens a job-level loss that names no rank, backed by a real slowdown of the whole job: right
+#: since 2026-12-06, when a clean job's verdict became "blames no one",
 #: :func:`tests.conftest.assert_blames_no_one`.)
 _WRONG: dict[str, set[str]] = {
     "quiet": set(),
     "loaded": set(),
     "ci": set(),
-    "held_out": {"pp_compute"},
+    "held_out": set(),
 }
 _ISSUE_16 = pytest.mark.xfail(reason="issue 16: a verdict known to be wrong on this recording", strict=True)
 
