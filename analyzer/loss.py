@@ -251,7 +251,7 @@ def _job_finding(
         **{k: v for k, v in l1.evidence().items() if k in ("onset_step", "spike_steps")},
     }
     # One rank behind whose own change explains the loss names the fault (a straggler's cause):
-    # the loss is that rank's (a rank in a role of two, with one window of own past, has no score
+    # the loss is that rank's (a rank alone in its role, with one window of own past, has no score
     # of its own). Like the job's loss, it opens only when held for two windows.
     own = _explains(l2, behind, per_step) if cause in STRAGGLER_CAUSES else None
     rank = None

@@ -505,8 +505,8 @@ def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
     common change by :data:`REL_FLOOR` of its own past's step and by more than chance
     (``behind_noise_ns``); False without history.
 
-    The floor comes from the rank's own past, as ``behind_ns`` does: a rank without peers (a role
-    of two, a pipeline stage's pair) falls behind like any other. A rank behind by less than its
+    The floor comes from the rank's own past, as ``behind_ns`` does: a rank with few peers or none
+    (a pipeline stage's pair, a stage without replicas) falls behind like any other. A rank behind by less than its
     noise is not behind: on a busy host a job-level loss would otherwise name whichever ranks
     the scheduler held up most in that window."""
     floor = REL_FLOOR * np.nan_to_num(l2.past_step_ns, nan=np.inf)
