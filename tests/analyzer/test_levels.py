@@ -107,6 +107,18 @@ def test_l2_names_the_straggler_and_its_phase() -> None:
     assert 10 < r.slowdown_pct(r.rank == 5) < 30
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_l2_in_a_pair_names_the_rank_its_partner_waits_for_and_not_the_partner(seed: int) -> None:
+    # Two ranks, no past: each is the other's reference, step by step.
+    spec = JobSpec(world=2, windows=4, seed=seed, faults=(Fault("compute", (1,), 0.3, 0.0),))
+    w = _window(spec, 2)
+    r = compare_phases(w, decompose(w.collectives))
+    assert r.basis == ("peers", "peers") and r.score[1] >= 1 and r.score[0] < 1, r.score
+    assert r.ref_self_ns[1] == pytest.approx(r.self_ns[0]) and r.wait_ns[0] > r.wait_ns[1]
+    clean = _window(replace(spec, faults=()), 2)
+    assert np.all(compare_phases(clean, decompose(clean.collectives)).score < 1)
+
+
 @pytest.mark.parametrize("share", [0.25, 0.5])
 def test_l2_with_many_slow_ranks(share: float) -> None:
     world = 64

@@ -37,6 +37,15 @@ int clock_nanosleep(clockid_t clock_id, int flags, const struct timespec *req, s
   return next(clock_id, flags, req, rem);
 }
 
+/* pthread_cond_clockwait() is glibc 2.30's: on an older glibc the shim leaves condition waits
+ * to libfaketime, as before. */
+#if defined(__GLIBC_PREREQ)
+#if __GLIBC_PREREQ(2, 30)
+#define HAVE_COND_CLOCKWAIT 1
+#endif
+#endif
+
+#ifdef HAVE_COND_CLOCKWAIT
 /* glibc's mark of a CLOCK_MONOTONIC condition variable in __data.__wrefs. */
 #define COND_MONOTONIC 2u
 
@@ -78,3 +87,4 @@ int pthread_cond_timedwait(pthread_cond_t *restrict cond, pthread_mutex_t *restr
   }
   return next(cond, mutex, abstime);
 }
+#endif
