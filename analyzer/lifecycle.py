@@ -353,7 +353,9 @@ class Tracker:
         return out
 
     def _fold_into_many(self, findings: list[Finding]) -> list[Finding]:
-        """While a many-rank diagnosis of a cause is open, single stragglers of that cause join it."""
+        """While a many-rank diagnosis of a cause is open, single stragglers of that cause join it,
+        and so do its own ranks' whatever their cause this window (a member's cause wavers between
+        windows; the diagnosis's cause is the one most windows named)."""
         many = {
             o.diagnosis.cause: key
             for key, o in self._open.items()
@@ -361,11 +363,16 @@ class Tracker:
         }
         if not many:
             return findings
+        member_of = {r: cause for cause, key in many.items() for r in self._open[key].diagnosis.ranks}
         out: list[Finding] = []
         joined: dict[str, list[Finding]] = {}
         for f in findings:
-            if f.family == "straggler" and f.subject != "many" and f.cause in many:
+            if f.family != "straggler" or f.subject == "many":
+                out.append(f)
+            elif f.cause in many:
                 joined.setdefault(f.cause, []).append(f)
+            elif f.ranks and all(r in member_of for r in f.ranks):
+                joined.setdefault(member_of[f.ranks[0]], []).append(replace(f, cause=member_of[f.ranks[0]]))
             else:
                 out.append(f)
         for cause, fs in joined.items():

@@ -452,6 +452,12 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         if j == 0:
             peer_spikes, past_spikes, past_stat = p_spikes, q_spikes, q_stat
             behind_noise = K_SIGMA * q_err
+            peer_stat, peer_total, past_total = p_stat, peer_score.copy(), past_score.copy()
+    # A rank ahead of its reference in total made nobody wait, whatever one component of it did
+    # (with most of a role slow, the fast rank's backward can exceed the slow ones'): only its
+    # total score counts.
+    peer_score = np.where(peer_stat <= 0, peer_total, peer_score)
+    past_score = np.where(past_stat <= 0, past_total, past_score)
     peer_score = np.where(enough & has_peers, peer_score * shrink, np.nan)
     past_score = past_score * shrink
     score = np.fmax(peer_score, past_score)
@@ -506,9 +512,9 @@ def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
     (``behind_noise_ns``); False without history.
 
     The floor comes from the rank's own past, as ``behind_ns`` does: a rank with few peers or none
-    (a pipeline stage's pair, a stage without replicas) falls behind like any other. A rank behind by less than its
-    noise is not behind: on a busy host a job-level loss would otherwise name whichever ranks
-    the scheduler held up most in that window."""
+    (a pipeline stage's pair, a stage without replicas) falls behind like any other. A rank
+    behind by less than its noise is not behind: on a busy host a job-level loss would otherwise
+    name whichever ranks the scheduler held up most in that window."""
     floor = REL_FLOOR * np.nan_to_num(l2.past_step_ns, nan=np.inf)
     if l2.behind_noise_ns.size == l2.behind_ns.size:
         floor = np.fmax(floor, l2.behind_noise_ns)

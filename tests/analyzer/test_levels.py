@@ -119,6 +119,17 @@ def test_l2_in_a_pair_names_the_rank_its_partner_waits_for_and_not_the_partner(s
     assert np.all(compare_phases(clean, decompose(clean.collectives)).score < 1)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_l2_never_names_a_rank_ahead_of_its_peers_for_one_component(seed: int) -> None:
+    # Three of four ranks 40 % slower; the fourth stalls on the host a little (untracked time
+    # beyond the slow ranks') but still ends its work far ahead of them: nobody waits for it.
+    faults = (Fault("compute", (0, 1, 3), 0.4, 0.0), Fault("host_stall", (2,), 0.1, 0.0))
+    w = _window(JobSpec(world=4, windows=3, seed=seed, faults=faults), 1)
+    r = compare_phases(w, decompose(w.collectives))
+    assert r.excess_ns[2] < 0 and r.component_excess_ns[2, 4] > 0  # ahead, with more untracked time
+    assert r.score[2] < 1, r.score
+
+
 @pytest.mark.parametrize("share", [0.25, 0.5])
 def test_l2_with_many_slow_ranks(share: float) -> None:
     world = 64

@@ -176,6 +176,33 @@ def test_a_many_rank_diagnosis_absorbs_single_ones_and_members_have_hysteresis()
     assert m2.id == m.id and m2.ranks == [1, 2, 3, 4, 6]  # 2 kept at 0.6, 5 dropped at 0.3, 6 joins at 1.2
 
 
+def test_members_of_an_open_many_rank_diagnosis_stay_in_it_whatever_their_cause_this_window() -> None:
+    # Three of four ranks slow: a many-rank `compute` diagnosis; in a later window two of its ranks
+    # read `host_stall` and one `compute`, each alone. They stay its members: it does not shrink
+    # to the one rank whose cause matched (which named 1 of the 3 slow ranks).
+    t = Tracker("job")
+    many = Finding(
+        cause="compute",
+        rank=None,
+        ranks=(0, 1, 3),
+        group=None,
+        phase="forward",
+        kernel=None,
+        score=1.6,
+        slowdown_pct=20.0,
+        subject="many",
+        member_scores={0: 1.4, 1: 1.5, 3: 1.6},
+        lost_ns=0.2 * W,
+        wall_ns=float(W),
+    )
+    opened = [d for k in range(2) for d in t.update(k * W, [many], {0, 1, 2, 3})]
+    assert opened and opened[-1].ranks == [0, 1, 3]
+    later = [_f(0, 1.04, "host_stall"), _f(1, 0.84, "host_stall"), _f(3, 0.8), _f(2, 0.9, "host_stall")]
+    ch = t.update(2 * W, later, {0, 1, 2, 3})
+    m = next(d for d in ch if d.id == opened[-1].id)
+    assert m.ranks == [0, 1, 3] and m.cause == "compute"  # 2 is no member: its finding stays its own
+
+
 def test_restart_adopts_open_diagnoses_and_ids_are_stable() -> None:
     t = Tracker("job")
     d = t.update(0, [_f(4, 1.5)], {4})[0]

@@ -86,7 +86,10 @@ def test_demo_report_prints_the_top_frames_of_the_slow_rank(
     frames = [f for d in sampled for f in d.evidence["top_frames"]]
     # On failure, the capture's own account too (when, how long, how many samples).
     captures = [d.evidence["stacks"] for d in sampled]
-    assert any(f["function"] == function and f["file"] == "argus/demo_job.py" for f in frames), (frames, captures)
+    assert any(f["function"] == function and f["file"] == "argus/demo_job.py" for f in frames), (
+        frames,
+        captures,
+    )
     assert all(f["peer_share"] == 0.0 for f in frames if f["function"] == function)  # not the peer's
     console = Console(width=200, record=True)
     console.print(render.report(sampled))
