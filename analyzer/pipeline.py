@@ -337,10 +337,12 @@ def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _R
         means = np.nanmean(t.self_ns, axis=1)
         comp_means = np.nan_to_num(np.nanmean(t.comp_self_ns, axis=2), nan=0.0)  # (5, n)
     role = roles.of(t.rank)
-    for g in np.unique(role):
-        pair = set(t.rank[role == g].tolist())
-        if len(pair) == PAIR and pair & flagged:
-            flagged = flagged | pair
+    if flagged:
+        groups, sizes = np.unique(role, return_counts=True)
+        for g in groups[sizes == PAIR].tolist():
+            pair = set(t.rank[role == g].tolist())
+            if pair & flagged:
+                flagged = flagged | pair
     typical = np.full(t.rank.size, np.nan)
     comp_typical = np.zeros_like(comp_means)
     for g in np.unique(role):
