@@ -426,7 +426,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     ):
         sigma_step = _noise(xp, healthy & ~paired, valid)
         # A pair's noise is its own: the spread of the two ranks' difference from step to step.
-        p_sigma = np.where(paired, _rank_noise(xp, valid), sigma_step)
+        p_sigma = np.where(paired, _rank_noise(xp, valid), sigma_step) if np.any(paired) else sigma_step
         p_stat, p_spikes = _mean_excess(xp, valid, p_sigma, ref_step, recent_spikes, ranks)
         q_noise = _rank_noise(xq, valid)
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
