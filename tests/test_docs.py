@@ -1,0 +1,107 @@
+"""The repository owns the documents it cites: every `docs/*.md §N` reference resolves.
+
+Code, tests, the README and `scripts/check` cite the project's design and style as
+``docs/design.md §N`` and ``docs/style.md §N`` (``§6.12`` for a subsection, ``§3, §6.12`` for
+several). Each cited section must exist as a numbered heading of that document (``## 6. …`` or
+``### 6.12 …``), bare ``§N`` inside a document must name one of its own sections, and no file
+outside ``docs/`` may cite a design or style document that is not in the repository.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("docs/design.md", "docs/style.md")
+
+#: Folders that are not the repository's text: VCS, environments, caches, data dirs, builds.
+_SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".venv",
+        "venv",
+        ".venv-ci",
+        "__pycache__",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        ".hypothesis",
+        "argus-data",
+        "argus-spool",
+        "build",
+        "dist",
+        "node_modules",
+    }
+)
+#: A numbered heading: ``## 6. Title`` or ``### 6.12 Title``.
+_HEADING = re.compile(r"^#{2,4}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
+#: A citation of one of our documents and the sections it names: ``docs/design.md §3, §6.12``.
+_CITATION = re.compile(r"docs/(design|style)\.md\s*((?:§\s*\d+(?:\.\d+)*(?:,\s*|\s+and\s+)?)+)")
+_SECTION = re.compile(r"§\s*(\d+(?:\.\d+)*)")
+#: The design and style documents that lived outside the repository, cited by their upper-case names
+#: (with or without ``.md``, before a section sign, or as a file name in a path).
+_OUTSIDE = re.compile("(" + "DESIGN" + "|" + "STYLE" + r")(\.md)?\s*§|\b(" + "DESIGN|STYLE" + r")\.md\b")
+
+
+@functools.cache
+def _text_files() -> tuple[Path, ...]:
+    """Every text file of the checkout, skipping the folders above and binary files."""
+    out = []
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if any(part in _SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
+            continue
+        if not path.is_file() or path.stat().st_size > 4 * 1024 * 1024:
+            continue
+        data = path.read_bytes()
+        if b"\0" in data:
+            continue
+        out.append(path)
+    return tuple(out)
+
+
+def _sections(doc: str) -> set[str]:
+    return set(_HEADING.findall((ROOT / doc).read_text(encoding="utf-8")))
+
+
+def test_documents_exist_with_numbered_sections() -> None:
+    for doc in DOCS:
+        sections = _sections(doc)
+        assert {"1", "2", "3"} <= sections, f"{doc}: numbered sections expected, found {sorted(sections)}"
+
+
+def test_every_citation_resolves() -> None:
+    known = {doc: _sections(doc) for doc in DOCS}
+    broken = []
+    cited = 0
+    for path in _text_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        rel = str(path.relative_to(ROOT))
+        for match in _CITATION.finditer(text):
+            doc = f"docs/{match.group(1)}.md"
+            for section in _SECTION.findall(match.group(2)):
+                cited += 1
+                if section not in known[doc]:
+                    line = text.count("\n", 0, match.start()) + 1
+                    broken.append(f"{rel}:{line}: {doc} §{section}")
+        if rel in known:
+            # Inside a document, a bare §N names one of its own sections.
+            own = _CITATION.sub("", text)
+            for match in _SECTION.finditer(own):
+                if match.group(1) not in known[rel]:
+                    line = own.count("\n", 0, match.start()) + 1
+                    broken.append(f"{rel}:{line}: §{match.group(1)} (its own)")
+    assert not broken, "references to sections that do not exist:\n" + "\n".join(broken)
+    assert cited >= 50, f"only {cited} citations found: is the pattern still right?"
+
+
+def test_no_file_cites_a_document_outside_the_repository() -> None:
+    found = []
+    for path in _text_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for match in _OUTSIDE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0)}")
+    assert not found, "cite docs/design.md or docs/style.md instead:\n" + "\n".join(found)
