@@ -1,4 +1,4 @@
-"""Who a rank is: job id, rank, local rank, world size, host, device (DESIGN §6's job id rule)."""
+"""Who a rank is: job id, rank, local rank, world size, host, device (job id rule: docs/design.md §8.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`argus agent`: the node agent (DESIGN §1, §4).
+"""`argus agent`: the node agent (docs/design.md §1, §5).
 
 Listens on a unix socket for the probes of this node (see
 :mod:`argus.agent.protocol`), shifts their timestamps onto the collector's

@@ -1,4 +1,4 @@
-"""The in-process probe of one rank (DESIGN §1, §2): its lifecycle.
+"""The in-process probe of one rank (docs/design.md §1, §2): its lifecycle.
 
 A :class:`Probe` puts the parts together and takes them down again:
 
@@ -50,7 +50,7 @@ class Probe:
     """Records one rank's telemetry and ships it to the node agent.
 
     Args:
-        job_id: Explicit job id (else the DESIGN §6 rule, see :func:`identity.resolve_job_id`).
+        job_id: Explicit job id (else the docs/design.md §8.2 rule, see :func:`identity.resolve_job_id`).
         socket_path: The node agent's socket (default ``$ARGUS_SOCKET`` or the config default).
         flush_s: Seconds between shipments.
     """

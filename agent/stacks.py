@@ -1,4 +1,4 @@
-"""Sampled CPU stacks of one rank (DESIGN §5, L5): py-spy from outside, or the rank's own threads.
+"""Sampled CPU stacks of one rank (docs/design.md §6.12, L5): py-spy from outside, or the rank's own threads.
 
 Two samplers give the same rows, :class:`StackRow` — (thread, frames, count, idle, gil): how many
 samples found ``thread`` in the stack ``frames`` (root to leaf, ``;``-joined

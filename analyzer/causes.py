@@ -1,4 +1,4 @@
-"""Cause attribution: the levels' results of one window → findings with one cause each (DESIGN §5).
+"""Cause attribution: the levels' results of one window → findings with one cause each (docs/design.md §6.9).
 
 Order of the rules, each applied to what the earlier ones left:
 

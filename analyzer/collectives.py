@@ -1,4 +1,4 @@
-"""Collective wait/transfer decomposition (DESIGN §2) and slow-link detection.
+"""Collective wait/transfer decomposition (docs/design.md §2) and slow-link detection.
 
 Per collective instance (process group, seq), over the ranks that recorded it::
 

@@ -1,4 +1,4 @@
-"""L1: the job's step time against its own recent baseline — spikes and change points (DESIGN §5).
+"""L1: the job's step time against its own recent baseline — spikes and change points (docs/design.md §6.3).
 
 The job's time for step ``s`` is the wall time between its end and the end of
 step ``s - 1`` (a synchronous job ends each step when its slowest rank does;

@@ -1,4 +1,4 @@
-"""L3: per (kernel, stream), each rank's Wasserstein-1 distance to its healthy peers (DESIGN §5).
+"""L3: per (kernel, stream), each rank's Wasserstein-1 distance to its healthy peers (docs/design.md §6.7).
 
 For every (kernel, stream) group of a window:
 

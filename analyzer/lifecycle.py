@@ -1,4 +1,4 @@
-"""Diagnosis lifecycle: one open diagnosis per ongoing fault, with hysteresis (DESIGN §5).
+"""Diagnosis lifecycle: one open diagnosis per ongoing fault, with hysteresis (docs/design.md §6.11).
 
 A fault is identified by its *family* (``straggler`` for the four straggler
 causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,

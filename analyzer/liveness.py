@@ -1,4 +1,4 @@
-"""Unresponsive ranks: stopped reporting, or alive but hung (DESIGN §5).
+"""Unresponsive ranks: stopped reporting, or alive but hung (docs/design.md §6.10).
 
 *Stopped reporting*: a rank that has not exited, has completed a step or
 phase, and whose newest row of any kind (the ~1 s host samples are its

@@ -1,4 +1,4 @@
-"""Lost time: every second a job loses against its own healthy pace is accounted for (DESIGN §5).
+"""Lost time: every second a job loses against its own healthy pace is accounted for (docs/design.md §6.2).
 
 Definitions (one of each, used everywhere):
 

@@ -1,4 +1,4 @@
-"""L2: per-phase comparison of ranks — who is slow, and in which phase (DESIGN §5).
+"""L2: per-phase comparison of ranks — who is slow, and in which phase (docs/design.md §6.6).
 
 Every rank of a synchronous job ends each step at about the same time, so the
 step time itself cannot tell the straggler apart: its peers spend the time it

@@ -22,7 +22,7 @@ between the two populations and every rank looks equally odd.
    at ~0.6 σ; the reweighting restores both to the healthy median and σ;
 3. scores each rank as ``(x − centre) / max(k·scale, floor)``.
 
-A score of 1 is the detection threshold (DESIGN §5: ``score >= 1`` = past the
+A score of 1 is the detection threshold (docs/design.md §7.2: ``score >= 1`` = past the
 threshold); ranks faster than the centre score ≤ 0. ``floor`` is the smallest
 excess worth reporting (callers pass a fraction of the reference step or
 kernel time) so that very steady metrics do not turn sub-percent differences

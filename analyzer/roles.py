@@ -2,7 +2,7 @@
 
 Ranks of different roles do different work by design — pipeline stages with
 unequal layers, the first stage's data, the last stage's loss — so the analyzer
-compares phases and kernels only among ranks of one role (DESIGN §5). A pure
+compares phases and kernels only among ranks of one role (docs/design.md §6.5). A pure
 data-parallel job is the one-role case.
 
 * **Pipeline stage**, from point-to-point transfers: ranks joined by

@@ -1,4 +1,4 @@
-"""L5, stacks (DESIGN §5): which diagnoses get a stack capture, and what the stacks say.
+"""L5, stacks (docs/design.md §6.12): which diagnoses get a stack capture, and what the stacks say.
 
 - **When.** A diagnosis that is open with a host-side cause (:data:`STACK_CAUSES`) gets a
   capture request when it opens, when its cause changes, and then at most once per

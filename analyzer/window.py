@@ -1,4 +1,4 @@
-"""What one analysis window of one job holds: NumPy columns, parsed once (STYLE §7).
+"""What one analysis window of one job holds: NumPy columns, parsed once (docs/style.md §8).
 
 The store reader (:mod:`argus.analyzer.store_io`) and the synthetic generator
 (:mod:`synthetic.jobs`) both build a :class:`Window`; the levels

@@ -1,4 +1,4 @@
-"""The `argus` command line (DESIGN §6).
+"""The `argus` command line (docs/design.md §8).
 
 Each subcommand is an ``argparse`` parser here and a ``main(args) -> int``
 function in the module that does the work, imported only when that command

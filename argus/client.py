@@ -155,7 +155,7 @@ def diagnose_main(args: argparse.Namespace) -> int:
     """`argus diagnose --job ID [--server URL] [--json] [--token T] [--tls-cert F]`.
 
     Prints the job's diagnoses as a table, or with ``--json`` a JSON array of
-    DESIGN §5 objects on stdout. Returns 0; errors raise ArgusError (the CLI prints them).
+    docs/design.md §7 objects on stdout. Returns 0; errors raise ArgusError (the CLI prints them).
     """
     with ArgusClient(args.server, token=args.token, tls_cert=getattr(args, "tls_cert", None)) as client:
         job = client.job(args.job)

@@ -86,7 +86,7 @@ DEFAULT_WINDOW_S = 10.0
 #: named a rank the scheduler slowed (a known failure, issue 16). 5 % keeps a 5 %-costly
 #: tensor-parallel straggler diagnosable there (README, "How the analyzer decides").
 DEFAULT_MIN_LOSS_PCT = 5.0
-#: Seconds between two stack captures of one diagnosis (DESIGN §5, L5; argus.analyzer.stacks): one
+#: Seconds between two stack captures of one diagnosis (docs/design.md §6.12; argus.analyzer.stacks): one
 #: when it opens or its cause changes, then at most one per this many seconds while it stays open.
 DEFAULT_STACK_INTERVAL_S = 300.0
 #: Seconds one stack capture samples each rank (py-spy at 10 Hz: 30 samples).

@@ -1,4 +1,4 @@
-"""The diagnosis (DESIGN §5): the record, its JSON, its rows in the ``diagnoses`` table.
+"""The diagnosis (docs/design.md §7): the record, its JSON, its rows in the ``diagnoses`` table.
 
 One owner for everything a diagnosis is, wherever it travels:
 
@@ -130,7 +130,7 @@ class Diagnosis:
             raise ValueError(f"unknown state {self.state!r}; expected 'open' or 'resolved'")
 
     def to_dict(self) -> dict[str, Any]:
-        """The DESIGN §5 JSON object, keys in contract order."""
+        """The JSON object of docs/design.md §7, keys in contract order."""
         return asdict(self)
 
     @classmethod

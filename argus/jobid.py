@@ -1,4 +1,4 @@
-"""The one job-id rule (DESIGN §6), checked the same way at every entry.
+"""The one job-id rule (docs/design.md §8.2), checked the same way at every entry.
 
 A job id is 1 to :data:`MAX_JOB_ID_BYTES` (256) bytes of UTF-8 with no control
 character (Unicode category ``Cc``: U+0000-U+001F, U+007F-U+009F) and no ``/``.

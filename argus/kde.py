@@ -1,4 +1,4 @@
-"""KDE compression of kernel durations, and the mixture rebuilt from it (DESIGN §4).
+"""KDE compression of kernel durations, and the mixture rebuilt from it (docs/design.md §5).
 
 A group of durations (one rank, kernel name and stream in one window) is reduced
 to a few *clusters*, each ``(count, p50_ns, p99_ns, log_lo, log_hi, sum_ns)``:
@@ -433,7 +433,7 @@ def wasserstein1(a_sorted: NDArray[np.float64], b_sorted: NDArray[np.float64]) -
 
 
 def fidelity(dur_ns: ArrayLike, clusters: NDArray[np.void], resolution_ns: float = 1) -> float:
-    """W1(raw, rebuilt mixture) / max(IQR(raw), resolution_ns) — DESIGN §4's fidelity.
+    """W1(raw, rebuilt mixture) / max(IQR(raw), resolution_ns) — the fidelity of docs/design.md §5.
 
     The mixture's quantile function is evaluated at the ``n`` mid-probabilities
     ``(i + 0.5)/n`` and matched with the sorted raw durations, which is the

@@ -1,4 +1,4 @@
-"""Prometheus metrics of an `argus server` (DESIGN §6), on a registry of its own.
+"""Prometheus metrics of an `argus server` (docs/design.md §9.3), on a registry of its own.
 
 Every server instance builds one :class:`Metrics`; the collector, the analyzer
 and the REST API (which serves ``/metrics``) share it. Label values are bounded:

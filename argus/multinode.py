@@ -10,7 +10,7 @@ What a user does on a real cluster, on one machine:
   --nproc_per_node K --master_addr <node 0's job address> ... -m argus.demo_job``:
   static rendezvous on node 0, so node i holds ranks ``i*K .. i*K+K-1``; gloo over
   the job links (``GLOO_SOCKET_IFNAME=job0``). Every node passes the same job id
-  (DESIGN §6: a multi-node job needs the same id on every node).
+  (docs/design.md §8.2: a multi-node job needs the same id on every node).
 
 :class:`MultiNodeJob` starts and stops these pieces; the faults it can inject
 are a rate limit on one node's job link (:meth:`MultiNodeJob.limit`) and those

@@ -9,7 +9,7 @@ adds ``job_id`` from the batch header.
 Time columns are integer nanoseconds since the Unix epoch (``*_ns``); durations
 are ``dur_ns`` (non-negative). Ranks are global ranks in the job's world.
 
-Tables (DESIGN §3): jobs, ranks, steps, phases, collectives, kernel_summaries,
+Tables (docs/design.md §4): jobs, ranks, steps, phases, collectives, kernel_summaries,
 kernel_events, host_samples, stacks, diagnoses; the analyzer's analysis_windows (lost
 time per window), roles and stack_requests; plus ingest_batches, the collector's record of
 stored (agent_id, seq) pairs used to acknowledge duplicates.
@@ -46,7 +46,7 @@ __all__ = [
     "with_defaults",
 ]
 
-#: Phase names of a training step, in order (DESIGN §2).
+#: Phase names of a training step, in order (docs/design.md §2).
 PHASES = ("data", "forward", "backward", "optimizer")
 
 

@@ -1,6 +1,6 @@
 """A diagnosis as a person reads it first: one sentence, then the few figures that carry it.
 
-:func:`summary` writes the diagnosis's ``summary`` (DESIGN §5): who (the rank, its host and
+:func:`summary` writes the diagnosis's ``summary`` (docs/design.md §7.1): who (the rank, its host and
 pid), what (the cause in the field's words), how much (the job's loss of throughput and the
 time lost) and how we know (the comparison that names it: self time against its peers or its
 own past, its wait at each collective against its peers' wait, a GPU clock, a transfer against

@@ -1,4 +1,4 @@
-"""KDE compression of real GPU kernel durations: bytes per rank per step, and fidelity (DESIGN §4).
+"""KDE compression of real GPU kernel durations: bytes per rank per step, and fidelity (docs/design.md §5).
 
 For each real Kineto trace with kernels (``$ARGUS_KINETO_DIR``, default
 ``/work/shared/data/kineto``):

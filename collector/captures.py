@@ -1,4 +1,4 @@
-"""Pending stack captures, passed from the store to node agents on their streams (DESIGN §3, §5).
+"""Pending stack captures, passed from the store to node agents on their streams (docs/design.md §3, §6.12).
 
 The analyzer writes capture requests into ``stack_requests`` (:mod:`argus.analyzer.stacks`);
 collectors hold no state of their own about them, so any number of collectors behind one

@@ -6,7 +6,7 @@ events in Python: decode the IPC stream (zero-copy) and conform it to
 one table at once, add ``job_id`` as a dictionary column, insert with
 ``insert_deduplication_token = "{agent_id}:{seq}"``.
 
-Deduplication (DESIGN §3): every stored batch is recorded in ``ingest_batches``;
+Deduplication (docs/design.md §3): every stored batch is recorded in ``ingest_batches``;
 a batch whose ``(agent_id, seq, part)`` is found there is acknowledged as a duplicate
 without touching its table. ``part`` is 0 for a whole batch; a part of a batch the
 agent re-split after a too-large refusal carries its parent's identity

@@ -95,7 +95,7 @@ def _dashboard(
 
 
 def prometheus_dashboard() -> dict[str, Any]:
-    """Job overview over the Prometheus metrics of DESIGN §6."""
+    """Job overview over the Prometheus metrics of docs/design.md §9.3."""
     rate = "[$__rate_interval]"
     job_var = {
         "name": "job_id",

@@ -1,7 +1,7 @@
 """Synthetic training jobs with labelled faults, as analysis windows (benchmarks and tests).
 
 :func:`simulate` plays a synchronous data-parallel job step by step, for every
-rank at once, with the probe's recording semantics (DESIGN §2, the column docs
+rank at once, with the probe's recording semantics (docs/design.md §2, the column docs
 of :mod:`argus.schema`):
 
 * a step runs ``data → forward → backward → optimizer → untracked host time``;

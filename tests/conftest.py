@@ -47,9 +47,9 @@ __all__ = ["KNOWN_ISSUE_16", "ArgusServer", "assert_blames_no_one"]
 
 
 def assert_blames_no_one(found: Sequence[Mapping[str, Any]], context: str = "") -> None:
-    """Assert that the diagnoses (DESIGN §5 objects) of a job that ran no fault blame nothing.
+    """Assert that the diagnoses (docs/design.md §7 objects) of a job that ran no fault blame nothing.
 
-    DESIGN §5: no slowdown above the loss threshold stays silent. A shared host now and then
+    docs/design.md §6.2: no slowdown above the loss threshold stays silent. A shared host now and then
     slows a whole job, every rank alike, for seconds (measured on this 2-core machine: a clean
     job's steps 52 -> 61-68 ms for 12-15 s, no rank behind), and Argus then opens a job-level
     diagnosis naming no rank. So a clean job may open only that: no rank, no ranks, no group,

@@ -1,4 +1,4 @@
-"""KDE compression (DESIGN §4): clusters, fidelity, integer-µs durations."""
+"""KDE compression (docs/design.md §5): clusters, fidelity, integer-µs durations."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rooms of the package (DESIGN §7): who may import whom.
+"""The rooms of the package (docs/design.md §10): who may import whom.
 
 The analyzer and the collector share the store, the metrics, the schema and the diagnosis
 through :mod:`argus`; neither imports the other (only the composition root, ``argus/server.py``,

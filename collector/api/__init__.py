@@ -1,4 +1,4 @@
-"""The REST API, ``/metrics``, ``/healthz`` and the page of an `argus server` (DESIGN §6).
+"""The REST API, ``/metrics``, ``/healthz`` and the page of an `argus server` (docs/design.md §9).
 
 Modules: :mod:`~argus.collector.api.app` builds the FastAPI app (auth, ``/metrics``, the page);
 :mod:`~argus.collector.api.routes` declares the ``/api/v1`` endpoints, each a thin call into a

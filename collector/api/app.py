@@ -1,4 +1,4 @@
-"""The HTTP side of an `argus server` (DESIGN §6): REST API, ``/metrics``, ``/healthz`` and the page.
+"""The HTTP side of an `argus server` (docs/design.md §9): REST API, ``/metrics``, ``/healthz`` and the page.
 
     /api/v1/...        JSON endpoints (routes), OpenAPI at /openapi.json, docs at /docs
     /healthz           liveness, never needs the token

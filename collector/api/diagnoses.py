@@ -1,6 +1,6 @@
 """A job's diagnoses for the REST API: one page of :func:`argus.diagnosis.read_diagnoses`.
 
-Each item is exactly :meth:`argus.diagnosis.Diagnosis.to_dict` (DESIGN §5), its ``summary``
+Each item is exactly :meth:`argus.diagnosis.Diagnosis.to_dict` (docs/design.md §7), its ``summary``
 written here, when read (:func:`argus.summary.summary`, with the host and pid of the rank it names).
 """
 

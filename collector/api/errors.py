@@ -1,4 +1,4 @@
-"""The one mapping from Argus errors to HTTP statuses (STYLE §4).
+"""The one mapping from Argus errors to HTTP statuses (docs/style.md §5).
 
     NotFound          → 404      unknown job
     Unauthenticated   → 401      missing or wrong bearer token (with WWW-Authenticate)

@@ -3,7 +3,7 @@
 Per rank and step the metric is:
 
 - ``busy`` — step time minus the time the rank waited in collectives for the
-  last rank to arrive (DESIGN §2: wait = max issue time over the ranks of a
+  last rank to arrive (docs/design.md §2: wait = max issue time over the ranks of a
   (process group, seq) − own issue time). In a synchronous job every rank's
   step time is the same; busy time is what differs, so the straggler shows.
 - ``step`` — the step's duration.

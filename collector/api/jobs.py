@@ -1,6 +1,6 @@
 """Jobs and ranks as the REST API shows them, read from the store.
 
-Job status (DESIGN §6), derived from the ``ranks`` lifecycle events and the
+Job status (docs/design.md §9.2), derived from the ``ranks`` lifecycle events and the
 heartbeats (``host_samples.time_ns``; an attach counts as one too):
 
 - ``finished`` — at least one rank attached and every rank that attached has an

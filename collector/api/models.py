@@ -149,7 +149,7 @@ def model_of(record: type[Any]) -> type[BaseModel]:
 if TYPE_CHECKING:
     DiagnosisModel = BaseModel
 else:
-    #: The DESIGN §5 diagnosis object (``argus.diagnosis.Diagnosis.to_dict()``).
+    #: The diagnosis object of docs/design.md §7 (``argus.diagnosis.Diagnosis.to_dict()``).
     DiagnosisModel = model_of(Diagnosis)
 
 

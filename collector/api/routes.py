@@ -1,4 +1,4 @@
-"""The JSON endpoints under ``/api/v1`` (DESIGN §6); thin: parse, call a reader, answer."""
+"""The JSON endpoints under ``/api/v1`` (docs/design.md §9.1); thin: parse, call a reader, answer."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def build_router(
         limit: Limit = 100,
         cursor: Cursor = None,
     ) -> Any:
-        """Each item is the DESIGN §5 diagnosis object; filter by `state` and `cause`."""
+        """Each item is the diagnosis object (docs/design.md §7); filter by `state` and `cause`."""
         items, nxt = list_diagnoses(
             store, job_id, state=None if state == "all" else state, cause=cause, limit=limit, cursor=cursor
         )

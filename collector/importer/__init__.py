@@ -1,4 +1,4 @@
-"""Import of PyTorch profiler (Kineto) traces into the tables live capture fills (DESIGN §6).
+"""Import of PyTorch profiler (Kineto) traces into the tables live capture fills (docs/design.md §8.3).
 
 :mod:`~argus.collector.importer.kineto` parses a trace file, streaming, into columns;
 :mod:`~argus.collector.importer.tables` turns them into the rows of each table;

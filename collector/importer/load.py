@@ -1,4 +1,4 @@
-"""Import of PyTorch profiler (Kineto) traces into the tables live capture fills (DESIGN §6).
+"""Import of PyTorch profiler (Kineto) traces into the tables live capture fills (docs/design.md §8.3).
 
 One trace file per rank, plain or gzipped Chrome-trace JSON. Each file is
 parsed whole, streaming (:mod:`argus.collector.importer.kineto`), into Arrow tables

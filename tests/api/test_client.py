@@ -1,4 +1,4 @@
-"""`argus diagnose`: the rich table and the DESIGN §5 JSON objects, over real HTTP (and TLS)."""
+"""`argus diagnose`: the rich table and the JSON objects of docs/design.md §7, over real HTTP (and TLS)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_diagnose_prints_table_and_json(store: Store, live_app: LiveApp) -> None
     objects = json.loads(result.stdout)
     assert [d["id"] for d in objects] == ["d-open", "d-link"]
     for obj in objects:
-        assert Diagnosis.from_dict(obj).to_dict() == obj  # exactly the DESIGN §5 shape
+        assert Diagnosis.from_dict(obj).to_dict() == obj  # exactly the docs/design.md §7 shape
     assert objects[1]["ranks"] == [0, 1] and objects[1]["rank"] is None
 
     table = _diagnose("--job", "job-cli", "--server", live_app.url)
