@@ -105,3 +105,43 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
             line = text.count("\n", 0, match.start()) + 1
             found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0)}")
     assert not found, "cite docs/design.md or docs/style.md instead:\n" + "\n".join(found)
+
+
+#: README limits (issue 41): a line of prose a person reads without scrolling, a table row that is
+#: one current figure rather than a changelog.
+PROSE_MAX_CHARS = 200
+ROW_MAX_CHARS = 400
+#: The one row format of "Measured figures": what, the command, the current figure with its date, the goal.
+FIGURES_HEADER = "| what | command | current figure (date, machine) | goal |"
+_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def _readme_lines() -> list[str]:
+    return (ROOT / "README.md").read_text(encoding="utf-8").split("\n")
+
+
+def test_readme_lines_stay_short() -> None:
+    long_lines = []
+    for number, line in enumerate(_readme_lines(), 1):
+        limit = ROW_MAX_CHARS if line.startswith("|") else PROSE_MAX_CHARS
+        if len(line) > limit:
+            long_lines.append(f"README.md:{number}: {len(line)} characters (at most {limit})")
+    assert not long_lines, "\n".join(long_lines)
+
+
+def test_measured_figures_have_one_row_format() -> None:
+    lines = _readme_lines()
+    start = lines.index("## Measured figures")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    table = [line for line in lines[start:end] if line.startswith("|")]
+    assert table and table[0] == FIGURES_HEADER, f"the table's header must read {FIGURES_HEADER!r}"
+    bad = []
+    for row in table[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        if len(cells) != 4 or not cells[1]:
+            bad.append(f"not what | command | figure | goal: {row[:80]}")
+        elif not (_DATE.search(cells[2]) or "not measured yet" in cells[2]):
+            bad.append(f"a current figure needs its date (or 'not measured yet'): {row[:80]}")
+        elif len(_DATE.findall(cells[2])) > 1:
+            bad.append(f"one current figure per row, its history in bench/README.md: {row[:80]}")
+    assert not bad, "\n".join(bad)
