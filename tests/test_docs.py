@@ -145,3 +145,30 @@ def test_measured_figures_have_one_row_format() -> None:
         elif len(_DATE.findall(cells[2])) > 1:
             bad.append(f"one current figure per row, its history in bench/README.md: {row[:80]}")
     assert not bad, "\n".join(bad)
+
+
+def _section(doc: str, number: str) -> str:
+    """The text of section ``number`` of ``doc``, up to the next heading of its level or above."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    heads = list(re.finditer(r"^(#{2,4})\s+(\d+(?:\.\d+)*)\.?\s", text, re.MULTILINE))
+    for k, head in enumerate(heads):
+        if head.group(2) == number:
+            level = len(head.group(1))
+            end = next((h.start() for h in heads[k + 1 :] if len(h.group(1)) <= level), len(text))
+            return text[head.start() : end]
+    raise AssertionError(f"{doc} has no §{number}")
+
+
+def test_design_names_what_the_code_defines() -> None:
+    """The design's lists of causes, diagnosis keys and tables are the code's, no more and no fewer."""
+    from dataclasses import fields
+
+    from argus.diagnosis import Cause, Diagnosis
+    from argus.schema import TABLES
+
+    causes = set(re.findall(r"^\| `(\w+)` \|", _section("docs/design.md", "7.3"), re.MULTILINE))
+    assert causes == {c.value for c in Cause}
+    keys = re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", _section("docs/design.md", "7.1"), re.MULTILINE)
+    assert [k for pair in keys for k in pair if k] == [f.name for f in fields(Diagnosis)]
+    named = set(re.findall(r"`(\w+)`", _section("docs/design.md", "4")))
+    assert set(TABLES) <= named, f"tables missing from docs/design.md §4: {sorted(set(TABLES) - named)}"
