@@ -167,8 +167,27 @@ def test_design_names_what_the_code_defines() -> None:
     from argus.schema import TABLES
 
     causes = set(re.findall(r"^\| `(\w+)` \|", _section("docs/design.md", "7.3"), re.MULTILINE))
-    assert causes == {c.value for c in Cause}
+    assert causes == {c.value for c in Cause}, "docs/design.md §7.3 must list every Cause"
     keys = re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", _section("docs/design.md", "7.1"), re.MULTILINE)
     assert [k for pair in keys for k in pair if k] == [f.name for f in fields(Diagnosis)]
     named = set(re.findall(r"`(\w+)`", _section("docs/design.md", "4")))
     assert set(TABLES) <= named, f"tables missing from docs/design.md §4: {sorted(set(TABLES) - named)}"
+
+
+def test_design_names_every_command_and_route() -> None:
+    """§8.1 names every `argus` command; §9.1 every REST route of the README's table (which
+    tests/test_public_surface.py holds to the app's own routes)."""
+    import argparse
+
+    from argus.cli import build_parser
+
+    (sub,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = set(re.findall(r"`argus (\w+)", _section("docs/design.md", "8.1")))
+    assert commands == set(sub.choices), "docs/design.md §8.1 must name every `argus` command"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    routes = set(re.findall(r"^\| `((?:GET|POST) /api/v1\S*)` \|", readme, re.MULTILINE))
+    design = {
+        r.replace(" /", " /api/v1/", 1)
+        for r in re.findall(r"`((?:GET|POST) /jobs\S*)`", _section("docs/design.md", "9.1"))
+    }
+    assert routes == design, "docs/design.md §9.1 must name every route of the README's table"
