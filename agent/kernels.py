@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 
 from argus.kernels import KernelEvents, StepSpans, summarize, summary_window
 from argus.schema import wire_schema
+from argus.window_grid import WindowGrid
 
 __all__ = ["KernelWindows"]
 
@@ -64,29 +65,25 @@ class KernelWindows:
     """Per-job kernel events and steps awaiting their windows, and the raw-event ring.
 
     Args:
-        window_s: Window length, seconds (windows start at epoch multiples of it).
+        window: The summary windows (:class:`~argus.window_grid.WindowGrid`).
         grace_s: How long after its end a window waits for late events and steps.
         ring_rows: Bound on raw events kept for on-demand upload.
         step_wait_s: How much longer a kernel waits for the end of its step (default: one window).
         max_held_rows: Bound on events awaiting their windows; new ones past it are dropped.
         ahead_s: Events and spans starting more than this after ``now_ns`` are dropped.
-
-    Raises:
-        ValueError: ``window_s`` <= 0.
     """
 
     def __init__(
         self,
-        window_s: float,
+        window: WindowGrid,
         grace_s: float = 5.0,
         ring_rows: int = 1_000_000,
         step_wait_s: float | None = None,
         max_held_rows: int = 4_000_000,
         ahead_s: float = 120.0,
     ) -> None:
-        if window_s <= 0:
-            raise ValueError("window_s must be > 0")
-        self.window_ns = int(window_s * 1e9)
+        self.window = window
+        self.window_ns = window.length_ns
         self.grace_ns = int(grace_s * 1e9)
         self.step_wait_ns = self.window_ns if step_wait_s is None else int(step_wait_s * 1e9)
         self.ring_rows = ring_rows
@@ -188,7 +185,7 @@ class KernelWindows:
         out: list[tuple[str, pa.Table]] = []
         with self._lock:
             self._now_ns = max(self._now_ns, now_ns)
-            closing = (now_ns - self.grace_ns) // self.window_ns * self.window_ns
+            closing = self.window.start_ns(now_ns - self.grace_ns)
             for job_id in list(self._held):
                 if closing <= self._first_window[job_id]:
                     continue  # no held event can be in a window that is due
@@ -253,7 +250,7 @@ class KernelWindows:
         self._tickets -= done
         self._released.extend(done)
         for ticket, (job_id, end_ns) in list(self._cover_tickets.items()):
-            window = end_ns // self.window_ns * self.window_ns
+            window = self.window.start_ns(end_ns)
             summarised = window < self._closed_upto.get(job_id, _NONE_CLOSED)
             if summarised or (job_id not in self._held and window < closing):
                 del self._cover_tickets[ticket]
@@ -261,7 +258,7 @@ class KernelWindows:
 
     def _hold(self, job_id: str, tables: list[pa.Table]) -> None:
         """Keep ``tables`` of ``job_id`` for later; note the earliest window they start in."""
-        first = min(pc.min(t["start_ns"]).as_py() for t in tables) // self.window_ns * self.window_ns
+        first = self.window.start_ns(min(pc.min(t["start_ns"]).as_py() for t in tables))
         self._held_rows += sum(t.num_rows for t in tables)
         self._held.setdefault(job_id, []).extend(tables)
         self._first_window[job_id] = min(self._first_window.get(job_id, first), first)
@@ -278,13 +275,13 @@ class KernelWindows:
     ) -> tuple[StepSpans, np.ndarray, np.ndarray]:
         """Each event's window, and whether it still waits for the end of its step."""
         steps = self._step_spans(job_id)
-        window = summary_window(events, steps, self.window_ns)
+        window = summary_window(events, steps, self.window)
         waiting = np.zeros(len(events), bool)
         for rank in np.unique(events.rank).tolist():
             mine = events.rank == rank
             last = steps.last_end(rank)
             waiting[mine] = True if last is None else events.when_ns[mine] >= last
-        own = events.start_ns // self.window_ns * self.window_ns
+        own = self.window.starts_ns(events.start_ns)
         waiting &= own + self.window_ns + self.grace_ns + self.step_wait_ns > now_ns
         return steps, window, waiting
 
@@ -302,9 +299,9 @@ class KernelWindows:
         data = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         events = KernelEvents.from_wire(data)
         steps, window, waiting = self._place(job_id, events, now_ns)
-        own = events.start_ns // self.window_ns * self.window_ns
+        own = self.window.starts_ns(events.start_ns)
         # Windows end when their grace has passed, but not past one a waiting kernel may still join.
-        closing = (now_ns - self.grace_ns) // self.window_ns * self.window_ns
+        closing = self.window.start_ns(now_ns - self.grace_ns)
         closed = self._closed_upto.get(job_id, _NONE_CLOSED)
         # A waiting kernel may be outside every step: its own window stays open until it is
         # placed (one whose own window is summarised already would be late there anyway).
@@ -325,7 +322,7 @@ class KernelWindows:
         windows = np.unique(window[take]).tolist()
         return summarize(
             chosen,
-            self.window_ns,
+            self.window,
             steps=steps,
             resolution_ns=RESOLUTION_NS,
             covered_ns=self._covered(job_id, windows),

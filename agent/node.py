@@ -77,6 +77,7 @@ from argus.agent.uploader import Uploader
 from argus.config import AgentConfig
 from argus.errors import ConfigError
 from argus.schema import wire_schema
+from argus.window_grid import WindowGrid
 
 __all__ = ["NodeAgent", "main", "new_agent_id"]
 
@@ -129,7 +130,7 @@ class NodeAgent:
         collector: Collector address ``host:port``.
         spool_dir: Spool folder.
         spool_max_bytes: Spool bound.
-        window_s: Kernel compression window, seconds.
+        window: Kernel compression window (:class:`~argus.window_grid.WindowGrid`).
         token: Bearer token for the collector.
         tls_cert: PEM certificate of the collector (TLS).
         flush_s: Seconds between batches to the collector.
@@ -144,7 +145,7 @@ class NodeAgent:
         collector: str,
         spool_dir: str,
         spool_max_bytes: int,
-        window_s: float,
+        window: WindowGrid,
         *,
         token: str | None = None,
         tls_cert: str | None = None,
@@ -159,7 +160,7 @@ class NodeAgent:
         self.uploader = Uploader(
             collector, self.spool, self.agent_id, token=token, tls_cert=tls_cert, flush_s=flush_s
         )
-        self.windows = KernelWindows(window_s, grace_s=grace_s)
+        self.windows = KernelWindows(window, grace_s=grace_s)
         self.uploader.on_spooled = self._spooled
         #: Stack captures collectors ask for (argus.agent.captures), run in threads of their own.
         self.captures = StackCaptures(self._rank_process, self._ship_stacks, self._ask_probe)
@@ -785,7 +786,7 @@ def main(args: argparse.Namespace) -> int:
         settings.collector,
         settings.spool_dir,
         settings.spool_max_bytes,
-        settings.window_s,
+        settings.window,
         token=settings.token,
         tls_cert=settings.tls_cert,
         socket_group=settings.socket_group,

@@ -37,6 +37,7 @@ from argus.agent.identity import new_job_id
 from argus.config import ENV_AGENT_LOG, ENV_AUTOATTACH, ENV_COMMAND
 from argus.errors import ConfigError
 from argus.jobid import check_job_id
+from argus.window_grid import WindowGrid
 
 __all__ = ["agent_listening", "bootstrap_dir", "collector_reachable", "main"]
 
@@ -75,7 +76,7 @@ def _job_id(args: argparse.Namespace) -> str:
     return new_job_id()
 
 
-def _start_agent(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+def _start_agent(args: argparse.Namespace, window: WindowGrid) -> subprocess.Popen[bytes] | None:
     cmd = [
         sys.executable,
         "-m",
@@ -86,7 +87,7 @@ def _start_agent(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
         "--collector",
         args.collector,
         "--window-s",
-        str(getattr(args, "window_s", config.DEFAULT_WINDOW_S)),
+        window.flag_value(),
     ]
     if args.tls_cert:
         cmd += ["--tls-cert", args.tls_cert]
@@ -178,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
             return 2
         env.update(attach)
         if not agent_listening(args.socket):
-            agent = _start_agent(args)
+            agent = _start_agent(args, WindowGrid.from_seconds(args.window_s))
             reachable = collector_reachable(args.collector)
             if agent is not None and not reachable:
                 print(

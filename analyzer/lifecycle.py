@@ -65,7 +65,7 @@ from typing import Any
 
 from argus.analyzer.findings import JOB_SUBJECT, KEEP_SCORE, Finding, family
 from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT
-from argus.config import DEFAULT_WINDOW_S
+from argus.config import DEFAULT_WINDOW
 from argus.diagnosis import Diagnosis, State
 
 __all__ = ["OPEN_SCORE", "RESOLVE_WINDOWS", "STRONG_SCORE", "Tracker", "diagnosis_id"]
@@ -143,7 +143,7 @@ class Tracker:
         self,
         job_id: str,
         *,
-        window_ns: int = round(DEFAULT_WINDOW_S * 1e9),
+        window_ns: int = DEFAULT_WINDOW.length_ns,
         resolve_windows: int = RESOLVE_WINDOWS,
         min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
     ) -> None:

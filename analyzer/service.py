@@ -3,9 +3,9 @@
 `argus server` runs :class:`Analyzer` in a thread (:meth:`Analyzer.run_forever`);
 `argus analyze` runs it alone (:func:`main`).
 
-Windows are aligned to epoch multiples of ``window_s``. A window ``[w0, w1)`` of
-a job is analysed once, when ``now >= w1 + grace`` (rows may arrive up to
-``grace`` late: node agents batch for about a second) and every rank that still
+Windows are those of the analyzer's :class:`~argus.window_grid.WindowGrid` (epoch multiples
+of its length). A window ``[w0, w1)`` of a job is analysed once, when ``now >= w1 + grace``
+(rows may arrive up to ``grace`` late: node agents batch for about a second) and every rank that still
 reports has its heartbeat past ``w1`` stored (:func:`~argus.analyzer.store_io.read_watermark`:
 a node agent behind on its spool holds the window back), or, whatever the
 heartbeats, once :data:`WAIT_WINDOWS` more windows have passed. Rows arriving
@@ -105,6 +105,7 @@ from argus.diagnosis import (
 from argus.errors import ArgusError, ConfigError
 from argus.metrics import Metrics
 from argus.store import Store, open_store
+from argus.window_grid import WindowGrid
 
 __all__ = ["DEFAULT_BACKLOG_S", "Analyzer", "main"]
 
@@ -154,6 +155,8 @@ class _Job:
     #: An imported job's windows worth analysing (each window with data and the
     #: :data:`TRAILING_WINDOWS` after it), ascending; None for a live job (every window).
     visit: NDArray[np.int64] | None = None
+    #: kernel_summaries rows of another window length met so far (:meth:`Analyzer._mismatch`).
+    mismatched_rows: int = 0
 
     def next_visit(self) -> int | None:
         """The first window at or after the cursor worth analysing, ns; None when none is left."""
@@ -168,10 +171,10 @@ class Analyzer:
 
     Args:
         store: Where timings are read and diagnoses written.
-        window_s: Analysis window, seconds (> 0).
+        window: The analysis window (:class:`~argus.window_grid.WindowGrid`, from ``--window-s``).
         metrics: Gauges to update (straggler scores, active diagnoses, lag); None = no metrics.
         job: Only this job (default: every job).
-        grace_s: How late rows may arrive; default ``max(2, window_s / 4)``.
+        grace_s: How late rows may arrive; default ``max(2, window length in s / 4)``.
         backlog_s: Start at most this far before now on a new job; None = from its first row.
         min_loss_pct: Loss threshold: sustained loss (percent of wall time over the
             confirmation span) below which nothing opens.
@@ -182,14 +185,14 @@ class Analyzer:
             :meth:`run_forever`.
 
     Raises:
-        ConfigError: ``window_s`` is not positive.
+        ConfigError: ``min_loss_pct`` or ``stack_interval_s`` is out of range.
     """
 
     def __init__(
         self,
         store: Store,
         *,
-        window_s: float,
+        window: WindowGrid,
         metrics: Metrics | None = None,
         job: str | None = None,
         grace_s: float | None = None,
@@ -198,8 +201,6 @@ class Analyzer:
         stack_interval_s: float = DEFAULT_STACK_INTERVAL_S,
         retry_backoff_s: float | None = None,
     ) -> None:
-        if not window_s > 0:
-            raise ConfigError(f"--window-s must be > 0, got {window_s}")
         if not 0 < min_loss_pct < 100:
             raise ConfigError(f"--min-loss-pct must be in (0, 100), got {min_loss_pct}")
         if not stack_interval_s > 0:
@@ -207,11 +208,11 @@ class Analyzer:
         self.min_loss_pct = min_loss_pct
         self.store = store
         self.stacks = Stacks(store, stack_interval_s)
-        self.window_s = window_s
+        self.window = window
         self.metrics = metrics
         self.job = job
-        self.window_ns = round(window_s * 1e9)
-        self.grace_ns = int((grace_s if grace_s is not None else max(2.0, window_s / 4)) * 1e9)
+        self.window_ns = window.length_ns
+        self.grace_ns = int((grace_s if grace_s is not None else max(2.0, window.seconds / 4)) * 1e9)
         self.backlog_ns = None if backlog_s is None else int(backlog_s * 1e9)
         backoff = self._poll_s() if retry_backoff_s is None else retry_backoff_s
         self.retry_backoff_ns = int(max(backoff, 0.0) * 1e9)
@@ -291,7 +292,7 @@ class Analyzer:
         while job.cursor_ns + self.window_ns <= end and now >= job.retry_at_ns:
             nxt = job.next_visit()
             if nxt != job.cursor_ns:  # an imported job's gap: nothing in it to analyse
-                job.cursor_ns = end - end % self.window_ns if nxt is None else nxt
+                job.cursor_ns = self.window.start_ns(end) if nxt is None else nxt
                 job.analysed_to_ns = job.cursor_ns
                 continue
             if analysed == SLICE_WINDOWS:
@@ -337,10 +338,10 @@ class Analyzer:
         start = span.first_ns
         if self.backlog_ns is not None and not span.imported:
             start = max(start, now - self.backlog_ns)
-        cursor = start - start % self.window_ns
+        cursor = self.window.start_ns(start)
         old = job
         job = _Job(JobAnalysis(span.job_id, self.window_ns, min_loss_pct=self.min_loss_pct), cursor)
-        job.capped = cursor > span.first_ns - span.first_ns % self.window_ns
+        job.capped = cursor > self.window.start_ns(span.first_ns)
         if span.imported:
             with_data = read_data_windows(self.store, span.job_id, self.window_ns)
             after = np.arange(TRAILING_WINDOWS + 1, dtype=np.int64) * self.window_ns
@@ -384,6 +385,8 @@ class Analyzer:
         job.live = job.live.merge(read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1))
         window = read_window(self.store, job.analysis.job_id, w0, w1, job.live)
         self._time("read")
+        if job.attempts == 0:
+            self._mismatch(job, w0, window.mismatched_kernel_rows)
         if w0 < job.replay_to_ns:
             with contextlib.suppress(Exception):  # a window that failed before fails again: skip it
                 job.suspects = job.analysis.analyze(window).suspects
@@ -432,6 +435,25 @@ class Analyzer:
         for d in changed:
             log.info("diagnosis %s", render.line(d))
         return changed
+
+    def _mismatch(self, job: _Job, w0: int, rows: int) -> None:
+        """Report ``rows`` kernel summaries of window ``w0`` summarised in another window length (a
+        node agent or an import with another ``--window-s``): counted, and logged once per job."""
+        if rows == 0:
+            return
+        if self.metrics is not None:
+            self.metrics.window_mismatch_rows.labels(job.analysis.job_id).inc(rows)
+        if job.mismatched_rows == 0:
+            log.warning(
+                "job %s: %d kernel_summaries rows of window %d were summarised in another window than "
+                "the analyzer's %s (a node agent or an import with another --window-s): they are left out "
+                "of the analysis; give the server, agents and `argus run` one --window-s",
+                job.analysis.job_id,
+                rows,
+                w0,
+                self.window,
+            )
+        job.mismatched_rows += rows
 
     def _time(self, stage: str) -> None:
         """Observe the wall time since the last stage of a window's analysis ended (or its start)."""
@@ -511,7 +533,7 @@ class Analyzer:
     def _poll_s(self) -> float:
         # A window completes every window_s; checking twice as often bounds the lag to half a window
         # (plus the grace) without querying the store more than needed.
-        return min(max(self.window_s / 2, 0.5), 5.0)
+        return min(max(self.window.seconds / 2, 0.5), 5.0)
 
     def stop(self) -> None:
         """Make :meth:`run_forever` return after the current pass."""
@@ -529,7 +551,7 @@ def main(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     analyzer = Analyzer(
         store,
-        window_s=args.window_s,
+        window=WindowGrid.from_seconds(args.window_s),
         job=args.job,
         backlog_s=None if args.once else DEFAULT_BACKLOG_S,
         min_loss_pct=args.min_loss_pct,

@@ -462,11 +462,17 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     ks = store.query(
         """SELECT toInt64(rank) AS rank, kernel, toInt64(stream) AS stream, collective,
                   toInt64(count) AS count,
-                  p50_ns, p99_ns, log_lo, log_hi, sum_ns FROM kernel_summaries
+                  p50_ns, p99_ns, log_lo, log_hi, sum_ns, window_ns FROM kernel_summaries
            WHERE job_id = {job:String} AND window_start_ns >= {w0:Int64} AND window_start_ns < {w1:Int64}"""
         + _AS_DICTIONARY,
         p,
     )
+    # A row summarises [window_start_ns, + its window_ns): one of another length (an agent or an
+    # import with another --window-s) is not this window's; it is left out and counted, never misread.
+    own = _col(ks, "window_ns") == w1 - w0
+    mismatched = int(own.size - np.count_nonzero(own))
+    if mismatched:
+        ks = ks.filter(pa.array(own))
     kernel, kernel_names = _codes(ks, "kernel")
     kernels = KernelClusters(
         _col(ks, "rank"),
@@ -484,7 +490,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
     rt = _rank_table(store, job_id, w1)
     status = _status(rt, live, host_gpu, _group_members(store, job_id, w1))
-    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, _links(store, p, rt))
+    links = _links(store, p, rt)
+    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, links, mismatched)
 
 
 def _links(store: Store, p: dict[str, Any], rt: pa.Table) -> LinkSamples:

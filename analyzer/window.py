@@ -227,6 +227,9 @@ class Window:
     kernels: KernelClusters = field(default_factory=KernelClusters)
     status: RankStatus = field(default_factory=RankStatus)
     links: LinkSamples = field(default_factory=LinkSamples)
+    #: ``kernel_summaries`` rows starting in the window whose ``window_ns`` is not its length (summarised
+    #: with another ``--window-s``): left out of ``kernels``, counted here to be reported.
+    mismatched_kernel_rows: int = 0
 
 
 def progress_position(step: NDArray[np.int64], phase: NDArray[np.int64] | None = None) -> I64:

@@ -276,6 +276,7 @@ def _import_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--rank", type=int, default=None, help="rank of a single file without distributedInfo.rank"
     )
+    _window(p, "kernel summary window with --store (an upload is summarised in the server's window)")
     _auth(p, server=False)
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files (.json or .json.gz)")
 

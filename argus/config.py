@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from argus.errors import ConfigError
+from argus.window_grid import WindowGrid
 
 __all__ = [
     "DATABASE",
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_STACK_INTERVAL_S",
     "DEFAULT_STACK_SECONDS",
     "DEFAULT_STORE_URL",
+    "DEFAULT_WINDOW",
     "DEFAULT_WINDOW_S",
     "ENVIRONMENT",
     "ENV_AGENT_DRAIN_S",
@@ -78,6 +80,8 @@ DEFAULT_STORE_URL = "chdb://./argus-data"
 SYSTEM_SOCKET = "/run/argus/agent.sock"
 #: Analysis window and node-side compression window, seconds.
 DEFAULT_WINDOW_S = 10.0
+#: :data:`DEFAULT_WINDOW_S` as the grid every part uses (:mod:`argus.window_grid`).
+DEFAULT_WINDOW = WindowGrid.from_seconds(DEFAULT_WINDOW_S)
 #: Sustained loss (percent of wall time over the confirmation span) below which no diagnosis opens
 #: (:mod:`argus.analyzer.loss`). Measured on the clean 4-rank jobs of tests/analyzer/test_real_runs.py
 #: on the 2-core machine under other engineers' load (load average 7-19): the largest loss over two
@@ -255,7 +259,7 @@ class ServerConfig:
         store: Store URL (:func:`argus.store.open_store`).
         grpc_listen: gRPC ingest address, ``HOST:PORT`` (port 0: a free one).
         http_listen: REST API and /metrics address, ``HOST:PORT``.
-        window_s: Analysis window, seconds (> 0).
+        window: Analysis window (``--window-s``, :meth:`WindowGrid.from_seconds`).
         min_loss_pct: A fault opens only when it costs the job at least this share of its time (>= 0).
         retention_days: Rows are dropped this many days after storing them (>= 1).
         cluster: ClickHouse cluster name (replicated and distributed tables), or None.
@@ -271,7 +275,7 @@ class ServerConfig:
     store: str = DEFAULT_STORE_URL
     grpc_listen: str = DEFAULT_GRPC_LISTEN
     http_listen: str = DEFAULT_HTTP_LISTEN
-    window_s: float = DEFAULT_WINDOW_S
+    window: WindowGrid = DEFAULT_WINDOW
     min_loss_pct: float = DEFAULT_MIN_LOSS_PCT
     retention_days: int = DEFAULT_RETENTION_DAYS
     cluster: str | None = None
@@ -287,7 +291,6 @@ class ServerConfig:
         parse_listen(self.grpc_listen, "--grpc-listen")
         _positive("--stack-interval-s", self.stack_interval_s)
         parse_listen(self.http_listen, "--http-listen")
-        _positive("--window-s", self.window_s)
         if self.min_loss_pct < 0:
             raise ConfigError(f"--min-loss-pct must be >= 0, got {self.min_loss_pct}")
         if self.retention_days < 1:
@@ -310,7 +313,7 @@ class ServerConfig:
             store=args.store,
             grpc_listen=args.grpc_listen,
             http_listen=args.http_listen,
-            window_s=args.window_s,
+            window=WindowGrid.from_seconds(args.window_s),
             min_loss_pct=args.min_loss_pct,
             retention_days=args.retention_days,
             cluster=args.cluster,
@@ -335,7 +338,7 @@ class AgentConfig:
         collector: Collector address, ``HOST:PORT``.
         spool_dir: Spool of unacknowledged batches (default: one per collector, :func:`spool_dir_for`).
         spool_max_bytes: Bound on the spool, bytes (> 0).
-        window_s: Kernel compression window, seconds (> 0).
+        window: Kernel compression window (``--window-s``, :meth:`WindowGrid.from_seconds`).
         token: Bearer token sent to the collector, or None.
         tls_cert: PEM certificate (or CA) of the collector to trust: use TLS; None for plaintext.
         drain_s: Seconds a stopping agent keeps sending (``$ARGUS_AGENT_DRAIN_S``).
@@ -345,14 +348,13 @@ class AgentConfig:
     collector: str = DEFAULT_COLLECTOR
     spool_dir: str = ""
     spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
-    window_s: float = DEFAULT_WINDOW_S
+    window: WindowGrid = DEFAULT_WINDOW
     token: str | None = None
     tls_cert: str | None = None
     drain_s: float = DEFAULT_AGENT_DRAIN_S
     socket_group: str | None = None
 
     def __post_init__(self) -> None:
-        _positive("--window-s", self.window_s)
         _positive("--spool-max-bytes", self.spool_max_bytes)
         if self.drain_s < 0:
             raise ConfigError(f"{ENV_AGENT_DRAIN_S} must be >= 0, got {self.drain_s}")
@@ -379,7 +381,7 @@ class AgentConfig:
             collector=args.collector,
             spool_dir=args.spool or "",
             spool_max_bytes=args.spool_max_bytes,
-            window_s=args.window_s,
+            window=WindowGrid.from_seconds(args.window_s),
             token=args.token,
             tls_cert=args.tls_cert,
             drain_s=drain_s,

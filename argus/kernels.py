@@ -36,6 +36,7 @@ from numpy.typing import NDArray
 
 from argus.kde import compress
 from argus.schema import wire_schema
+from argus.window_grid import WindowGrid
 
 __all__ = [
     "KINDS",
@@ -189,15 +190,9 @@ class StepSpans:
         return int(self.end_ns[lo:hi].max()) if hi > lo else None
 
 
-def summary_window(events: KernelEvents, steps: StepSpans, window_ns: int) -> NDArray[np.int64]:
-    """Start, ns, of the summary window of each event, shape ``(n,)`` (the rule of the module doc).
-
-    Raises:
-        ValueError: ``window_ns`` < 1.
-    """
-    if window_ns < 1:
-        raise ValueError(f"window_ns must be >= 1, got {window_ns}")
-    window = events.start_ns // window_ns * window_ns
+def summary_window(events: KernelEvents, steps: StepSpans, grid: WindowGrid) -> NDArray[np.int64]:
+    """Start, ns, of the summary window of each event, shape ``(n,)`` (the rule of the module doc)."""
+    window = grid.starts_ns(events.start_ns)
     for rank in np.unique(events.rank).tolist():
         lo, hi = np.searchsorted(steps.rank, [rank, rank + 1])
         if hi == lo:
@@ -207,13 +202,13 @@ def summary_window(events: KernelEvents, steps: StepSpans, window_ns: int) -> ND
         when = events.when_ns[mine]
         step = np.maximum(np.searchsorted(starts, when, side="right") - 1, 0)
         inside = (when >= starts[step]) & (when < ends[step])
-        window[mine[inside]] = ends[step[inside]] // window_ns * window_ns
+        window[mine[inside]] = grid.starts_ns(ends[step[inside]])
     return window
 
 
 def summarize(
     events: KernelEvents,
-    window_ns: int,
+    grid: WindowGrid,
     *,
     steps: StepSpans | None = None,
     resolution_ns: int = 1,
@@ -227,20 +222,17 @@ def summarize(
 
     Args:
         events: The events to summarise (any ranks, any windows).
-        window_ns: Window length, ns; windows start at epoch multiples of it.
+        grid: The summary windows (:class:`~argus.window_grid.WindowGrid`).
         steps: The ranks' steps, for :func:`summary_window` (None: no steps known).
         resolution_ns: Timer resolution of the durations (1 for CUPTI, 1000 for µs traces).
         covered_ns: ``(rank, window_start_ns)`` → ns of that window the rank's capture ran;
-            absent: ``window_ns`` (captured throughout).
+            absent: the window's length (captured throughout).
 
     Returns:
         A table of :func:`argus.schema.wire_schema` ``("kernel_summaries")``, one row per
         cluster, groups in (window, rank, kind, kernel name code, stream, graph_id) order.
-
-    Raises:
-        ValueError: ``window_ns`` < 1.
     """
-    window = summary_window(events, steps if steps is not None else StepSpans.none(), window_ns)
+    window = summary_window(events, steps if steps is not None else StepSpans.none(), grid)
     schema = wire_schema("kernel_summaries")
     cols: dict[str, list[object]] = {name: [] for name in schema.names}
     if len(events) == 0:
@@ -265,7 +257,7 @@ def summarize(
         cols["stream"] += [int(events.stream[first])] * k
         cols["collective"] += [int(kind == 0 and collective[code])] * k
         cols["cluster"] += list(range(k))
-        cols["covered_ns"] += [covered.get((rank, start), window_ns)] * k
+        cols["covered_ns"] += [covered.get((rank, start), grid.length_ns)] * k
         nodes = events.graph_node_id[group]
         node = int(nodes[0]) if bool(np.all(nodes == nodes[0])) else 0
         cols["graph_id"] += [int(events.graph_id[first])] * k
@@ -273,6 +265,6 @@ def summarize(
         for field in ("count", "p50_ns", "p99_ns", "log_lo", "log_hi", "sum_ns"):
             cols[field] += clusters[field].tolist()
     n = len(cols["cluster"])
-    cols["window_ns"] = [window_ns] * n
+    cols["window_ns"] = [grid.length_ns] * n
     cols["resolution_ns"] = [resolution_ns] * n
     return pa.Table.from_pydict(cols, schema=schema)

@@ -83,6 +83,13 @@ class Metrics:
             ["job_id"],
             registry=r,
         )
+        self.window_mismatch_rows = Counter(
+            "argus_window_mismatch_rows",
+            "kernel_summaries rows the analyzer left out because their window_ns is not its window "
+            "(an agent, or an import, with another --window-s), by job.",
+            ["job_id"],
+            registry=r,
+        )
         self.analysis_window_seconds = Histogram(
             "argus_analysis_window_seconds",
             "Wall time of one job window's analysis, seconds, by stage: read (its rows from the store), "
@@ -141,6 +148,11 @@ class Metrics:
         with self._lock:
             self._suspects.pop(job_id, None)
             self._causes.pop(job_id, None)
-            for per_job in (self.lost_time, self.unexplained_loss, self.analysis_failures):
+            for per_job in (
+                self.lost_time,
+                self.unexplained_loss,
+                self.analysis_failures,
+                self.window_mismatch_rows,
+            ):
                 with contextlib.suppress(KeyError):  # never set for this job
                     per_job.remove(job_id)

@@ -90,7 +90,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             besides.append(store.beside())
             service = Analyzer(
                 besides[-1],
-                window_s=config.window_s,
+                window=config.window,
                 metrics=metrics,
                 min_loss_pct=config.min_loss_pct,
                 stack_interval_s=config.stack_interval_s,
@@ -105,7 +105,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             config.http_listen,
             token=config.token,
             tls=config.tls,
-            window_s=config.window_s,
+            window=config.window,
             max_upload_bytes=config.max_upload_bytes,
             max_read_rows=config.max_read_rows,
         )

@@ -36,6 +36,7 @@ from argus.collector.importer.kineto import parse_trace
 from argus.collector.importer.tables import RankTrace, kernel_summaries_table
 from argus.kde import compress, fidelity
 from argus.kernels import summary_window
+from argus.window_grid import WindowGrid
 
 KINETO_DIR = Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto"))
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -63,7 +64,9 @@ def ipc_bytes(table: pa.Table) -> int:
 def group_fidelities(rt: RankTrace, window_ns: int) -> tuple[list[float], float]:
     """Fidelity of every (window, kind, kernel, stream) group, and the seconds compression took."""
     t = rt.trace
-    window = summary_window(t.kernel_events(rt.rank), t.step_spans(rt.rank), window_ns)  # as summarised
+    window = summary_window(
+        t.kernel_events(rt.rank), t.step_spans(rt.rank), WindowGrid(window_ns)
+    )  # as summarised
     keys = np.stack([window, t.kind, t.kernel_code, t.stream])
     _, inverse = np.unique(keys, axis=1, return_inverse=True)
     out: list[float] = []
@@ -99,7 +102,7 @@ def full_window(window_ns: int) -> None:
                 for e in ijson.items(f, "traceEvents.item")
                 if e.get("cat") in GPU_CATEGORIES
             )
-    table = kernel_summaries_table(RankTrace(trace, "bench", 0, 2), window_ns)
+    table = kernel_summaries_table(RankTrace(trace, "bench", 0, 2), WindowGrid(window_ns))
     kde = ipc_bytes(table.drop_columns(["job_id"]))
     print(
         f"full window: {steps} steps resampled from diff_control, 1 rank: raw {raw / steps:.0f} B/step, "
@@ -111,7 +114,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-s", type=float, default=10.0, help="summary window, s (default 10)")
     args = parser.parse_args()
-    window_ns = round(args.window_s * 1e9)
+    window_ns = WindowGrid.from_seconds(args.window_s).length_ns
     files = sorted(KINETO_DIR.glob("*.json.gz"))
     if not files:
         print(f"no traces under {KINETO_DIR}", file=sys.stderr)
@@ -131,7 +134,7 @@ def main() -> int:
         rt = RankTrace(trace, "bench", trace.rank or 0, trace.world_size or 1)
         steps = max(trace.step.size, 1)
         raw, raw_gz = raw_event_bytes(path)
-        kde = ipc_bytes(kernel_summaries_table(rt, window_ns).drop_columns(["job_id"]))
+        kde = ipc_bytes(kernel_summaries_table(rt, WindowGrid(window_ns)).drop_columns(["job_id"]))
         fid, spent = group_fidelities(rt, window_ns)
         ratios.append(raw / kde)
         all_fid += fid

@@ -106,6 +106,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from argus.demo import WINDOW_S, Service, job_command, local_service  # noqa: E402
+from argus.window_grid import WindowGrid  # noqa: E402
 
 #: Healthy training before the fault, then training with it until the job stops, seconds.
 WARMUP_S = 14.0
@@ -269,7 +270,7 @@ def reanalyse(kept: Path, runs: list[Run], window_s: float) -> dict[str, list[di
         store = open_store(f"chdb://{copy}")
         try:
             store.command("TRUNCATE TABLE diagnoses")
-            analyzer = Analyzer(store, window_s=window_s, backlog_s=None)
+            analyzer = Analyzer(store, window=WindowGrid.from_seconds(window_s), backlog_s=None)
             analyzer.run_once(now_ns=time.time_ns() + 3600 * 10**9)
             out = {run.job_id: [d.to_dict() for d in read_diagnoses(store, run.job_id)] for run in runs}
         finally:
@@ -364,7 +365,7 @@ def score(
     runs: list[Run], found: dict[str, list[dict[str, Any]]], window_s: float
 ) -> tuple[list[Row], dict[str, float]]:
     """Score every run (see the module docstring); returns the table's rows and the figures."""
-    window_ns = round(window_s * 1e9)
+    window_ns = WindowGrid.from_seconds(window_s).length_ns
     by_name = {r.name: r for r in runs}
     cases = {c.name: c for c in CASES}
     rows: list[Row] = []

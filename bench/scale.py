@@ -100,6 +100,7 @@ from argus.agent.uploader import HOLD_FLUSHES, flush_due  # noqa: E402
 from argus.config import MAX_MESSAGE_BYTES  # noqa: E402
 from argus.proto import collector_pb2 as pb  # noqa: E402
 from argus.proto import collector_pb2_grpc as pb_grpc  # noqa: E402
+from argus.window_grid import WindowGrid  # noqa: E402
 from synthetic.fleet import Fleet  # noqa: E402
 
 JOB_ID = "scale"
@@ -596,7 +597,7 @@ def run(
     """Run the benchmark; return its last line (printing progress on the way)."""
     world = agents * ranks_per_agent
     slow = slow_rank if slow_rank is not None else int(world * 0.43) + 1
-    window_ns = round(window_s * NS)
+    window_ns = WindowGrid.from_seconds(window_s).length_ns
     procs = max(1, min(procs, agents))
     job = Job(agents, ranks_per_agent, window_ns, windows, slow, drain_s)
     with tempfile.TemporaryDirectory(prefix="argus-bench-scale-") as tmp:

@@ -56,6 +56,7 @@ from argus.analyzer.window import (
     progress_position,
 )
 from argus.schema import PHASES, wire_schema, wire_table
+from argus.window_grid import WindowGrid
 
 __all__ = ["FAULT_CAUSE", "Fault", "JobSpec", "Simulation", "simulate"]
 
@@ -134,7 +135,7 @@ class JobSpec:
 
     @property
     def window_ns(self) -> int:
-        return int(self.window_s * NS)
+        return WindowGrid.from_seconds(self.window_s).length_ns
 
 
 @dataclass

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from argus.analyzer.window import Collectives, Phases, RankStatus, Steps, Window
+from argus.window_grid import WindowGrid
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -111,7 +112,7 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     st_dur: list[NDArray[np.int64]] = []
     ph: dict[str, list[NDArray[np.int64]]] = {k: [] for k in ("rank", "step", "phase", "start", "dur")}
     t = np.full(world, float(T0 + NS // 3))
-    end_all = T0 + n_windows * int(window_s * NS)
+    end_all = T0 + n_windows * WindowGrid.from_seconds(window_s).length_ns
     step = 0
     xfer_tp, xfer_pp, xfer_dp = 0.02 * unit, 0.05 * unit, 0.3 * unit
     sent = np.zeros(world)
@@ -225,7 +226,10 @@ def windows(lay: Layout3D, n_windows: int, window_s: float = 10.0) -> list[Windo
     op = np.where(cat["op"] <= 1, 0, cat["op"] - 1)  # allreduce, send, recv
     out = []
     for k in range(n_windows):
-        w0, w1 = T0 + k * int(window_s * NS), T0 + (k + 1) * int(window_s * NS)
+        w0, w1 = (
+            T0 + k * WindowGrid.from_seconds(window_s).length_ns,
+            T0 + (k + 1) * WindowGrid.from_seconds(window_s).length_ns,
+        )
         s_end = steps.start_ns + steps.dur_ns
         sel = (s_end >= w0) & (s_end < w1)
         ws = Steps(steps.rank[sel], steps.step[sel], steps.start_ns[sel], steps.dur_ns[sel])

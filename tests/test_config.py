@@ -27,16 +27,18 @@ def test_every_argus_variable_read_anywhere_is_declared_in_config() -> None:
 
 
 def test_server_settings_are_checked_once_when_built() -> None:
+    from argus.cli import build_parser
     from argus.errors import ConfigError
 
     assert config.ServerConfig().retention_days == config.DEFAULT_RETENTION_DAYS
     for bad, message in [
         ({"grpc_listen": "nowhere"}, "--grpc-listen 'nowhere': expected HOST:PORT"),
-        ({"window_s": 0.0}, "--window-s must be > 0"),
         ({"retention_days": 0}, "--retention-days must be >= 1"),
     ]:
         with pytest.raises(ConfigError, match=message):
             config.ServerConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--window-s must be > 0"):
+        config.ServerConfig.from_args(build_parser().parse_args(["server", "--window-s", "0"]))
     with pytest.raises(ConfigError, match="go together"):
         config.TlsFiles.of("cert.pem", None)
     assert config.TlsFiles.of(None, None) is None

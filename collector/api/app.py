@@ -30,10 +30,11 @@ from argus.collector.api.errors import ERROR_RESPONSES, error_response, install_
 from argus.collector.api.jobs import recent_job_status_counts
 from argus.collector.api.models import Health
 from argus.collector.api.routes import build_router
-from argus.config import DEFAULT_MAX_READ_ROWS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW_S
+from argus.config import DEFAULT_MAX_READ_ROWS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW, DEFAULT_WINDOW_S
 from argus.errors import StoreError, TooLarge, TooManyRows, Unauthenticated
 from argus.metrics import Metrics
 from argus.store import Store
+from argus.window_grid import WindowGrid
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "BodyLimit", "create_app"]
 
@@ -101,7 +102,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     metrics: Metrics,
     token: str | None = None,
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
-    window_s: float = DEFAULT_WINDOW_S,
+    window: WindowGrid = DEFAULT_WINDOW,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_read_rows: int = DEFAULT_MAX_READ_ROWS,
 ) -> FastAPI:
@@ -112,7 +113,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
         metrics: The server's metrics; ``/metrics`` exposes ``metrics.registry``.
         token: When set, every endpoint but ``/healthz`` requires ``Authorization: Bearer TOKEN``.
         heartbeat_timeout_s: A rank silent this long (no host sample) is not ``running``.
-        window_s: The analysis window; uploaded traces are summarised in windows of this length.
+        window: The analysis window; uploaded traces are summarised in it.
         max_upload_bytes: Cap on a request body and on an upload's decompressed text (413 past it).
         max_read_rows: Rows of the store one request may scan (422 past it, naming the limit).
     """
@@ -143,7 +144,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
 
     app.include_router(
         build_router(
-            reads, heartbeat_timeout_ns=timeout_ns, window_s=window_s, max_upload_bytes=max_upload_bytes
+            reads, heartbeat_timeout_ns=timeout_ns, window=window, max_upload_bytes=max_upload_bytes
         ),
         dependencies=secured,
     )

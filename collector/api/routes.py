@@ -31,6 +31,7 @@ from argus.config import DEFAULT_MAX_UPLOAD_BYTES
 from argus.diagnosis import Cause, State
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.store import Store
+from argus.window_grid import WindowGrid
 
 __all__ = ["build_router"]
 
@@ -73,7 +74,7 @@ def build_router(
     store: Store,
     *,
     heartbeat_timeout_ns: int,
-    window_s: float,
+    window: WindowGrid,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
 ) -> APIRouter:
     """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors.
@@ -249,7 +250,7 @@ def build_router(
             job_id=job_id,
             rank=rank,
             names=names,
-            window_s=window_s,
+            window=window,
             max_text_bytes=max_upload_bytes,
         )
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}

@@ -12,13 +12,14 @@ from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
 from argus.config import (
     DEFAULT_MAX_READ_ROWS,
     DEFAULT_MAX_UPLOAD_BYTES,
-    DEFAULT_WINDOW_S,
+    DEFAULT_WINDOW,
     TlsFiles,
     parse_listen,
 )
 from argus.errors import ConfigError
 from argus.metrics import Metrics
 from argus.store import Store
+from argus.window_grid import WindowGrid
 
 __all__ = ["GRACE_S", "HttpServer", "start_http"]
 
@@ -50,7 +51,7 @@ def start_http(
     *,
     token: str | None = None,
     tls: TlsFiles | None = None,
-    window_s: float = DEFAULT_WINDOW_S,
+    window: WindowGrid = DEFAULT_WINDOW,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_read_rows: int = DEFAULT_MAX_READ_ROWS,
 ) -> HttpServer:
@@ -77,10 +78,10 @@ def start_http(
         store,
         metrics=metrics,
         token=token,
-        window_s=window_s,
+        window=window,
         max_upload_bytes=max_upload_bytes,
         max_read_rows=max_read_rows,
-        heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window_s),
+        heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window.seconds),
     )
     config = uvicorn.Config(
         app,

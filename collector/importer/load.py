@@ -56,11 +56,12 @@ from argus.collector.importer.tables import (
     ranks_table,
     steps_table,
 )
-from argus.config import DEFAULT_WINDOW_S
+from argus.config import DEFAULT_WINDOW
 from argus.errors import StoreError, TraceError
 from argus.jobid import check_job_id
 from argus.limits import ByteBudget, check_declared
 from argus.store import Store, open_store
+from argus.window_grid import WindowGrid
 
 __all__ = ["ImportResult", "default_job_id", "import_parsed", "import_traces", "main"]
 
@@ -133,12 +134,12 @@ def _stored_ranks(store: Store, job_id: str) -> set[int]:
     return {int(r) for r in table.column(0).to_numpy()}
 
 
-def _build(rt: RankTrace, window_ns: int) -> dict[str, list[pa.Table]]:
+def _build(rt: RankTrace, grid: WindowGrid) -> dict[str, list[pa.Table]]:
     """The small tables of one rank (everything but the raw kernel events), built before any insert."""
     return {
         "steps": [steps_table(rt)],
         "collectives": [collectives_table(rt)],
-        "kernel_summaries": [kernel_summaries_table(rt, window_ns)],
+        "kernel_summaries": [kernel_summaries_table(rt, grid)],
         "ranks": [ranks_table(rt)],
     }
 
@@ -183,7 +184,7 @@ def import_traces(
     *,
     job_id: str | None = None,
     rank: int | None = None,
-    window_s: float = DEFAULT_WINDOW_S,
+    window: WindowGrid = DEFAULT_WINDOW,
     names: Sequence[str] | None = None,
     max_text_bytes: int | None = None,
 ) -> ImportResult:
@@ -194,7 +195,7 @@ def import_traces(
         sources: Paths or binary file objects, one per rank; each is read once, streaming.
         job_id: The job the ranks belong to; default :func:`default_job_id` of the files.
         rank: The rank of a file without ``distributedInfo.rank``.
-        window_s: Kernel summary window, seconds (the analyzer's window).
+        window: Kernel summary window (the analyzer's: :class:`~argus.window_grid.WindowGrid`).
         names: Names of ``sources`` in messages (default: the path or the object's ``name``).
         max_text_bytes: Cap on the JSON text of all ``sources`` together, bytes after
             gunzip (``--max-upload-bytes`` for uploads); None: no cap.
@@ -209,10 +210,8 @@ def import_traces(
             or a ``job_id`` against :mod:`argus.jobid`'s rule; nothing is written.
         TooLarge: the text is past ``max_text_bytes``; nothing is written.
         StoreError: an insert failed; what the import had written is deleted again.
-        ValueError: ``window_s`` <= 0, or ``names`` does not match ``sources``.
+        ValueError: ``names`` does not match ``sources``.
     """
-    if window_s <= 0:
-        raise ValueError(f"window_s must be > 0, got {window_s}")
     if names is not None and len(names) != len(sources):
         raise ValueError("names must name every source")
     if not sources:
@@ -223,7 +222,7 @@ def import_traces(
         parse_trace(src, name=names[i] if names is not None else trace_name(src), budget=budget)
         for i, src in enumerate(sources)
     ]
-    return import_parsed(store, traces, job_id=job_id, rank=rank, window_s=window_s)
+    return import_parsed(store, traces, job_id=job_id, rank=rank, window=window)
 
 
 def import_parsed(
@@ -232,15 +231,13 @@ def import_parsed(
     *,
     job_id: str | None = None,
     rank: int | None = None,
-    window_s: float = DEFAULT_WINDOW_S,
+    window: WindowGrid = DEFAULT_WINDOW,
 ) -> ImportResult:
     """The second half of :func:`import_traces`: store traces already parsed (or generated).
 
     Same arguments, results and errors as :func:`import_traces`, with
     :class:`~argus.collector.importer.kineto.ParsedTrace` columns instead of files.
     """
-    if window_s <= 0:
-        raise ValueError(f"window_s must be > 0, got {window_s}")
     if not traces:
         raise TraceError("no trace files to import")
     _check_job_id(job_id)
@@ -248,8 +245,7 @@ def import_parsed(
     job = job_id or default_job_id([t.digest for t in traces])
     world = max([r + 1 for r in ranks] + [t.world_size or 0 for t in traces])
     rank_traces = [RankTrace(t, job, r, world) for t, r in zip(traces, ranks, strict=True)]
-    window_ns = round(window_s * 1e9)
-    tables = [_build(rt, window_ns) for rt in rank_traces]
+    tables = [_build(rt, window) for rt in rank_traces]
     rows = {name: sum(t.num_rows for built in tables for t in built[name]) for name in tables[0]}
     rows["kernel_events"] = sum(rt.trace.start_ns.size for rt in rank_traces)
     jobs = jobs_table(job, rank_traces)
@@ -290,9 +286,10 @@ def main(args: argparse.Namespace) -> int:
     """`argus import`: to ``--store`` directly, else uploaded to ``--server`` (default server URL)."""
     paths = [Path(p) for p in args.paths]
     if args.store:
+        window = WindowGrid.from_seconds(args.window_s)
         store = open_store(args.store)
         try:
-            result = import_traces(store, paths, job_id=args.job_id, rank=args.rank)
+            result = import_traces(store, paths, job_id=args.job_id, rank=args.rank, window=window)
         finally:
             store.close()
         body: dict[str, Any] = {"job_id": result.job_id, "ranks": result.ranks, "rows": result.rows}

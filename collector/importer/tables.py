@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from argus.collector.importer.kineto import ParsedTrace
 from argus.kernels import KINDS, summarize
 from argus.schema import wire_table
+from argus.window_grid import WindowGrid
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -163,19 +164,16 @@ def collectives_table(rt: RankTrace) -> pa.Table:
     )
 
 
-def kernel_summaries_table(rt: RankTrace, window_ns: int) -> pa.Table:
+def kernel_summaries_table(rt: RankTrace, grid: WindowGrid) -> pa.Table:
     """``kernel_summaries`` rows: :func:`argus.kernels.summarize` of the trace's GPU activity.
 
     The one summary and window rule of live capture: a kernel belongs to the window in
     which the ``ProfilerStep`` that launched it ends. Durations are compressed at the
     trace's resolution (1000 ns for integer-µs traces).
-
-    Raises:
-        ValueError: ``window_ns`` < 1.
     """
     t = rt.trace
     rows = summarize(
-        t.kernel_events(rt.rank), window_ns, steps=t.step_spans(rt.rank), resolution_ns=t.resolution_ns
+        t.kernel_events(rt.rank), grid, steps=t.step_spans(rt.rank), resolution_ns=t.resolution_ns
     )
     return rows.add_column(0, "job_id", pa.array([rt.job_id] * rows.num_rows, pa.string()))
 

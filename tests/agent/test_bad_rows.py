@@ -14,6 +14,7 @@ from argus.agent.recorder import Recorder
 from argus.agent.rows import CollectiveRow, PhaseRow, StepRow
 from argus.agent.shipper import Shipper
 from argus.agent.sink import AgentLink
+from argus.window_grid import WindowGrid
 from tests.agent.chdb_collector import chdb_collector
 from tests.agent.jobs import short_dir
 from tests.agent.test_node_agent import HELLO, wait_for
@@ -23,7 +24,12 @@ from tests.agent.test_uploader import steps
 def test_the_probe_drops_and_counts_negative_durations_and_ships_the_rest() -> None:
     with short_dir() as work, chdb_collector(work) as collector:
         agent = NodeAgent(
-            str(work / "a.sock"), collector.address, str(work / "spool"), 1 << 30, 1.0, flush_s=0.2
+            str(work / "a.sock"),
+            collector.address,
+            str(work / "spool"),
+            1 << 30,
+            WindowGrid.from_seconds(1.0),
+            flush_s=0.2,
         )
         agent.start()
         now = time.time_ns()
@@ -70,7 +76,12 @@ def test_the_probe_drops_and_counts_negative_durations_and_ships_the_rest() -> N
 def test_the_agent_drops_negative_durations_a_probe_sent_and_stores_the_rest_of_the_batch() -> None:
     with short_dir() as work, chdb_collector(work) as collector:
         agent = NodeAgent(
-            str(work / "a.sock"), collector.address, str(work / "spool"), 1 << 30, 1.0, flush_s=3600
+            str(work / "a.sock"),
+            collector.address,
+            str(work / "spool"),
+            1 << 30,
+            WindowGrid.from_seconds(1.0),
+            flush_s=3600,
         )
         agent.start()
         try:

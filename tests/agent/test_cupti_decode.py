@@ -28,6 +28,7 @@ from argus.agent.rows import CollectiveRow
 from argus.kde import CLUSTER_DTYPE, fidelity
 from argus.kernels import KernelEvents, is_collective_kernel, summarize
 from argus.schema import wire_schema, wire_table
+from argus.window_grid import WindowGrid
 
 
 def kernel(
@@ -151,7 +152,7 @@ def test_decoded_records_compress_per_window_kernel_and_stream() -> None:
     records.append(kernel("gemm", 0, 0))
     decoded = decode_records(records)
     assert decoded.dropped == 1
-    windows = KernelWindows(window_s=1.0, grace_s=0.0)
+    windows = KernelWindows(WindowGrid.from_seconds(1.0), grace_s=0.0)
     windows.add("job", _events(decoded.rows))
     out = windows.ready(now_ns=base + 10 * window)
     assert [job for job, _ in out] == ["job"]
@@ -171,7 +172,7 @@ def test_summary_rebuilds_within_five_percent() -> None:
     rng = np.random.default_rng(5)
     durs = rng.lognormal(np.log(120_000), 0.2, 20_000).astype(np.int64)
     rows = [("kernel", "k", 1, 0, 0, 1_000_000 + i, int(d), 0, 0) for i, d in enumerate(durs)]
-    s = summarize(KernelEvents.from_wire(_events(rows)), 10**10)
+    s = summarize(KernelEvents.from_wire(_events(rows)), WindowGrid(10**10))
     clusters = np.array(
         list(
             zip(

@@ -32,6 +32,7 @@ from argus.agent.kernels import KernelWindows
 from argus.agent.rows import CollectiveRow
 from argus.kernels import KernelEvents, summarize
 from argus.schema import wire_schema
+from argus.window_grid import WindowGrid
 from tests.agent import cupti_buffers as cb
 
 
@@ -242,7 +243,7 @@ def test_graph_launched_kernels_are_captured_named_and_summarised_by_graph() -> 
     table = got.table(rank=2)
     assert table.schema == wire_schema("kernel_events")
     assert table["graph_node_id"].to_pylist()[1:3] == [node, node]
-    s = summarize(KernelEvents.from_wire(table), 10_000).to_pandas()
+    s = summarize(KernelEvents.from_wire(table), WindowGrid(10_000)).to_pandas()
     gemm = s[s.kernel == "gemm"].sort_values("graph_id")
     assert gemm.graph_id.tolist() == [0, 7] and gemm.graph_node_id.tolist() == [0, node]
     assert gemm["count"].tolist() == [1, 2]
@@ -363,7 +364,7 @@ def test_always_on_capture_covers_the_whole_window() -> None:
     for i in range(1, 23):  # the probe takes spans at each shipment, every 0.5 s
         spans += source.take_spans(now_ns=t0 + i * s // 2)
         assert source.update(t0 + i * s // 2) > t0 + i * s // 2 and source.capturing
-    windows = KernelWindows(window_s=10.0, grace_s=0.0)
+    windows = KernelWindows(WindowGrid.from_seconds(10.0), grace_s=0.0)
     windows.cover("job", 0, [(t0 - s, t0 + s // 2), *spans])  # capture from before the window on
     windows.add("job", Decoded().table(0))  # an empty shipment is nothing
     events = cb.object_path(_records([_k(0, 1, t0 + s, t0 + 2 * s)]))

@@ -18,6 +18,7 @@ from argus.agent.sink import AgentLink
 from argus.agent.spool import SET_ASIDE, Spool
 from argus.agent.uploader import POISON_TRIES, Uploader
 from argus.schema import wire_schema
+from argus.window_grid import WindowGrid
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import short_dir
 from tests.agent.test_node_agent import HELLO, wait_for
@@ -68,7 +69,14 @@ def test_no_frame_is_acknowledged_while_the_spool_cannot_be_written() -> None:
     with short_dir() as work:
         spool = work / "spool"
         with unwritable(spool):
-            agent = NodeAgent(str(work / "a.sock"), sink.address, str(spool), 1 << 30, 1.0, flush_s=3600)
+            agent = NodeAgent(
+                str(work / "a.sock"),
+                sink.address,
+                str(spool),
+                1 << 30,
+                WindowGrid.from_seconds(1.0),
+                flush_s=3600,
+            )
             agent.start()
             link = AgentLink(str(work / "a.sock"), HELLO)
             try:
@@ -143,7 +151,14 @@ def test_a_batch_refused_as_too_large_is_split_and_each_row_stored_once(tmp_path
 def test_a_probe_connection_dropped_before_its_ack_and_resumed_stores_each_step_once() -> None:
     sink = Sink()
     with short_dir() as work:
-        agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0, flush_s=3600)
+        agent = NodeAgent(
+            str(work / "a.sock"),
+            sink.address,
+            str(work / "spool"),
+            1 << 30,
+            WindowGrid.from_seconds(1.0),
+            flush_s=3600,
+        )
         agent.start()
         try:
             link = AgentLink(str(work / "a.sock"), HELLO)

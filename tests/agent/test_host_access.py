@@ -14,6 +14,7 @@ import pytest
 from argus import cli, config
 from argus.agent.node import NodeAgent
 from argus.errors import ConfigError
+from argus.window_grid import WindowGrid
 from tests.agent.chdb_collector import chdb_collector
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import job_env, run, short_dir
@@ -59,7 +60,9 @@ def test_a_socket_directory_owned_by_another_user_is_refused() -> None:
         theirs = work / "theirs"
         theirs.mkdir()
         os.chown(theirs, 65534, 65534)
-        agent = NodeAgent(str(theirs / "a.sock"), sink.address, str(work / "spool"), 1 << 20, 1.0)
+        agent = NodeAgent(
+            str(theirs / "a.sock"), sink.address, str(work / "spool"), 1 << 20, WindowGrid.from_seconds(1.0)
+        )
         with pytest.raises(ConfigError, match=r"belongs to uid 65534, not to this user .*directory you own"):
             agent.start()
         assert not (theirs / "a.sock").exists()
@@ -154,7 +157,13 @@ def test_a_probe_with_no_socket_given_finds_an_agent_on_its_default_path() -> No
 def test_the_socket_is_0660_in_a_folder_only_its_owner_or_its_group_may_enter() -> None:
     with short_dir() as work, chdb_collector(work) as collector:
         work.chmod(0o755)
-        private = NodeAgent(str(work / "own" / "a.sock"), collector.address, str(work / "s1"), 1 << 20, 1.0)
+        private = NodeAgent(
+            str(work / "own" / "a.sock"),
+            collector.address,
+            str(work / "s1"),
+            1 << 20,
+            WindowGrid.from_seconds(1.0),
+        )
         private.start()
         try:
             assert stat.S_IMODE((work / "own").stat().st_mode) == 0o700
@@ -166,7 +175,7 @@ def test_the_socket_is_0660_in_a_folder_only_its_owner_or_its_group_may_enter() 
                 collector.address,
                 str(work / "s2"),
                 1 << 20,
-                1.0,
+                WindowGrid.from_seconds(1.0),
                 socket_group="nogroup",
             )
             shared.start()
@@ -197,7 +206,13 @@ def test_a_socket_directory_others_may_write_is_refused() -> None:
     with short_dir() as work, chdb_collector(work) as collector:
         (work / "open").mkdir()
         (work / "open").chmod(0o777)
-        agent = NodeAgent(str(work / "open" / "a.sock"), collector.address, str(work / "spool"), 1 << 20, 1.0)
+        agent = NodeAgent(
+            str(work / "open" / "a.sock"),
+            collector.address,
+            str(work / "spool"),
+            1 << 20,
+            WindowGrid.from_seconds(1.0),
+        )
         with pytest.raises(ConfigError, match=r"is writable by others \(mode 777\).*only you can write"):
             agent.start()
         assert not (work / "open" / "a.sock").exists()
@@ -207,6 +222,6 @@ def test_a_socket_directory_others_may_write_is_refused() -> None:
                 collector.address,
                 str(work / "s"),
                 1 << 20,
-                1.0,
+                WindowGrid.from_seconds(1.0),
                 socket_group="no-such-group-x",
             ).start()

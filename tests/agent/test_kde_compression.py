@@ -9,6 +9,7 @@ from argus.agent.protocol import ipc_bytes
 from argus.kde import compress, fidelity
 from argus.kernels import KernelEvents, summarize
 from argus.schema import wire_table
+from argus.window_grid import WindowGrid
 
 RNG = np.random.default_rng(11)
 
@@ -40,7 +41,7 @@ def test_bimodal_two_clusters_unimodal_one() -> None:
 def test_fidelity_on_100k_samples_within_5_percent_and_ratio_printed() -> None:
     durs = np.r_[RNG.lognormal(np.log(50_000), 0.1, 70_000), RNG.lognormal(np.log(140_000), 0.15, 30_000)]
     durs = np.round(durs)
-    summaries = summarize(KernelEvents.from_wire(_events(durs)), 10_000_000_000)
+    summaries = summarize(KernelEvents.from_wire(_events(durs)), WindowGrid(10_000_000_000))
     clusters = compress(durs)
     assert fidelity(durs, clusters) < 0.05
     raw_bytes = len(ipc_bytes(_events(durs)))

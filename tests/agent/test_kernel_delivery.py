@@ -12,6 +12,7 @@ import time
 
 from argus.agent.node import NodeAgent
 from argus.agent.sink import AgentLink
+from argus.window_grid import WindowGrid
 from tests.agent.chdb_collector import Collector, chdb_collector
 from tests.agent.jobs import job_env, short_dir
 from tests.agent.test_node_agent import HELLO as HELLO_V1
@@ -35,7 +36,7 @@ def test_kernel_and_capture_frames_are_acknowledged_once_their_summaries_are_spo
             collector.address,
             str(work / "spool"),
             1 << 30,
-            1.0,
+            WindowGrid.from_seconds(1.0),
             flush_s=0.2,
             grace_s=1.5,
         )
@@ -117,7 +118,7 @@ def test_a_window_stamped_far_ahead_or_over_the_bound_is_dropped_counted_and_nev
             collector.address,
             str(work / "spool"),
             1 << 30,
-            1.0,
+            WindowGrid.from_seconds(1.0),
             flush_s=0.2,
             grace_s=0.5,
         )

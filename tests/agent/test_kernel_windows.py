@@ -12,6 +12,7 @@ import pyarrow as pa
 from argus.agent.kernels import KernelWindows
 from argus.kernels import KernelEvents, StepSpans, summarize
 from argus.schema import wire_schema, wire_table
+from argus.window_grid import WindowGrid
 
 S = 1_000_000_000
 W0 = 1_800_000_000 * S  # a window start (a multiple of 10 s)
@@ -56,7 +57,7 @@ def _counts(table: pa.Table) -> dict[tuple[int, int], int]:
 
 
 def test_a_kernel_goes_to_the_window_where_its_step_ends() -> None:
-    windows = KernelWindows(window_s=10.0, grace_s=1.0)
+    windows = KernelWindows(WindowGrid.from_seconds(10.0), grace_s=1.0)
     # One step from 9.5 s to 10.5 s of the window: its kernels start in W0 and W1, it ends in W1.
     windows.steps("job", _steps(0, [W0 + 8 * S, W0 + 9_500_000_000, W0 + 10_500_000_000]))
     early = [W0 + 8 * S + i * 1_000_000 for i in range(100)]  # in the step ending at 9.5 s
@@ -74,12 +75,12 @@ def test_live_and_imported_kernels_are_summarised_alike() -> None:
     durs = rng.lognormal(np.log(40_000), 0.3, 3000).astype(np.int64)
     events = _events(0, starts)
     events = events.set_column(events.schema.get_field_index("dur_ns"), "dur_ns", pa.array(durs))
-    windows = KernelWindows(window_s=10.0, grace_s=1.0)
+    windows = KernelWindows(WindowGrid.from_seconds(10.0), grace_s=1.0)
     windows.steps("job", _steps(0, bounds))
     windows.add("job", events)
     live = pa.concat_tables([t for _, t in windows.flush_all()])
     steps = StepSpans.of([0] * (len(bounds) - 1), np.array(bounds[:-1]), np.diff(bounds))
-    imported = summarize(KernelEvents.from_wire(events), 10 * S, steps=steps)
+    imported = summarize(KernelEvents.from_wire(events), WindowGrid(10 * S), steps=steps)
     key = ["window_start_ns", "kernel", "cluster"]
     assert live.sort_by([(k, "ascending") for k in key]).equals(
         imported.sort_by([(k, "ascending") for k in key])
@@ -87,7 +88,7 @@ def test_live_and_imported_kernels_are_summarised_alike() -> None:
 
 
 def test_a_rank_without_steps_is_summarised_in_the_window_of_each_kernel_start() -> None:
-    windows = KernelWindows(window_s=10.0, grace_s=1.0, step_wait_s=5.0)
+    windows = KernelWindows(WindowGrid.from_seconds(10.0), grace_s=1.0, step_wait_s=5.0)
     windows.add("job", _events(1, [W0 + 2 * S, W0 + 12 * S]))
     assert windows.ready(W0 + 12 * S) == []  # W0 is past its grace, but its kernel may be in a step
     (job, table), *rest = windows.ready(W0 + 17 * S)  # waited step_wait_s: outside every step
@@ -97,7 +98,7 @@ def test_a_rank_without_steps_is_summarised_in_the_window_of_each_kernel_start()
 
 
 def test_events_for_a_summarised_window_are_counted_late_not_summarised_twice() -> None:
-    windows = KernelWindows(window_s=10.0, grace_s=1.0)
+    windows = KernelWindows(WindowGrid.from_seconds(10.0), grace_s=1.0)
     windows.steps("job", _steps(0, [W0 + 1 * S, W0 + 2 * S]))
     windows.add("job", _events(0, [W0 + 1_500_000_000]))
     assert len(windows.ready(W0 + 12 * S)) == 1

@@ -14,6 +14,7 @@ from argus.agent.protocol import FrameType, decode_json, encode_json, read_frame
 from argus.agent.sink import AgentLink
 from argus.errors import ConfigError
 from argus.schema import wire_schema, wire_table
+from argus.window_grid import WindowGrid
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import short_dir
 
@@ -60,7 +61,14 @@ def test_kernels_become_summaries_raw_events_come_on_request() -> None:
     sink = Sink()
     sink.servicer.clock_skew_ns = 10_000_000_000  # the collector's clock runs 10 s ahead
     with short_dir() as work:
-        agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0, grace_s=0.2)
+        agent = NodeAgent(
+            str(work / "a.sock"),
+            sink.address,
+            str(work / "spool"),
+            1 << 30,
+            WindowGrid.from_seconds(1.0),
+            grace_s=0.2,
+        )
         agent.start()
         try:
             wait_for(lambda: agent.offset_ns > 9_000_000_000)
@@ -115,10 +123,14 @@ def test_kernels_become_summaries_raw_events_come_on_request() -> None:
 def test_a_second_agent_on_the_same_socket_is_refused() -> None:
     sink = Sink()
     with short_dir() as work:
-        first = NodeAgent(str(work / "a.sock"), sink.address, str(work / "s1"), 1 << 20, 1.0)
+        first = NodeAgent(
+            str(work / "a.sock"), sink.address, str(work / "s1"), 1 << 20, WindowGrid.from_seconds(1.0)
+        )
         first.start()
         try:
-            second = NodeAgent(str(work / "a.sock"), sink.address, str(work / "s2"), 1 << 20, 1.0)
+            second = NodeAgent(
+                str(work / "a.sock"), sink.address, str(work / "s2"), 1 << 20, WindowGrid.from_seconds(1.0)
+            )
             with pytest.raises(ConfigError, match="already listens"):
                 second.start()
         finally:
@@ -133,7 +145,14 @@ def test_hello_json_round_trips() -> None:
 def test_a_frame_is_acknowledged_only_once_its_rows_are_spooled() -> None:
     sink = Sink()
     with short_dir() as work:
-        agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0, flush_s=3600)
+        agent = NodeAgent(
+            str(work / "a.sock"),
+            sink.address,
+            str(work / "spool"),
+            1 << 30,
+            WindowGrid.from_seconds(1.0),
+            flush_s=3600,
+        )
         agent.start()
         try:
             link = AgentLink(str(work / "a.sock"), HELLO)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from argus.agent.node import NodeAgent
+from argus.window_grid import WindowGrid
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import short_dir
 from tests.agent.test_node_agent import wait_for
@@ -44,7 +45,9 @@ def test_a_rank_with_1100_open_files_reports_its_steps() -> None:
     sink = Sink()
     with short_dir() as work:
         sock = str(work / "a.sock")
-        agent = NodeAgent(sock, sink.address, str(work / "spool"), 1 << 30, 1.0, flush_s=0.1)
+        agent = NodeAgent(
+            sock, sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0), flush_s=0.1
+        )
         agent.start()
         try:
             out = train(sock, 6, MANY_FILES)

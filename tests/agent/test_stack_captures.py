@@ -19,6 +19,7 @@ from argus.agent.node import NodeAgent
 from argus.agent.shipper import Shipper
 from argus.agent.sink import AgentLink
 from argus.proto import collector_pb2
+from argus.window_grid import WindowGrid
 from tests.agent.collector_sink import Sink
 from tests.agent.jobs import short_dir
 from tests.agent.test_node_agent import HELLO, wait_for
@@ -35,7 +36,9 @@ def test_agent_samples_a_registered_rank_with_pyspy_and_ships_rows() -> None:
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         with short_dir() as work:
-            agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0)
+            agent = NodeAgent(
+                str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
+            )
             agent.start()
             try:
                 link = AgentLink(str(work / "a.sock"), _hello(child.pid))
@@ -68,7 +71,9 @@ def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
     not_python = subprocess.Popen(["sleep", "30"])
     try:
         with short_dir() as work:
-            agent = NodeAgent(str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, 1.0)
+            agent = NodeAgent(
+                str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
+            )
             agent.start()
             try:
                 link = AgentLink(str(work / "a.sock"), _hello(not_python.pid))

@@ -20,6 +20,7 @@ from argus.diagnosis import read_diagnoses
 from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.store import Store
+from argus.window_grid import WindowGrid
 from synthetic.jobs import NS, Fault, JobSpec, simulate
 from synthetic.wire import insert_direct, synthetic_job
 
@@ -71,7 +72,9 @@ def test_a_failing_job_is_retried_then_skipped_and_never_delays_the_other(
     load(store, broken)
     _break_world_4(monkeypatch, None)
     metrics = Metrics()
-    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=BACKOFF_S)
+    a = Analyzer(
+        store, window=WindowGrid.from_seconds(W), metrics=metrics, backlog_s=None, retry_backoff_s=BACKOFF_S
+    )
     now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
     a.run_once(now_ns=now)
     # The first pass: the slow rank of the healthy job is diagnosed, whatever the other job does.
@@ -105,7 +108,9 @@ def test_a_window_that_fails_once_is_analysed_on_its_retry(
     load(store, broken)
     calls = _break_world_4(monkeypatch, 1)
     metrics = Metrics()
-    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=BACKOFF_S)
+    a = Analyzer(
+        store, window=WindowGrid.from_seconds(W), metrics=metrics, backlog_s=None, retry_backoff_s=BACKOFF_S
+    )
     now = int(broken.windows[-1].end_ns) + 10 * NS
     a.run_once(now_ns=now)
     assert calls == [1] and a.retrying()
@@ -138,7 +143,7 @@ def test_a_store_error_of_one_job_stops_only_that_job(store: Store) -> None:
     load(store, broken)  # listed first (jobs go in id order): its error comes before the other job
     load(store, slow)
     flaky = _FailingReadsOf(store, "job-broken")
-    a = Analyzer(flaky, window_s=W, backlog_s=None)  # type: ignore[arg-type]
+    a = Analyzer(flaky, window=WindowGrid.from_seconds(W), backlog_s=None)  # type: ignore[arg-type]
     now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
     with pytest.raises(StoreError, match="job-broken"):
         a.run_once(now_ns=now)  # raised after the pass
@@ -155,7 +160,7 @@ def test_jobs_take_turns_of_a_few_windows(store: Store) -> None:
     slow, broken = _sims()
     load(store, broken)
     load(store, slow)
-    a = Analyzer(store, window_s=W, backlog_s=None)
+    a = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
     a.run_once(now_ns=now, budget_s=0)  # one round of turns
     assert _statuses(store, "job-broken") == {"analysed": SLICE_WINDOWS}
@@ -186,7 +191,7 @@ def test_an_import_whose_parts_lie_twenty_years_apart_delays_nothing(store: Stor
             }
         ),
     )
-    a = Analyzer(store, window_s=W, backlog_s=None)
+    a = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     now = int(slow.windows[-1].end_ns) + 10 * NS
     started = time.monotonic()
     a.run_once(now_ns=now)

@@ -27,6 +27,7 @@ import pytest
 from argus.analyzer.service import Analyzer
 from argus.diagnosis import Diagnosis, read_diagnoses
 from argus.store import Store, open_store
+from argus.window_grid import WindowGrid
 from tests.agent.jobs import argus_run, job_env, short_dir
 from tests.analyzer.real_jobs import ANALYSIS_WINDOW_S, FAULT_S, JOBS, WARMUP_S, WINDOW_S, check_verdict
 from tests.conftest import KNOWN_ISSUE_16, ArgusServer
@@ -117,7 +118,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rec
         out = {}
         for name in LIVE:
             job = f"real-{name}"
-            analyzer = Analyzer(store, window_s=ANALYSIS_WINDOW_S, job=job, backlog_s=None)
+            analyzer = Analyzer(
+                store, window=WindowGrid.from_seconds(ANALYSIS_WINDOW_S), job=job, backlog_s=None
+            )
             analyzer.run_once(now_ns=time.time_ns() + 60 * 10**9)
             out[name] = _read(store, job)
     finally:

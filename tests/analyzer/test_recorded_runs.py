@@ -18,6 +18,7 @@ import pytest
 from argus.analyzer.service import Analyzer
 from argus.diagnosis import Diagnosis, read_diagnoses
 from argus.store import open_store
+from argus.window_grid import WindowGrid
 from tests.analyzer.real_jobs import ANALYSIS_WINDOW_S, JOBS, check_verdict
 from tests.analyzer.recordings import RECORDINGS, load_recording, recording_jobs
 
@@ -51,7 +52,9 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], 
             load_recording(store, RECORDINGS / recording)
             for name in JOBS:
                 job = f"real-{name}"
-                analyzer = Analyzer(store, window_s=ANALYSIS_WINDOW_S, job=job, backlog_s=None)
+                analyzer = Analyzer(
+                    store, window=WindowGrid.from_seconds(ANALYSIS_WINDOW_S), job=job, backlog_s=None
+                )
                 analyzer.run_once(now_ns=time.time_ns())
                 out[recording, name] = read_diagnoses(store, job)
         finally:

@@ -16,6 +16,7 @@ from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.schema import wire_schema
 from argus.store import Store
+from argus.window_grid import WindowGrid
 from synthetic.jobs import NS, Fault, JobSpec, simulate
 
 from .conftest import load, rows_between
@@ -34,7 +35,7 @@ def _end(sim) -> int:  # type: ignore[no-untyped-def]
 
 
 def _analyze(store: Store, sim, metrics: Metrics | None = None, **kw: object):  # type: ignore[no-untyped-def]
-    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, **kw)  # type: ignore[arg-type]
+    a = Analyzer(store, window=WindowGrid.from_seconds(W), metrics=metrics, backlog_s=None, **kw)  # type: ignore[arg-type]
     return a, a.run_once(now_ns=_end(sim) + 10 * NS)
 
 
@@ -76,7 +77,7 @@ def test_a_job_finished_an_hour_ago_loses_its_series(store: Store) -> None:
 def test_fault_that_stops_is_resolved_once_without_flapping(store: Store) -> None:
     sim = simulate(_spec(windows=18, faults=(Fault("dataloader", (2,), 0.3, 5.0, end_s=21.0),)), "job-end")
     load(store, sim)
-    a = Analyzer(store, window_s=W, backlog_s=None)
+    a = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     versions = []
     for k in range(len(sim.windows)):  # window by window, as a server would
         versions += a.run_once(now_ns=int(sim.windows[k].end_ns + 3 * NS))
@@ -123,7 +124,7 @@ def test_imperfect_data_gives_no_false_diagnosis(store: Store) -> None:
     t0 = sim.windows[0].start_ns
     late = load(store, sim, hold=rows_between(3, t0 + 10 * NS, t0 + 13 * NS))
     assert late  # rank 3's rows of 3 s are held back
-    a = Analyzer(store, window_s=W, backlog_s=None)
+    a = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     written = a.run_once(now_ns=t0 + 16 * NS)  # windows up to 14 s analysed without them
     for name, table in late.items():
         store.insert(name, table)
@@ -138,7 +139,7 @@ def test_a_window_waits_for_a_rank_whose_rows_are_late_then_goes_on_without_it(s
     sim = simulate(_spec(windows=10), "job-behind")
     t0 = sim.windows[0].start_ns
     late = load(store, sim, hold=rows_between(3, t0 + 6 * NS, t0 + 30 * NS))
-    a = Analyzer(store, window_s=W, backlog_s=None)
+    a = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     a.run_once(now_ns=t0 + 12 * NS)
     waiting = a._jobs["job-behind"].cursor_ns
     assert waiting <= t0 + 6 * NS + int(W * NS)  # stopped at the window rank 3 has not reported past
@@ -150,7 +151,7 @@ def test_a_window_waits_for_a_rank_whose_rows_are_late_then_goes_on_without_it(s
     other = simulate(_spec(windows=10, seed=23), "job-stuck")
     t1 = other.windows[0].start_ns
     load(store, other, hold=rows_between(3, t1 + 6 * NS, t1 + 30 * NS))
-    b = Analyzer(store, window_s=W, backlog_s=None, job="job-stuck")
+    b = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None, job="job-stuck")
     now = t1 + 18 * NS
     b.run_once(now_ns=now)
     # Never caught up: windows older than WAIT_WINDOWS (+1) windows are analysed anyway.
@@ -161,9 +162,11 @@ def test_restarted_analyzer_continues_the_open_diagnosis(store: Store) -> None:
     sim = simulate(_spec(faults=(Fault("compute", (4,), 0.4, 5.0),)), "job-restart")
     load(store, sim)
     t0 = sim.windows[0].start_ns
-    first = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=t0 + 18 * NS)
+    first = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None).run_once(now_ns=t0 + 18 * NS)
     assert {d.id for d in first} and all(d.state == "open" for d in first)
-    second = Analyzer(store, window_s=W, backlog_s=None).run_once(now_ns=_end(sim) + 10 * NS)
+    second = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None).run_once(
+        now_ns=_end(sim) + 10 * NS
+    )
     assert {d.id for d in second} == {d.id for d in first}
     assert len(read_diagnoses(store, "job-restart")) == 1
 
@@ -224,7 +227,7 @@ def test_a_failed_write_is_retried_without_counting_the_window_twice(store: Stor
     sim = simulate(_spec(faults=(Fault("compute", (2,), 0.4, 3.0),)), "job-retry")
     load(store, sim)
     flaky = _FailOnce(store)
-    a = Analyzer(flaky, window_s=W, backlog_s=None)  # type: ignore[arg-type]
+    a = Analyzer(flaky, window=WindowGrid.from_seconds(W), backlog_s=None)  # type: ignore[arg-type]
     with pytest.raises(StoreError):
         a.run_once(now_ns=_end(sim) + 10 * NS)
     a.run_once(now_ns=_end(sim) + 10 * NS)
@@ -248,9 +251,13 @@ def test_an_imported_job_is_analysed_whole_a_live_one_from_the_backlog(store: St
     now = _end(simulate(spec, "x")) + 7200 * NS  # both jobs ended two hours ago
     live, imported = simulate(spec, "old-live"), simulate(spec, "old-import")
     load(store, live)
-    assert Analyzer(store, window_s=W, job="old-live").run_once(now_ns=now) == []  # past the backlog
+    assert (
+        Analyzer(store, window=WindowGrid.from_seconds(W), job="old-live").run_once(now_ns=now) == []
+    )  # past the backlog
     load(store, imported)
-    a = Analyzer(store, window_s=W, job="old-import")  # the server's default backlog (an hour)
+    a = Analyzer(
+        store, window=WindowGrid.from_seconds(W), job="old-import"
+    )  # the server's default backlog (an hour)
     assert a.run_once(now_ns=now) == []  # met mid-import: its jobs row is not written yet
     _mark_imported(store, "old-import", imported)
     found = a.run_once(now_ns=now + 1)
@@ -275,7 +282,7 @@ def test_a_fresh_analyzer_over_an_analysed_store_records_no_fault_twice(
     faults = (Fault("dataloader", (2,), 0.4, 3.0, end_s=11.0), Fault("compute", (5,), 0.4, 15.0))
     sim = simulate(_spec(windows=14, end_s=26.5, faults=faults), "job-again")
     load(store, sim)
-    live = Analyzer(store, window_s=W, backlog_s=None)
+    live = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     for w in sim.windows:  # window by window, as the demo's server did
         live.run_once(now_ns=int(w.end_ns + 3 * NS))
     live.run_once(now_ns=_end(sim) + 30 * NS)
@@ -287,7 +294,9 @@ def test_a_fresh_analyzer_over_an_analysed_store_records_no_fault_twice(
     states = read_states(store, "job-again")
     assert all(states[d.id].analysed_to_ns > d.last_window_ns for d in first)
 
-    browse = Analyzer(store, window_s=window_s)  # a server's defaults: an hour of backlog
+    browse = Analyzer(
+        store, window=WindowGrid.from_seconds(window_s)
+    )  # a server's defaults: an hour of backlog
     assert browse.run_once(now_ns=_end(sim) + 60 * NS) == []
     assert (
         main(
@@ -313,12 +322,12 @@ def test_a_restart_mid_job_continues_without_recording_a_resolved_fault_again(st
     sim = simulate(_spec(windows=18, faults=faults), "job-mid")
     load(store, sim)
     t0 = sim.windows[0].start_ns
-    before = Analyzer(store, window_s=W, backlog_s=None)
+    before = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     for k in range(14):  # the dataloader fault is resolved by then, the compute one is open
         before.run_once(now_ns=int(sim.windows[k].end_ns + 3 * NS))
     states = {(d.rank, d.cause): d.state for d in read_diagnoses(store, "job-mid")}
     assert states == {(2, "dataloader"): "resolved", (5, "compute"): "open"}
-    after = Analyzer(store, window_s=W, backlog_s=None)
+    after = Analyzer(store, window=WindowGrid.from_seconds(W), backlog_s=None)
     written = after.run_once(now_ns=_end(sim) + 10 * NS)
     assert {(d.rank, d.cause) for d in written} == {(5, "compute")}  # continued, not opened again
     (compute,) = [d for d in read_diagnoses(store, "job-mid") if d.cause == "compute"]

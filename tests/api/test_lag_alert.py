@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from argus.analyzer.service import Analyzer
 from argus.metrics import Metrics
 from argus.store import Store
+from argus.window_grid import WindowGrid
 from synthetic.wire import insert_direct, synthetic_job
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "argus-rules.yml"
@@ -78,7 +79,7 @@ def _promtool(
 def test_lag_counts_only_jobs_with_data_waiting(store: Store, tmp_path: Path) -> None:
     now = time.time_ns()
     metrics = Metrics()
-    server = Analyzer(store, window_s=1.0, metrics=metrics, backlog_s=None)
+    server = Analyzer(store, window=WindowGrid.from_seconds(1.0), metrics=metrics, backlog_s=None)
     server.run_once(now_ns=now)
     idle = _scrapes(server, now)
     text = generate_latest(metrics.registry).decode()
@@ -92,7 +93,7 @@ def test_lag_counts_only_jobs_with_data_waiting(store: Store, tmp_path: Path) ->
 
     # A live job whose analyzer stops after one pass: its next window waits, longer at each scrape.
     insert_direct(store, "job-live", synthetic_job(world_size=4, steps=16))
-    stuck = Analyzer(store, window_s=1.0, job="job-live", backlog_s=None)
+    stuck = Analyzer(store, window=WindowGrid.from_seconds(1.0), job="job-live", backlog_s=None)
     stuck.run_once(now_ns=now)
     due = min(stuck._due.values())
     stalled = _scrapes(stuck, due)

@@ -18,6 +18,7 @@ from argus.analyzer.stacks import StackRequest, Stacks
 from argus.collector.grpc_service import start_collector
 from argus.metrics import Metrics
 from argus.store import Store
+from argus.window_grid import WindowGrid
 from tests.agent.jobs import short_dir
 from tests.agent.test_node_agent import HELLO, wait_for
 from tests.agent.test_stacks import CHILD
@@ -29,7 +30,13 @@ def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         with short_dir() as work:
-            agent = NodeAgent(str(work / "a.sock"), collector.address, str(work / "spool"), 1 << 30, 1.0)
+            agent = NodeAgent(
+                str(work / "a.sock"),
+                collector.address,
+                str(work / "spool"),
+                1 << 30,
+                WindowGrid.from_seconds(1.0),
+            )
             agent.start()
             try:
                 link = AgentLink(str(work / "a.sock"), {**HELLO, "job_id": "job-c", "pid": child.pid})

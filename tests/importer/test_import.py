@@ -15,6 +15,7 @@ import numpy as np
 from argus.collector.importer import default_job_id, import_traces, kineto
 from argus.collector.importer.kineto import file_digest, parse_trace
 from argus.store import Store
+from argus.window_grid import WindowGrid
 
 from .traces import T0_US, cpu_op, kernel, simple_events, step, write_trace
 
@@ -179,7 +180,9 @@ def test_summaries_per_window_aligned_to_the_epoch(store: Store, tmp_path: Path)
         )
         for i in range(1200)
     ]
-    import_traces(store, [write_trace(tmp_path / "w.json", events)], job_id="w", window_s=1.0)
+    import_traces(
+        store, [write_trace(tmp_path / "w.json", events)], job_id="w", window=WindowGrid.from_seconds(1.0)
+    )
     rows = _query(
         store,
         "SELECT window_start_ns, kernel, sum(count) AS n, min(log_lo) AS lo, max(log_hi) AS hi, "
@@ -258,7 +261,9 @@ def test_kernels_are_summarized_in_the_window_where_their_step_ends(store: Store
     events = [step(7, t0, 100_000)]
     events += [kernel(t0 + 1000 + i * 10_000, 500, correlation=i + 1) for i in range(9)]
     events.append(kernel(t0 + 1_100_000, 500, name="void after_the_steps()"))
-    import_traces(store, [write_trace(tmp_path / "w.json", events)], job_id="w", window_s=1.0)
+    import_traces(
+        store, [write_trace(tmp_path / "w.json", events)], job_id="w", window=WindowGrid.from_seconds(1.0)
+    )
     rows = _query(store, "SELECT kernel, window_start_ns, sum(count) AS n FROM kernel_summaries GROUP BY ALL")
     second = T0_US * 1000 + 10**9
     assert sorted((r["kernel"][:9], r["window_start_ns"], r["n"]) for r in rows) == [

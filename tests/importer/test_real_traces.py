@@ -13,6 +13,7 @@ import pytest
 
 from argus.collector.importer import ImportResult, import_traces
 from argus.store import Store, open_store
+from argus.window_grid import WindowGrid
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def imported(
                 [kineto_dir / name],
                 job_id=f"real-{name.split('.')[0]}",
                 rank=0 if name == "no_rank_field.json.gz" else None,
-                window_s=WINDOW_S,
+                window=WindowGrid.from_seconds(WINDOW_S),
             )
             jobs[name] = result.job_id
         yield store, jobs

@@ -19,6 +19,7 @@ from argus.collector.importer import import_parsed, import_traces
 from argus.collector.importer.kineto import ParsedTrace, parse_trace
 from argus.diagnosis import Diagnosis
 from argus.store import Store, open_store
+from argus.window_grid import WindowGrid
 from synthetic.kineto import GEMM, resample_job, write_kineto
 
 TEMPLATE = "diff_control_rank3_of8.json.gz"
@@ -46,7 +47,7 @@ def test_generated_ranks_read_back_from_kineto_files(
         names = np.array(parsed.kernel_names)[parsed.kernel_code]
         assert names.tolist() == np.array(original.kernel_names)[original.kernel_code].tolist()
         assert parsed.collectives == original.collectives
-    result = import_traces(store, paths, job_id="synthetic", window_s=WINDOW_S)
+    result = import_traces(store, paths, job_id="synthetic", window=WindowGrid.from_seconds(WINDOW_S))
     assert result.ranks == [0, 1, 2, 3] and result.rows["kernel_events"] == sum(t.start_ns.size for t in job)
 
 
@@ -86,9 +87,11 @@ def _analyze(store: Store, traces: list[ParsedTrace], job_id: str) -> list[Diagn
     """Import ``traces`` and run the analyzer over their windows; the latest version of each diagnosis."""
     from argus.analyzer.service import Analyzer
 
-    import_parsed(store, traces, job_id=job_id, window_s=WINDOW_S)
+    import_parsed(store, traces, job_id=job_id, window=WindowGrid.from_seconds(WINDOW_S))
     end_ns = max(t.last_ns for t in traces)
-    written = Analyzer(store, window_s=WINDOW_S, job=job_id).run_once(end_ns + 60 * 10**9)
+    written = Analyzer(store, window=WindowGrid.from_seconds(WINDOW_S), job=job_id).run_once(
+        end_ns + 60 * 10**9
+    )
     latest: dict[str, Diagnosis] = {}
     for d in written:
         latest[d.id] = d
@@ -124,9 +127,14 @@ def test_the_two_real_ranks_of_job128_score_as_peers(kineto_dir: Path, job_store
     from argus.analyzer.service import Analyzer
 
     paths = [kineto_dir / "job128_rank0.json.gz", kineto_dir / "job128_rank1.json.gz"]
-    import_traces(job_store, paths, job_id="job128", window_s=WINDOW_S)
+    import_traces(job_store, paths, job_id="job128", window=WindowGrid.from_seconds(WINDOW_S))
     end_ns = max(parse_trace(p).last_ns for p in paths)
-    assert Analyzer(job_store, window_s=WINDOW_S, job="job128").run_once(end_ns + 60 * 10**9) == []
+    assert (
+        Analyzer(job_store, window=WindowGrid.from_seconds(WINDOW_S), job="job128").run_once(
+            end_ns + 60 * 10**9
+        )
+        == []
+    )
 
 
 @needs_analyzer
@@ -147,10 +155,10 @@ def test_an_analyzer_on_the_wall_clock_reaches_imported_windows(
 
     # GEMMs 1.5x slower on one rank of eight cost the job about 9 % (above the loss threshold).
     traces = _job(template, ranks=8, slow_rank=3, slowdown=1.5, seed=2)
-    import_parsed(job_store, traces, job_id="old-run", window_s=WINDOW_S)
+    import_parsed(job_store, traces, job_id="old-run", window=WindowGrid.from_seconds(WINDOW_S))
     analyzer = (
-        Analyzer(job_store, window_s=WINDOW_S, job="old-run")
+        Analyzer(job_store, window=WindowGrid.from_seconds(WINDOW_S), job="old-run")
         if backlog == "default"
-        else Analyzer(job_store, window_s=WINDOW_S, job="old-run", backlog_s=None)
+        else Analyzer(job_store, window=WindowGrid.from_seconds(WINDOW_S), job="old-run", backlog_s=None)
     )
     assert (3, "compute") in {(d.rank, d.cause) for d in analyzer.run_once()}
