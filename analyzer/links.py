@@ -4,7 +4,7 @@
 transfers grew while nobody arrived late; it cannot say where. In a ring
 all-reduce every link carries the same bytes each step and every rank waits for
 the slowest link, so neither the ranks' timings nor the links' throughput point
-at it: measured on three nodes in network namespaces (:mod:`argus.netns`, 1 rank
+at it: measured on three nodes in network namespaces (:mod:`argus.demo.netns`, 1 rank
 each, the demo job) with node 1's job link capped at 30 Mbit/s by ``tbf``, every
 node sent and received the same 2.3 MB/s; the rank downstream of the slow link
 (node 0, which receives from node 1) finished its all-reduce *last*, 40 ms after

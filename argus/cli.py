@@ -26,7 +26,7 @@ COMMANDS: dict[str, str] = {
     "server": "argus.server:main",
     "agent": "argus.agent.node:main",
     "run": "argus.agent.run:main",
-    "demo": "argus.demo:main",
+    "demo": "argus.demo.local:main",
     "import": "argus.collector.importer:main",
     "analyze": "argus.analyzer.service:main",
     "diagnose": "argus.client:diagnose_main",
@@ -236,7 +236,7 @@ def _demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "demo",
         help="the whole system on one machine against a real training job with a fault injected",
     )
-    # The job's names (argus.demo_job.SCENARIOS, LAYOUTS) written out: that module imports torch.
+    # The job's names (argus.demo.job.SCENARIOS, LAYOUTS) written out: that module imports torch.
     p.add_argument(
         "--scenario",
         choices=["none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work", "slow_link"],

@@ -1,6 +1,6 @@
 """Labelled detection benchmark on real jobs (issue 10, "Must show" 1; the goals of issue 16).
 
-About 30 real 4-rank gloo jobs (:mod:`argus.demo_job`, one CPU thread per rank)
+About 30 real 4-rank gloo jobs (:mod:`argus.demo.job`, one CPU thread per rank)
 run one after another under `argus run`, streaming to one `argus server` on an
 embedded store with its analyzer on and one node agent (the demo's stack, its
 5 s window): the diagnosis a user gets live. :data:`CASES` holds 15 faults
@@ -105,7 +105,7 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from argus.demo import WINDOW_S, Service, job_command, local_service  # noqa: E402
+from argus.demo.local import WINDOW_S, Service, job_command, local_service  # noqa: E402
 from argus.window_grid import WindowGrid  # noqa: E402
 
 #: Healthy training before the fault, then training with it until the job stops, seconds.
@@ -126,7 +126,7 @@ EXPECTED_CAUSE = {
 
 @dataclass(frozen=True)
 class Case:
-    """One faulty job: ``scenario`` of :mod:`argus.demo_job` on ``ranks``, with ``knobs`` (job arguments)."""
+    """One faulty job: ``scenario`` of :mod:`argus.demo.job` on ``ranks``, with ``knobs`` (job arguments)."""
 
     name: str
     layout: str
@@ -156,7 +156,7 @@ CASES: tuple[Case, ...] = (
     Case("pp-spiky_stall", "pp", "spiky_stall", (1,), ("--spike-every=40", "--spike-s=2.5")),
     # tp: host work before a broadcast, a compute straggler.
     Case("tp-host_work", "tp", "host_work", (2,), ("--host-work-s=0.025",), ("--sync=broadcast",)),
-    Case("tp-compute", "tp", "compute", (3,)),  # the layout's repeat (argus.demo_job.COMPUTE_REPEAT)
+    Case("tp-compute", "tp", "compute", (3,)),  # the layout's repeat (argus.demo.job.COMPUTE_REPEAT)
     # fsdp: every layer's all-gather is a synchronisation point; the step meets first at the
     # root's all-gather before forward, where a slow rank's lateness is absorbed.
     Case("fsdp-compute", "fsdp", "compute", (1,), ("--compute-repeat=4.0",)),

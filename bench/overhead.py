@@ -1,6 +1,6 @@
 """Overhead of the probe + node agent on real DDP jobs: arms interleaved, separate processes.
 
-CPU (default), the main figure: the `argus demo` training job (``argus.demo_job``:
+CPU (default), the main figure: the `argus demo` training job (``argus.demo.job``:
 the TinyLM transformer on synthetic tokens, a DataLoader, DDP over gloo with
 default buckets, one thread per rank), 4 ranks under torchrun. Arm ``plain``
 runs it as is; arm ``argus`` under `argus run` (probe in every rank, one node
@@ -109,7 +109,7 @@ def build_job(kind: str, device: Any) -> Job:
     rank = int(os.environ.get("RANK", "0"))
     torch.manual_seed(0)
     if kind == "demo":
-        from argus.demo_job import Fault, TinyLM, Tokens, parse_args
+        from argus.demo.job import Fault, TinyLM, Tokens, parse_args
 
         d = parse_args([])
         fault = Fault("none", frozenset(), 0)
@@ -206,7 +206,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from argus.demo_job import shutdown  # before init_process_group: see its docstring
+    from argus.demo.job import shutdown  # before init_process_group: see its docstring
 
     torch.set_num_threads(1)
     dist.init_process_group("nccl" if args.job in ("gpu", "gpu_graph") else "gloo")

@@ -135,7 +135,7 @@ def test_missing_or_odd_evidence_still_reads(cause: str, rank: int | None, evide
 def test_the_demo_report_prints_the_summary_first_then_at_most_five_figures(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from argus.demo import _print_human
+    from argus.demo.local import _print_human
 
     found = [_diagnosed("compute"), replace(_diagnosed("hung"), state="resolved")]
     console = Console(record=True, width=400)

@@ -1,6 +1,6 @@
 """The real jobs the analyzer is judged on: how each runs, and what the analyzer must say of it.
 
-Eleven 4-rank gloo jobs of :mod:`argus.demo_job` under `argus run`. The faulty ranks are slowed
+Eleven 4-rank gloo jobs of :mod:`argus.demo.job` under `argus run`. The faulty ranks are slowed
 for real after a healthy warm-up:
 
 - data parallel (``dp``): rank 3 with extra encoder passes in its forward (``compute``), a

@@ -45,7 +45,7 @@ def _record(server: ArgusServer, work: Path, name: str) -> None:
     stop = work / f"stop-{name}"
     job = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "argus.demo_job", *JOBS[name], f"--fault-after-s={WARMUP_S}", f"--stop-file={stop}",
+        "-m", "argus.demo.job", *JOBS[name], f"--fault-after-s={WARMUP_S}", f"--stop-file={stop}",
     ]  # fmt: skip
     cmd = argus_run(work, server.grpc_target, f"real-{name}", job, window_s=WINDOW_S)
     log_path = work / f"{name}.log"

@@ -1,6 +1,6 @@
 """Multi-node tests in network namespaces (root only).
 
-Each test builds its own nodes (:class:`argus.netns.Cluster`) and removes them at
+Each test builds its own nodes (:class:`argus.demo.netns.Cluster`) and removes them at
 teardown, also when it fails. Where namespaces cannot be made (not root, no
 iproute2, no ``CAP_NET_ADMIN``) the tests skip with the reason; with
 ``ARGUS_REQUIRE_NETNS=1`` (``.ci/run`` sets it) they fail instead, so that CI
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from argus.netns import Cluster, netns_unavailable
+from argus.demo.netns import Cluster, netns_unavailable
 from tests.cluster.harness import require
 
 

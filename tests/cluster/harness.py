@@ -1,7 +1,7 @@
 """Running a multi-node job under Argus for a test: the skip rule and one call per scenario.
 
 :func:`run_job` starts `argus server`, one node agent per node and the demo job on
-every node (:class:`argus.multinode.MultiNodeJob`), lets it train healthy for
+every node (:class:`argus.demo.multinode.MultiNodeJob`), lets it train healthy for
 :data:`WARMUP_S`, injects the fault, and returns the diagnoses Argus gave while
 the job ran, its ranks as the REST API lists them, and the logs. Windows are
 5 s, as in `argus demo`: short, yet long enough for a shared 2-core machine.
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from argus.multinode import MultiNodeJob
-from argus.netns import Cluster
+from argus.demo.multinode import MultiNodeJob
+from argus.demo.netns import Cluster
 
 ENV_REQUIRE = "ARGUS_REQUIRE_NETNS"
 WINDOW_S = 5.0

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from argus.multinode import MultiNodeJob
-from argus.netns import Cluster, netns_unavailable
+from argus.demo.multinode import MultiNodeJob
+from argus.demo.netns import Cluster, netns_unavailable
 from tests.cluster.faketime import faketime_env
 from tests.cluster.harness import Outcome, require, run_job
 from tests.conftest import assert_blames_no_one

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from argus.netns import Cluster, netns_unavailable
+from argus.demo.netns import Cluster, netns_unavailable
 from tests.cluster.harness import require
 
 _SINK = """

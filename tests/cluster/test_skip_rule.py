@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from argus.netns import netns_unavailable
+from argus.demo.netns import netns_unavailable
 from tests.cluster.harness import ENV_REQUIRE, require
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from argus.demo_nodes import SLOW_LINK_MBIT
-from argus.netns import Cluster, netns_unavailable
+from argus.demo.netns import Cluster, netns_unavailable
+from argus.demo.nodes import SLOW_LINK_MBIT
 from tests.cluster.harness import WARMUP_S, require, run_job
 from tests.conftest import assert_blames_no_one
 

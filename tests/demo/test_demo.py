@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from argus import render
-from argus.demo import TRACE_DIR, trace_path
+from argus.demo.local import TRACE_DIR, trace_path
 from argus.diagnosis import Diagnosis
 from tests.conftest import assert_blames_no_one
 
@@ -66,7 +66,7 @@ def test_demo_names_the_slow_rank_and_cause(
         assert d["first_window_ns"] <= d["last_window_ns"]
 
 
-#: The function each demo fault stalls in (argus.demo_job), which the slow rank's stacks name.
+#: The function each demo fault stalls in (argus.demo.job), which the slow rank's stacks name.
 FAULT_FUNCTIONS = {"host_stall": "injected_host_stall", "dataloader": "injected_slow_read"}
 
 
@@ -86,7 +86,7 @@ def test_demo_report_prints_the_top_frames_of_the_slow_rank(
     frames = [f for d in sampled for f in d.evidence["top_frames"]]
     # On failure, the capture's own account too (when, how long, how many samples).
     captures = [d.evidence["stacks"] for d in sampled]
-    assert any(f["function"] == function and f["file"] == "argus/demo_job.py" for f in frames), (
+    assert any(f["function"] == function and f["file"] == "argus/demo/job.py" for f in frames), (
         frames,
         captures,
     )
@@ -95,7 +95,7 @@ def test_demo_report_prints_the_top_frames_of_the_slow_rank(
     console.print(render.report(sampled))
     printed = console.export_text()
     assert f"top frames of rank {slow_rank}" in printed
-    assert re.search(rf"%  {function} \(argus/demo_job\.py:\d+\)", printed), printed
+    assert re.search(rf"%  {function} \(argus/demo/job\.py:\d+\)", printed), printed
 
 
 @pytest.mark.parametrize(("scenario", "slow_rank"), SLOW)

@@ -1,4 +1,4 @@
-"""The demo job's layouts (argus.demo_job): real 4-rank gloo jobs that train and exit cleanly.
+"""The demo job's layouts (argus.demo.job): real 4-rank gloo jobs that train and exit cleanly.
 
 The pipeline layout runs under `argus run` so its point-to-point rows can be checked:
 each send pairs with its receive by (group, sender, receiver, seq), a receive ends
@@ -18,7 +18,9 @@ import pandas as pd
 import pytest
 import torch
 
-from argus import cli, demo, demo_job
+from argus import cli
+from argus.demo import job as demo_job
+from argus.demo import local as demo
 from tests.agent.jobs import argus_run, job_env, read_tables, run, short_dir
 
 STEPS = 12
@@ -27,7 +29,7 @@ STEPS = 12
 def _job(timeline: Path, *args: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "argus.demo_job", f"--steps={STEPS}", f"--timeline={timeline}", *args,
+        "-m", "argus.demo.job", f"--steps={STEPS}", f"--timeline={timeline}", *args,
     ]  # fmt: skip
 
 
@@ -130,7 +132,7 @@ def _demo_choices(dest: str) -> list[str]:
 
 def test_cli_offers_the_jobs_scenarios_and_layouts() -> None:
     # The CLI spells them out (demo_job imports torch); they must not drift apart.
-    # slow_link is the multi-node harness's fault (argus.demo_nodes caps a link), not the job's.
+    # slow_link is the multi-node harness's fault (argus.demo.nodes caps a link), not the job's.
     assert _demo_choices("scenario") == [*demo_job.SCENARIOS, "slow_link"]
     assert _demo_choices("layout") == list(demo_job.LAYOUTS)
     assert sorted(demo.LAYOUT_NAMES) == sorted(demo_job.LAYOUTS)  # the status line names each

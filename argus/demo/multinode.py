@@ -1,4 +1,4 @@
-"""A training job across the nodes of a :class:`~argus.netns.Cluster`, under Argus (root only).
+"""A training job across the nodes of a :class:`~argus.demo.netns.Cluster`, under Argus (root only).
 
 What a user does on a real cluster, on one machine:
 
@@ -7,14 +7,14 @@ What a user does on a real cluster, on one machine:
 * on every node, its own `argus agent` (``--collector`` = that control address,
   a socket and spool of its own);
 * on every node, ``argus run --job-id ID -- torchrun --nnodes N --node_rank i
-  --nproc_per_node K --master_addr <node 0's job address> ... -m argus.demo_job``:
+  --nproc_per_node K --master_addr <node 0's job address> ... -m argus.demo.job``:
   static rendezvous on node 0, so node i holds ranks ``i*K .. i*K+K-1``; gloo over
   the job links (``GLOO_SOCKET_IFNAME=job0``). Every node passes the same job id
   (docs/design.md §8.2: a multi-node job needs the same id on every node).
 
 :class:`MultiNodeJob` starts and stops these pieces; the faults it can inject
 are a rate limit on one node's job link (:meth:`MultiNodeJob.limit`) and those
-of :mod:`argus.demo_job` on one rank (``job_args``). Per-node environment
+of :mod:`argus.demo.job` on one rank (``job_args``). Per-node environment
 (``node_env``) runs a node's agent and job under, for instance, libfaketime.
 """
 
@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from argus.demo.netns import JOB_IF, Cluster, Node
 from argus.errors import ArgusError
-from argus.netns import JOB_IF, Cluster, Node
 
 __all__ = ["MultiNodeJob"]
 
@@ -60,7 +60,7 @@ class MultiNodeJob:
         work: Folder for the store, sockets, spools, logs and the stop file.
         job_id: The job id every node passes to `argus run`.
         ranks_per_node: torchrun's ``--nproc_per_node``.
-        job_args: Arguments of :mod:`argus.demo_job` (``--scenario``, ``--slow-rank``, ...).
+        job_args: Arguments of :mod:`argus.demo.job` (``--scenario``, ``--slow-rank``, ...).
         window_s: Analysis and compression window, seconds.
         node_env: Extra environment per node index for that node's agent and job.
     """
@@ -175,7 +175,7 @@ class MultiNodeJob:
                 f"--master_addr={master}",
                 f"--master_port={MASTER_PORT}",
                 "-m",
-                "argus.demo_job",
+                "argus.demo.job",
                 f"--stop-file={self.stop_file}",
                 *self.job_args,
             )
@@ -191,7 +191,7 @@ class MultiNodeJob:
     # --- while it runs ---------------------------------------------------------------------------
 
     def limit(self, node: Node | int, rate_mbit: float) -> None:
-        """Rate-limit one node's job link (see :meth:`argus.netns.Cluster.limit`)."""
+        """Rate-limit one node's job link (see :meth:`argus.demo.netns.Cluster.limit`)."""
         self.cluster.limit(self._node(node), rate_mbit)
 
     def unlimit(self, node: Node | int) -> None:

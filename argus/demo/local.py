@@ -1,7 +1,7 @@
 """`argus demo`: the whole system on one machine against a real training job with a fault injected.
 
 It starts `argus server` on an embedded store, a node agent, and a real N-rank
-``torch.distributed`` job (gloo on the CPU, :mod:`argus.demo_job`, in the
+``torch.distributed`` job (gloo on the CPU, :mod:`argus.demo.job`, in the
 ``--layout`` chosen: data, pipeline × data or tensor × data parallel) under
 `argus run`; after a healthy warm-up the chosen fault hits one rank. The demo
 polls the REST API until a diagnosis has held for two windows (or, for
@@ -226,11 +226,11 @@ def local_service(work: Path, console: Console, window_s: float = WINDOW_S) -> I
 
 
 def job_command(service: Service, job_id: str, ranks: int, job_args: list[str]) -> list[str]:
-    """`argus run` of :mod:`argus.demo_job` under torchrun with ``ranks`` ranks and ``job_args``."""
+    """`argus run` of :mod:`argus.demo.job` under torchrun with ``ranks`` ranks and ``job_args``."""
     return _argus(
         "run", "--collector", service.grpc, "--socket", str(service.socket), "--job-id", job_id, "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-        "-m", "argus.demo_job", *job_args,
+        "-m", "argus.demo.job", *job_args,
     )  # fmt: skip
 
 
@@ -247,7 +247,7 @@ def trace_path(work: Path, keep_data: bool, job_id: str) -> Path:
 
 
 def _job_args(args: argparse.Namespace, slow_rank: int | None, stop_file: Path) -> list[str]:
-    """The demo job's command-line arguments (:mod:`argus.demo_job`) for the demo's ``args``."""
+    """The demo job's command-line arguments (:mod:`argus.demo.job`) for the demo's ``args``."""
     scenario: str = args.scenario
     job_args = [
         f"--layout={args.layout}",
@@ -335,8 +335,8 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
 
 def main(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when it ran (whatever it found), 1 when a part failed."""
-    if args.nodes > 1 or args.scenario == "slow_link":  # nodes in network namespaces: argus.demo_nodes
-        from argus.demo_nodes import main as main_nodes
+    if args.nodes > 1 or args.scenario == "slow_link":  # nodes in network namespaces: argus.demo.nodes
+        from argus.demo.nodes import main as main_nodes
 
         return main_nodes(args)
     if args.ranks < 2:

@@ -1,15 +1,15 @@
 """`argus demo --nodes N`: the demo on N nodes of one machine, in network namespaces (root only).
 
-The same parts as :mod:`argus.demo`, laid out as on a cluster (:mod:`argus.multinode`):
+The same parts as :mod:`argus.demo.local`, laid out as on a cluster (:mod:`argus.demo.multinode`):
 `argus server` in the root namespace, and per node (a network namespace with its own
-address and hostname, :mod:`argus.netns`) a node agent and torchrun under `argus run`,
+address and hostname, :mod:`argus.demo.netns`) a node agent and torchrun under `argus run`,
 all with the same job id. The job's traffic crosses the nodes' job links; telemetry
 goes over separate control links. ``--ranks`` is spread over the nodes:
 ``max(1, ranks // nodes)`` per node.
 
 Scenarios: ``slow_link`` caps the job link of the node holding ``--slow-rank``
 (default: node 1) at :data:`SLOW_LINK_MBIT` in both directions after the warm-up
-(``tc`` ``tbf``); the others inject :mod:`argus.demo_job`'s faults on one rank, as
+(``tc`` ``tbf``); the others inject :mod:`argus.demo.job`'s faults on one rank, as
 on one node.
 """
 
@@ -27,11 +27,11 @@ from typing import Any
 
 from rich.console import Console
 
-from argus.demo import CLEAN_RUN_S, FAULT_TIMEOUT_S, WINDOW_S, _print_human, trace_path
+from argus.demo.local import CLEAN_RUN_S, FAULT_TIMEOUT_S, WINDOW_S, _print_human, trace_path
+from argus.demo.multinode import MultiNodeJob
+from argus.demo.netns import Cluster, netns_unavailable
 from argus.diagnosis import Diagnosis
 from argus.errors import ArgusError, ConfigError
-from argus.multinode import MultiNodeJob
-from argus.netns import Cluster, netns_unavailable
 
 __all__ = ["SLOW_LINK_MBIT", "main"]
 
