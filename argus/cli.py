@@ -26,7 +26,7 @@ COMMANDS: dict[str, str] = {
     "server": "argus.server:main",
     "agent": "argus.agent.node:main",
     "run": "argus.agent.run:main",
-    "demo": "argus.demo.local:main",
+    "demo": "argus.demo.command:main",
     "import": "argus.collector.importer:main",
     "analyze": "argus.analyzer.service:main",
     "diagnose": "argus.client:diagnose_main",

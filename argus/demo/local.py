@@ -334,11 +334,7 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the demo; returns 0 when it ran (whatever it found), 1 when a part failed."""
-    if args.nodes > 1 or args.scenario == "slow_link":  # nodes in network namespaces: argus.demo.nodes
-        from argus.demo.nodes import main as main_nodes
-
-        return main_nodes(args)
+    """Run the demo on one machine; returns 0 when it ran (whatever it found), 1 when a part failed."""
     if args.ranks < 2:
         raise ConfigError("--ranks must be at least 2: a straggler needs peers")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.ranks:

@@ -157,3 +157,12 @@ def test_a_job_that_cannot_run_as_asked_says_why(args: list[str], problem: str) 
     parsed = demo_job.parse_args(args)
     with pytest.raises(SystemExit, match=problem):
         demo_job._check(parsed, 4, demo_job._slow_ranks(parsed, 4))
+
+
+@pytest.mark.parametrize("module", ["argus.demo.job", "argus.demo_job"])
+def test_the_documented_command_and_the_module_run_the_same_job(module: str) -> None:
+    # `python -m argus.demo_job` (README, scripts of earlier versions) is kept as a shim.
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and "--layout {dp,pp,tp,fsdp}" in done.stdout, done.stderr
