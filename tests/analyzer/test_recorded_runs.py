@@ -5,7 +5,7 @@ eleven jobs on one occasion; the analyzer runs over it offline (`argus analyze -
 semantics, 6 s windows), so its verdict is the same in every run and a change to the analyzer
 shows here as a verdict gained or lost.
 
-The verdicts it gets wrong today are marked ``strict`` known failures of issue 16: when a
+The verdicts it gets wrong today (:data:`_WRONG`) are marked ``strict`` known failures: when a
 change fixes one, the test fails until its marker goes.
 """
 
@@ -22,7 +22,7 @@ from argus.window_grid import WindowGrid
 from tests.analyzer.real_jobs import ANALYSIS_WINDOW_S, JOBS, check_verdict
 from tests.analyzer.recordings import RECORDINGS, load_recording, recording_jobs
 
-#: Known-wrong verdicts, per recording (issue 16). Since a rank's own past needs two healthy
+#: Known-wrong verdicts, per recording. Since a rank's own past needs two healthy
 #: windows and the job-level loss counts single-rank waits only beyond the healthy windows' (both
 #: 2026-12-02), three slow ranks of four and the held-out clean tensor-parallel job are right;
 #: since the one rank behind that explains a job's loss is named when nothing scored it
@@ -38,7 +38,7 @@ _WRONG: dict[str, set[str]] = {
     "ci": set(),
     "held_out": set(),
 }
-_ISSUE_16 = pytest.mark.xfail(reason="issue 16: a verdict known to be wrong on this recording", strict=True)
+_KNOWN_WRONG = pytest.mark.xfail(reason="a verdict known to be wrong on this recording", strict=True)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_every_recording_holds_every_job() -> None:
 @pytest.mark.parametrize(
     ("recording", "name"),
     [
-        pytest.param(recording, name, marks=[_ISSUE_16] if name in wrong else [], id=f"{recording}-{name}")
+        pytest.param(recording, name, marks=[_KNOWN_WRONG] if name in wrong else [], id=f"{recording}-{name}")
         for recording, wrong in _WRONG.items()
         for name in JOBS
     ],

@@ -58,7 +58,7 @@ def test_demo_names_the_slow_rank_and_cause(
 ) -> None:
     result = demo_runs[scenario]
     assert result["scenario"] == scenario and result["slow_rank"] == slow_rank
-    # The slow rank is named; with what cause, and whether alone, is issue 16's (below).
+    # The slow rank is named (alone and with its cause: test_demo_names_the_slow_rank_alone_with_its_cause).
     named = [d for d in result["diagnoses"] if slow_rank in d["ranks"] and d["state"] == "open"]
     assert named, json.dumps(result, indent=1)
     for d in named:
