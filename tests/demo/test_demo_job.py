@@ -161,7 +161,7 @@ def test_a_job_that_cannot_run_as_asked_says_why(args: list[str], problem: str) 
 
 @pytest.mark.parametrize("module", ["argus.demo.job", "argus.demo_job"])
 def test_the_documented_command_and_the_module_run_the_same_job(module: str) -> None:
-    # `python -m argus.demo_job` (README, scripts of earlier versions) is kept as a shim.
+    # `python -m argus.demo_job`, the command of earlier versions and their scripts, is kept as a shim.
     done = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=False
     )
