@@ -39,7 +39,7 @@ class Identity:
     def hello(self) -> dict[str, Any]:
         """The HELLO document."""
         return {
-            "version": 2,
+            "version": 3,
             "job_id": self.job_id,
             "rank": self.rank,
             "local_rank": self.local_rank,

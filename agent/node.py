@@ -199,6 +199,9 @@ class NodeAgent:
         #: Rows dropped on arrival because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
         self.negative_durations = 0
         self._negative_warn_after = 0.0
+        #: Probe frames refused because they could not be decoded or validated (:meth:`_refuse`).
+        self.refused_frames = 0
+        self._refused_warn_after = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -332,21 +335,13 @@ class NodeAgent:
             raise ProtocolError(f"unexpected frame {kind.name} from a probe")
         if hello is None:
             raise ProtocolError(f"{kind.name} before HELLO")
-        job_id = str(hello["job_id"])
         if kind == FrameType.BATCH:
-            table, data = decode_batch(payload)
-            with self._intake:
-                if self._closing:
-                    return False
-                if not self._taken_before(hello, conn, seq):
-                    if table == "kernel_events":
-                        ticket = next(self._tickets)
-                        self._ingest(job_id, table, data, ticket)
-                        self._took(hello, conn, seq, None, ticket)
-                    else:
-                        self._took(hello, conn, seq, self._ingest(job_id, table, data))
-            return True
-        spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
+            return self._take_batch(conn, seq, payload, hello)
+        job_id = str(hello["job_id"])
+        try:
+            spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            return self._refuse(conn, hello, seq, f"bad CAPTURE payload: {exc!r}")
         with self._intake:
             if self._closing:
                 return False
@@ -355,6 +350,51 @@ class NodeAgent:
                 now = time.time_ns() + self.offset_ns
                 self.windows.cover(job_id, int(hello["rank"]), spans, ticket=ticket, now_ns=now)
                 self._took(hello, conn, seq, None, ticket)
+        return True
+
+    def _take_batch(self, conn: socket.socket, seq: int, payload: bytes, hello: dict[str, Any]) -> bool:
+        """Take a BATCH frame (:meth:`_take`), or refuse one that cannot be decoded or validated."""
+        try:
+            table, data = decode_batch(payload)
+        except ProtocolError as exc:
+            return self._refuse(conn, hello, seq, str(exc))
+        job_id = str(hello["job_id"])
+        with self._intake:
+            if self._closing:
+                return False
+            if not self._taken_before(hello, conn, seq):
+                if table == "kernel_events":
+                    ticket = next(self._tickets)
+                    self._ingest(job_id, table, data, ticket)
+                    self._took(hello, conn, seq, None, ticket)
+                else:
+                    self._took(hello, conn, seq, self._ingest(job_id, table, data))
+        return True
+
+    def _refuse(self, conn: socket.socket, hello: dict[str, Any], seq: int, why: str) -> bool:
+        """Refuse frame ``seq``, which cannot be decoded or validated: counted, logged (the first of a
+        minute), answered ``REFUSED`` (a probe of HELLO version < 3: acknowledged, as if delivered), so
+        the probe drops it and never sends it again; the connection goes on. Returns True."""
+        with self._lock:
+            self.refused_frames += 1
+            now = time.monotonic()
+            loud = now >= self._refused_warn_after
+            if loud:
+                self._refused_warn_after = now + STATS_EVERY_S
+        if loud:
+            log.warning(
+                "argus agent: refused frame %d of rank %s of job %s (%d refused so far): %s",
+                seq,
+                hello.get("rank"),
+                hello.get("job_id"),
+                self.refused_frames,
+                why,
+            )
+        with self._ack_lock:
+            if _takes_refused(hello):
+                self._send(conn, encode_frame(FrameType.REFUSED, seq))
+            else:  # durable at once: acknowledged with (or after) the frames before it
+                self._ack_later(_Ack(conn, seq, -1, one=_takes_one(hello)))
         return True
 
     def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
@@ -646,7 +686,7 @@ class NodeAgent:
         s = self.uploader.stats
         log.info(
             "argus agent: batches stored %d, duplicate %d, rejected %d (%d rows); spooled %d (%d bytes); "
-            "spool drops %d rows; negative durations dropped %d rows",
+            "spool drops %d rows; negative durations dropped %d rows; probe frames refused %d",
             s.batches_stored,
             s.batches_duplicate,
             s.batches_rejected,
@@ -655,6 +695,7 @@ class NodeAgent:
             self.spool.size_bytes,
             self.spool.dropped_rows,
             self.negative_durations,
+            self.refused_frames,
         )
 
 
@@ -662,6 +703,14 @@ def _takes_one(hello: dict[str, Any]) -> bool:
     """Whether the probe of ``hello`` understands ``ACK_ONE`` (protocol version 2 and later)."""
     try:
         return int(hello.get("version", 1)) >= 2
+    except (TypeError, ValueError):
+        return False
+
+
+def _takes_refused(hello: dict[str, Any]) -> bool:
+    """Whether the probe of ``hello`` understands ``REFUSED`` (protocol version 3 and later)."""
+    try:
+        return int(hello.get("version", 1)) >= 3
     except (TypeError, ValueError):
         return False
 

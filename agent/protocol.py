@@ -15,6 +15,11 @@ carrying the frame's message sequence; it acknowledges every frame up to that
 one. A frame that is durable while one before it is not (held in a kernel
 window) gets an ``ACK_ONE``, which acknowledges that frame alone; the agent sends
 it to probes whose HELLO has ``version`` >= 2 (older ones wait for the ``ACK``).
+A ``BATCH`` or ``CAPTURE`` the agent cannot decode or validate (unreadable or invalid
+Arrow data, another schema, bad JSON) is refused: a ``REFUSED`` carrying its sequence
+(that frame alone) tells the probe to drop it, counted; a probe whose HELLO has
+``version`` < 3 does not know ``REFUSED`` and gets the frame acknowledged instead (it
+drops it as delivered). Either way the connection goes on and the frame is never resent.
 A probe resends frames that were never acknowledged when it reconnects to a
 (restarted) agent.
 
@@ -73,6 +78,7 @@ class FrameType(enum.IntEnum):
     CAPTURE = 6
     ACK_ONE = 7
     SAMPLE = 8
+    REFUSED = 9
 
 
 class ProtocolError(Exception):
@@ -146,15 +152,19 @@ def decode_batch(payload: bytes) -> tuple[str, pa.Table]:
     Columns added to a table later (they carry a default, :mod:`argus.schema`) may be
     absent, as in a batch of an older probe: they are filled with their default.
 
+    Every buffer is checked (``validate(full=True)``: offsets, lengths, UTF-8) before any
+    compute kernel reads it: a crafted batch is refused here, never read past a buffer's end.
+
     Raises:
-        ProtocolError: unknown table, unreadable Arrow bytes or a different schema.
+        ProtocolError: unknown table, unreadable or invalid Arrow data or a different schema.
     """
     if not payload:
         raise ProtocolError("empty BATCH payload")
     name = table_name(payload[0])
     try:
         data = pa.ipc.open_stream(payload[1:]).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+        data.validate(full=True)
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise ProtocolError(f"bad Arrow IPC in {name} batch: {exc}") from exc
     data = with_defaults(name, data)
     if not data.schema.equals(wire_schema(name)):

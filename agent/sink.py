@@ -76,6 +76,8 @@ class AgentLink:
         self._dropped_unlogged = 0
         #: Rows dropped because the queue was full (monotonic).
         self.dropped_rows = 0
+        #: Rows of frames the agent refused (``REFUSED``: it could not decode them), also in ``dropped_rows``.
+        self.refused_rows = 0
         #: Rows acknowledged by an agent (monotonic).
         self.acked_rows = 0
         #: Called with the JSON document of a ``SAMPLE`` request from the agent (the shipper's thread).
@@ -216,12 +218,8 @@ class AgentLink:
                 break
             payload = bytes(self._rx[HEADER.size : HEADER.size + length])
             del self._rx[: HEADER.size + length]
-            if kind == FrameType.ACK_ONE:
-                for msg in self._unacked:
-                    if msg.seq == seq:
-                        self._unacked.remove(msg)
-                        self._acked(msg)
-                        break
+            if kind in (FrameType.ACK_ONE, FrameType.REFUSED):
+                self._answered_one(seq, refused=kind == FrameType.REFUSED)
                 continue
             if kind == FrameType.SAMPLE:
                 if self.on_sample is not None:
@@ -231,6 +229,23 @@ class AgentLink:
                 raise ProtocolError(f"unexpected frame type {kind} from the agent")
             while self._unacked and self._unacked[0].seq <= seq:
                 self._acked(self._unacked.popleft())
+
+    def _answered_one(self, seq: int, *, refused: bool) -> None:
+        """Frame ``seq`` alone is acknowledged (``ACK_ONE``) or refused (``REFUSED``: the agent could
+        not decode it; dropped, its rows counted); either way it is never sent again."""
+        for msg in self._unacked:
+            if msg.seq == seq:
+                self._unacked.remove(msg)
+                if not refused:
+                    self._acked(msg)
+                    return
+                self._bytes -= len(msg.frame)
+                self.refused_rows += msg.rows
+                self.dropped_rows += msg.rows
+                log.warning(
+                    "argus: the node agent refused a frame of %d rows (it could not decode it)", msg.rows
+                )
+                return
 
     def _acked(self, msg: _Msg) -> None:
         self._bytes -= len(msg.frame)
