@@ -1,9 +1,9 @@
 """The probe's sink: its connection to the node agent's unix socket.
 
 Used by the shipper thread only, never by training threads. Batches wait in a
-bounded queue until the agent acknowledges them; while the agent is absent or
-restarting they are kept (up to ``max_pending_bytes``) and resent on
-reconnect, and past the bound the oldest are dropped and counted. Nothing here
+bounded queue until the agent acknowledges them; while the agent is absent,
+restarting or not acknowledging they are kept (up to ``max_pending_bytes``, sent
+or not) and resent on reconnect, and past the bound the oldest are dropped and counted. Nothing here
 ever blocks for longer than the socket timeout.
 """
 
@@ -57,7 +57,8 @@ class AgentLink:
     Args:
         path: The agent's unix socket.
         hello: Identity of this rank, sent first on every connection.
-        max_pending_bytes: Bound on batches waiting to be sent or acknowledged.
+        max_pending_bytes: Bound on the bytes of every frame held: waiting to be sent or to be
+            acknowledged (:attr:`held_bytes`).
     """
 
     def __init__(self, path: str, hello: dict[str, Any], max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
@@ -103,14 +104,26 @@ class AgentLink:
         self._queue(_Msg(self._seq, encode_json(FrameType.CAPTURE, self._seq, doc), 0))
 
     def _queue(self, msg: _Msg) -> None:
+        """Queue ``msg``; past the bound, drop the oldest frames held, sent or not (the newest stays).
+
+        Frames sent but not acknowledged count too: an agent that never acknowledges (its disk
+        full, its spool unwritable) must not grow the training process. A dropped frame that
+        was sent may still reach the collector; its acknowledgement, if one comes, is ignored.
+        """
         self._unsent.append(msg)
         self._bytes += len(msg.frame)
-        while self._bytes > self.max_pending_bytes and len(self._unsent) > 1:
-            old = self._unsent.popleft()
+        while self._bytes > self.max_pending_bytes and len(self._unacked) + len(self._unsent) > 1:
+            old = (self._unacked or self._unsent).popleft()  # sent frames are the older ones
             self._bytes -= len(old.frame)
             self.dropped_rows += old.rows
             self._dropped_unlogged += old.rows
         self._warn_losses()
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of frames held for the agent, sent-but-unacknowledged and unsent: at most
+        ``max_pending_bytes`` (or the one newest frame, when it alone is bigger)."""
+        return self._bytes
 
     def pump(self) -> None:
         """Connect if due, send what is queued, read acknowledgements; never raises."""
@@ -255,7 +268,7 @@ class AgentLink:
         now = time.monotonic()
         if self._dropped_unlogged and now - self._last_warn >= WARN_EVERY_S:
             log.warning(
-                "argus: dropped %d rows (node agent unreachable, %d MiB buffered)",
+                "argus: dropped %d rows (node agent unreachable or not acknowledging, %d MiB held)",
                 self._dropped_unlogged,
                 self._bytes >> 20,
             )
