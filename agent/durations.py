@@ -2,11 +2,11 @@
 
 A ``dur_ns`` below zero is not a measurement (a wall clock stepped back between a span's two
 ends, a CUPTI record with a torn timestamp, a bug in a hook). The collector refuses a whole
-batch holding one (:func:`argus.collector.ingest.validate_columns`), and the node agent
-coalesces the rows of every rank of a node into one batch per table: a single bad row would
-cost the node's batch. So the probe drops such rows before it ships them (counted with its
-dropped events, which reach the node agent in ``host_samples.dropped_events``), and the node
-agent drops any that still arrive (a probe of another version) before it batches them,
+batch holding one (:mod:`argus.rowrules`), and the node agent coalesces the rows of every rank
+of a node into one batch per table: a single bad row would cost the node's batch. So the probe
+drops such rows before it ships them (counted with its dropped events, which reach the node
+agent in ``host_samples.dropped_events``), and the node agent drops any row that still breaks
+one of the collector's row rules (:func:`argus.rowrules.drop_bad_rows`) before it batches them,
 counted as dropped rows of the next batch (``Batch.dropped_events``) and logged.
 
 Dropped rather than clamped to 0: a zero-length step, phase or kernel is a value the analyzer

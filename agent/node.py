@@ -60,7 +60,6 @@ import pyarrow.compute as pc
 
 from argus.agent.captures import RankProcess, StackCaptures
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
-from argus.agent.durations import drop_negative_durations
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
 from argus.agent.protocol import (
@@ -76,6 +75,7 @@ from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader
 from argus.config import AgentConfig
 from argus.errors import ConfigError
+from argus.rowrules import drop_bad_rows
 from argus.schema import wire_schema
 from argus.window_grid import WindowGrid
 
@@ -196,9 +196,10 @@ class NodeAgent:
         self._window_drops_reported = 0
         #: Probe connections served so far.
         self.connections = 0
-        #: Rows dropped on arrival because their ``dur_ns`` was negative (:mod:`argus.agent.durations`).
-        self.negative_durations = 0
-        self._negative_warn_after = 0.0
+        #: Rows dropped on arrival because they break a row rule (a null, a value past its limit, a
+        #: negative ``dur_ns``: :mod:`argus.rowrules`); the rest of their frame goes on.
+        self.bad_rows = 0
+        self._bad_warn_after = 0.0
         #: Probe frames refused because they could not be decoded or validated (:meth:`_refuse`).
         self.refused_frames = 0
         self._refused_warn_after = 0.0
@@ -522,9 +523,9 @@ class NodeAgent:
     def _ingest(self, job_id: str, table: str, data: pa.Table, ticket: int = -1) -> int:
         """Take rows of a probe (or of the agent itself); returns the uploader generation holding them
         (kernel events: held in the windows under ``ticket``, see :meth:`_release`)."""
-        data, negative = drop_negative_durations(data)
-        if negative:
-            self._negative(job_id, table, negative)
+        data, bad, why = drop_bad_rows(table, data)  # the collector's row rules, per frame
+        if bad:
+            self._bad(job_id, table, bad, why)
         self._check_step()  # rows stamped after a step are never shifted by the old offset
         local_time = data["time_ns"].to_numpy() if table == "ranks" else None
         data = shift_times(table, data, self.clock)
@@ -554,24 +555,25 @@ class NodeAgent:
             self.windows.steps(job_id, data, time.time_ns() + offset)  # they place the job's kernels
         return self.uploader.add(job_id, table, data, offset)
 
-    def _negative(self, job_id: str, table: str, rows: int) -> None:
-        """Count ``rows`` of ``table`` dropped for a negative ``dur_ns`` (lost rows; logged, first of a
-        minute)."""
+    def _bad(self, job_id: str, table: str, rows: int, why: list[str]) -> None:
+        """Count ``rows`` of ``table`` dropped because they break a row rule (:mod:`argus.rowrules`):
+        lost rows, reported with the next batch; logged, the first of a minute."""
         self.uploader.count_dropped(rows)
         with self._lock:
-            self.negative_durations += rows
+            self.bad_rows += rows
             now = time.monotonic()
-            loud = now >= self._negative_warn_after
+            loud = now >= self._bad_warn_after
             if loud:
-                self._negative_warn_after = now + STATS_EVERY_S
+                self._bad_warn_after = now + STATS_EVERY_S
         if loud:
             log.warning(
-                "argus agent: dropped %d %s row(s) of job %s whose end precedes their start "
-                "(%d so far); the rest of the batch goes on",
+                "argus agent: dropped %d %s row(s) of job %s that the collector would refuse (%s; "
+                "%d so far); the rest of the batch goes on",
                 rows,
                 table,
                 job_id,
-                self.negative_durations,
+                "; ".join(why),
+                self.bad_rows,
             )
 
     def upload_raw(self, job_id: str, start_ns: int, end_ns: int) -> int:
@@ -686,7 +688,7 @@ class NodeAgent:
         s = self.uploader.stats
         log.info(
             "argus agent: batches stored %d, duplicate %d, rejected %d (%d rows); spooled %d (%d bytes); "
-            "spool drops %d rows; negative durations dropped %d rows; probe frames refused %d",
+            "spool drops %d rows; bad rows dropped %d; probe frames refused %d",
             s.batches_stored,
             s.batches_duplicate,
             s.batches_rejected,
@@ -694,7 +696,7 @@ class NodeAgent:
             len(self.spool),
             self.spool.size_bytes,
             self.spool.dropped_rows,
-            self.negative_durations,
+            self.bad_rows,
             self.refused_frames,
         )
 

@@ -42,18 +42,17 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from argus.collector.ipc_size import read_stream
 from argus.errors import InvalidBatch, StoreError
 from argus.jobid import check_job_id
-from argus.limits import WIRE_COLUMN_LIMITS, WIRE_LENGTH_LIMITS, check_declared
+from argus.limits import check_declared
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
+from argus.rowrules import check_values
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 from argus.store import Store
 
@@ -80,8 +79,6 @@ TABLE_BY_ENUM: dict[int, str] = {pb.Table.Value(name.upper()): name for name in 
 
 #: Tries of a group's ``ingest_batches`` insert before its batches go unacknowledged (module doc).
 RECORD_ATTEMPTS = 3
-#: Columns that must hold no negative value (durations, ns).
-_NON_NEGATIVE = ("dur_ns",)
 
 
 @dataclass(frozen=True)
@@ -149,7 +146,8 @@ def _read_ipc(payload: bytes) -> pa.Table:
 def validate_columns(table: str, data: pa.Table) -> pa.Table:
     """Check ``data`` against the wire schema of ``table``; return it in schema column order.
 
-    :func:`conform` (the columns and their types), then :func:`check_values`.
+    :func:`conform` (the columns and their types), then :func:`argus.rowrules.check_values` (the
+    row rules the node agent applies too).
 
     Raises:
         InvalidBatch: the first problem found.
@@ -192,50 +190,6 @@ def conform(table: str, data: pa.Table) -> pa.Table:
     if data.num_rows == 0:
         raise InvalidBatch(f"{table}: the batch has no rows")
     return data
-
-
-def check_values(table: str, data: pa.Table) -> None:
-    """Check the values of ``data`` (conformed, :func:`conform`): no nulls (also inside list
-    columns), declared sizes within :mod:`argus.limits`, no negative ``dur_ns``. One call
-    checks the rows of many batches of a table at once (:func:`write_group`).
-
-    Raises:
-        InvalidBatch: the first problem found.
-    """
-    for field, column in zip(data.schema, data.columns, strict=True):
-        nulls = column.null_count
-        if pa.types.is_list(column.type) and not nulls:
-            nulls = pc.list_flatten(column).null_count
-        if nulls:
-            raise InvalidBatch(f"{table}.{field.name}: {nulls} null value(s); nulls are not allowed")
-    _check_limits(table, data)
-    for name in _NON_NEGATIVE:
-        if name in data.column_names:
-            smallest = pc.min(data.column(name)).as_py()
-            if smallest is not None and smallest < 0:
-                raise InvalidBatch(f"{table}.{name}: negative value {smallest}; durations are >= 0 ns")
-
-
-def _check_limits(table: str, data: pa.Table) -> None:
-    """Declared sizes (world size, ranks, group members) within :data:`argus.limits.LIMITS`."""
-    for name, limit in WIRE_LENGTH_LIMITS.items():
-        if name in data.column_names:
-            _check_max(table, f"{name} (members)", pc.list_value_length(data.column(name)), limit)
-    for name, limit in WIRE_COLUMN_LIMITS.items():
-        if name in data.column_names:
-            column = data.column(name)
-            _check_max(
-                table, name, pc.list_flatten(column) if pa.types.is_list(column.type) else column, limit
-            )
-
-
-def _check_max(table: str, name: str, values: pa.Array[Any] | pa.ChunkedArray[Any], limit: str) -> None:
-    largest = pc.max(values).as_py()
-    if largest is not None:
-        try:
-            check_declared(name, largest, limit, lowest=-(2**63))
-        except ValueError as exc:
-            raise InvalidBatch(f"{table}.{exc}") from exc
 
 
 #: :func:`check_job_id` of the job ids seen lately, remembered (one check per job, not per batch;
