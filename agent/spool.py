@@ -3,10 +3,15 @@
 Each batch is one file ``<dir>/<agent_id>/<seq:016d>-<rows>.batch`` holding the
 serialized ``argus.v1.Batch`` exactly as sent, so a batch replayed after a
 collector outage or an agent restart carries the same (agent id, seq) and the
-collector deduplicates it. Files are written to a temporary name and renamed,
-so a crash never leaves a torn batch. When the spool would pass its bound, the
-oldest batches are deleted and their rows counted as dropped. A batch that
-fails every try is moved to ``<dir>/.set-aside/`` and never replayed.
+collector deduplicates it. Files are written to a temporary name, flushed to disk
+(``fsync``) and renamed, and the folder is synced after the rename, so neither a
+crash nor a power loss leaves a torn batch or one acknowledged but gone. Batches
+hold every job's command lines and stacks: files are mode 0600 and folders 0700
+whatever the umask (the spool's root too, when the agent creates or owns it).
+When the spool would pass its bound, the oldest batches are deleted and their
+rows counted as dropped. A batch that fails every try is moved to
+``<dir>/.set-aside/`` and never replayed. A folder this process spools into is
+never pruned (:meth:`Spool.prune_empty`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SET_ASIDE", "Spool", "SpoolEntry", "safe_name"]
+from argus.private import private_dir
+
+__all__ = ["SET_ASIDE", "Spool", "SpoolEntry", "safe_name", "write_synced"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,31 @@ SET_ASIDE = ".set-aside"
 def safe_name(agent_id: str) -> str:
     """``agent_id`` as a folder name: characters outside ``[A-Za-z0-9._-]`` become ``_``."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", agent_id)
+
+
+def write_synced(path: Path, data: bytes, tmp: Path | None = None) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through ``tmp`` (default ``path`` + ``.tmp``): the
+    file's bytes reach the disk (``fsync``) before the rename, the rename before this returns.
+
+    Raises:
+        OSError: any step failed; ``tmp`` may be left (the caller removes it).
+    """
+    tmp = tmp if tmp is not None else path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # one left by a crash keeps its mode under O_CREAT
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 @dataclass(frozen=True)
@@ -55,9 +87,11 @@ class Spool:
 
     def __init__(self, root: str | os.PathLike[str], max_bytes: int) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        # Folders this process spools into: never pruned (their next batch may be on its way).
+        self._writing: set[str] = set()
         self._entries: OrderedDict[tuple[str, int], SpoolEntry] = OrderedDict()
         self._bytes = 0
         #: Rows deleted to stay under the bound (monotonic).
@@ -99,14 +133,15 @@ class Spool:
             OSError: the batch could not be written (disk full, read-only folder); nothing is kept.
         """
         folder = self.root / safe_name(agent_id)
-        if not folder.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "agent_id").write_text(agent_id)
+        with self._lock:
+            self._writing.add(folder.name)
+        if not (folder / "agent_id").exists():
+            private_dir(folder)
+            write_synced(folder / "agent_id", agent_id.encode())
         path = folder / f"{seq:016d}-{rows}.batch"
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_synced(path, data, tmp)
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
@@ -153,7 +188,8 @@ class Spool:
             return None
         folder = self.root / SET_ASIDE / safe_name(agent_id)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder.parent)
+            private_dir(folder)
             path = folder / entry.path.name
             os.replace(entry.path, path)
         except OSError:
@@ -182,10 +218,12 @@ class Spool:
             return sorted({a for a, _ in self._entries})
 
     def prune_empty(self) -> None:
-        """Delete folders of agent ids with no batch left."""
-        live = {safe_name(a) for a in self.agent_ids()}
+        """Delete folders of agent ids with no batch left, except those this process spools into
+        (the running agent's: a batch it is writing there now is not listed yet)."""
+        with self._lock:
+            keep = {safe_name(a) for a, _ in self._entries} | self._writing
         for folder in self.root.iterdir():
-            if folder.is_dir() and folder.name not in live and folder.name != SET_ASIDE:
+            if folder.is_dir() and folder.name not in keep and folder.name != SET_ASIDE:
                 for path in folder.iterdir():
                     with contextlib.suppress(OSError):
                         path.unlink()

@@ -67,6 +67,7 @@ from argus.config import (
     DEFAULT_STORE_TIMEOUT_S,
 )
 from argus.errors import ConfigError, StoreError, StoreLocked, TooManyRows
+from argus.private import private_dir
 from argus.schema import TABLES, create_statements, migration_statements
 
 __all__ = [
@@ -179,7 +180,7 @@ class ClickHouseStore:
                 if not rest:
                     raise ConfigError(f"store URL {url!r} names no data dir; e.g. chdb://./argus-data")
                 path = Path(rest).resolve()
-                path.mkdir(parents=True, exist_ok=True)
+                private_dir(path)  # every job's commands and stacks: its owner only
                 self.url = f"chdb://{path}"
                 self.database = DATABASE
             elif scheme in {"clickhouse", "clickhouses"} and sep:
