@@ -2,13 +2,15 @@
 
 A collector passes the analyzer's pending capture requests on its ``Ack`` stream
 (``Ack.stack_captures``, :mod:`argus.collector.captures`). For each rank of a request that
-has a probe connected to this agent (only pids registered on the agent's socket are ever
-sampled), :class:`StackCaptures` starts a thread that samples the rank's process with py-spy
+has a probe connected to this agent (only the processes on the agent's socket are ever
+sampled, by the pid the kernel gives for the socket, :mod:`argus.agent.peers`),
+:class:`StackCaptures` starts a thread that samples the rank's process with py-spy
 (:func:`argus.agent.stacks.sample_pyspy`; a blocking native dump when the request says
 ``blocking``) and hands the ``stacks`` rows to the agent's batch path. Where py-spy cannot
-attach, the thread asks the rank's probe to sample its own threads instead (a ``SAMPLE``
-frame, :mod:`argus.agent.protocol`); the probe ships those rows itself. A request is run once
-per capture id, however often collectors pass it; one capture per rank runs at a time.
+attach (or the agent cannot see the process), the thread asks the rank's probe to sample its
+own threads instead (a ``SAMPLE`` frame, :mod:`argus.agent.protocol`); the probe ships those
+rows itself. A request is run once per capture id, however often collectors pass it; one
+capture per rank runs at a time.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ MAX_DURATION_MS = 30_000
 class RankProcess(NamedTuple):
     """A rank's process on this node: its pid and its probe's connection to the agent."""
 
-    pid: int
+    #: From the socket (``SO_PEERCRED``, :mod:`argus.agent.peers`), this agent's pid namespace;
+    #: None when the agent cannot see the process: it is asked to sample itself.
+    pid: int | None
     conn: socket.socket
 
 
@@ -104,6 +108,10 @@ class StackCaptures:
         duration_ms = min(int(capture.duration_ms), MAX_DURATION_MS)
         sampler = stacks.PYSPY_NATIVE if capture.blocking else stacks.PYSPY
         try:
+            if proc.pid is None:
+                raise stacks.SamplerError(
+                    f"rank {rank}'s process is in a pid namespace this agent cannot see"
+                )
             start_ns, t0 = time.time_ns(), time.monotonic()
             rows = stacks.sample_pyspy(proc.pid, duration_ms / 1000, blocking=capture.blocking)
             duration_ns = 0 if capture.blocking else int((time.monotonic() - t0) * 1e9)

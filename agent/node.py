@@ -62,6 +62,7 @@ from argus.agent.captures import RankProcess, StackCaptures
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
+from argus.agent.peers import claims_its_own_pid, peer_pid
 from argus.agent.protocol import (
     FrameType,
     ProtocolError,
@@ -186,6 +187,8 @@ class NodeAgent:
         self._after_step = False
         #: HELLO of every connected probe, for the rank rows the agent writes itself.
         self._hellos: dict[socket.socket, dict[str, Any]] = {}
+        #: The pid of every connected probe's process from its socket (None: not visible here).
+        self._pids: dict[socket.socket, int | None] = {}
         self._links = LinkSampler()
         self._jobs_seen: set[str] = set()
         self._listener: socket.socket | None = None
@@ -293,6 +296,7 @@ class NodeAgent:
 
     def _serve(self, conn: socket.socket) -> None:
         hello: dict[str, Any] | None = None
+        pid = peer_pid(conn)  # the kernel's word, in this pid namespace (argus.agent.peers)
         clean = False
         try:
             while (frame := read_frame(conn)) is not None:
@@ -301,7 +305,8 @@ class NodeAgent:
                     hello = decode_json(payload)
                     with self._lock:
                         self._hellos[conn] = hello
-                    self._on_hello(hello)
+                        self._pids[conn] = pid
+                    self._on_hello(hello, pid)
                 elif kind == FrameType.BYE:
                     clean = True
                     if hello is not None:
@@ -318,11 +323,12 @@ class NodeAgent:
             with self._lock:
                 self._conns.discard(conn)
                 self._hellos.pop(conn, None)
+                self._pids.pop(conn, None)
             with self._ack_lock:
                 self._acks = [a for a in self._acks if a.conn is not conn]
                 conn.close()
         if hello is not None and not clean and not self._stop.is_set():
-            self._maybe_lost(hello)
+            self._maybe_lost(hello, pid)
 
     def _take(
         self, conn: socket.socket, kind: FrameType, seq: int, payload: bytes, hello: dict[str, Any] | None
@@ -405,11 +411,12 @@ class NodeAgent:
             conn.sendall(encode_frame(FrameType.ACK, rows))
 
     def _rank_process(self, job_id: str, rank: int) -> RankProcess | None:
-        """The process of ``rank`` of ``job_id`` if its probe is connected here (registered pids only)."""
+        """The process of ``rank`` of ``job_id`` if its probe is connected here: the pid is the
+        socket's (``SO_PEERCRED``), never the HELLO's; None when this namespace cannot see it."""
         with self._lock:
             for conn, hello in self._hellos.items():
                 if str(hello.get("job_id")) == job_id and int(hello.get("rank", -1)) == rank:
-                    return RankProcess(int(hello["pid"]), conn)
+                    return RankProcess(self._pids.get(conn), conn)
         return None
 
     def _ship_stacks(self, job_id: str, table: pa.Table) -> None:
@@ -421,11 +428,32 @@ class NodeAgent:
         with self._ack_lock:
             conn.sendall(encode_json(FrameType.SAMPLE, 0, doc))
 
-    def _on_hello(self, hello: dict[str, Any]) -> None:
+    def _on_hello(self, hello: dict[str, Any], pid: int | None) -> None:
         job_id = str(hello["job_id"])
         log.info(
-            "argus agent: rank %s of job %s (pid %s) connected", hello.get("rank"), job_id, hello.get("pid")
+            "argus agent: rank %s of job %s (pid %s, here %s) connected",
+            hello.get("rank"),
+            job_id,
+            hello.get("pid"),
+            pid,
         )
+        if pid is None:
+            log.warning(
+                "argus agent: rank %s of job %s is in a pid namespace this agent cannot see; "
+                "py-spy will not sample it (it samples itself)",
+                hello.get("rank"),
+                job_id,
+            )
+        elif not claims_its_own_pid(pid, int(hello["pid"])):
+            log.warning(
+                "argus agent: rank %s of job %s names pid %s, but its socket is pid %d's; "
+                "only pid %d is ever sampled",
+                hello.get("rank"),
+                job_id,
+                hello.get("pid"),
+                pid,
+                pid,
+            )
         with self._lock:
             first = job_id not in self._jobs_seen
             self._jobs_seen.add(job_id)
@@ -438,11 +466,11 @@ class NodeAgent:
             }
             self._ingest(job_id, "jobs", pa.Table.from_pydict(row, schema=wire_schema("jobs")))
 
-    def _maybe_lost(self, hello: dict[str, Any]) -> None:
-        """A probe's connection ended without BYE: if its process is gone, record a crash exit."""
-        pid = int(hello["pid"])
+    def _maybe_lost(self, hello: dict[str, Any], pid: int | None) -> None:
+        """A probe's connection ended without BYE: if its process (``pid``: the socket's, this
+        namespace; None: not visible here, nothing recorded) is gone, record a crash exit."""
         time.sleep(0.5)
-        if not _pid_gone(pid):
+        if pid is None or not _pid_gone(pid):
             return
         log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.get("rank"), pid)
         with self._intake:

@@ -7,6 +7,8 @@ rank's probe to sample itself (a SAMPLE frame on its connection).
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import time
@@ -30,19 +32,54 @@ def _hello(pid: int) -> dict[str, Any]:
     return {**HELLO, "pid": pid, "job_id": "job-s"}
 
 
+#: A rank that is its own probe: it connects to the agent's socket (argv[1]) and spins. The agent
+#: samples the process on the other end of a socket (SO_PEERCRED), never a pid a HELLO names.
+PROBED_CHILD = (
+    "import os, sys\n"
+    "from argus.agent.sink import AgentLink\n"
+    "from tests.agent.test_stack_captures import _hello\n"
+    "link = AgentLink(sys.argv[1], _hello(os.getpid()))\n"
+    "link.pump()\n"
+    "assert link.connected\n" + CHILD
+)
+
+
+def connected_then_exec(
+    path: str, hello: dict[str, Any], argv: list[str]
+) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+    """A connection to the agent at ``path`` made (and HELLO sent) by a child process that then
+    becomes ``argv`` (same pid: the socket's peer), handed to this process to read the agent's frames."""
+    ours, theirs = socket.socketpair()
+    code = (
+        "import os, socket, sys, json\n"
+        "from argus.agent.protocol import FrameType, encode_json\n"
+        "conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "conn.connect(sys.argv[1])\n"
+        "conn.sendall(encode_json(FrameType.HELLO, 0, {**json.loads(sys.argv[2]), 'pid': os.getpid()}))\n"
+        "socket.send_fds(socket.socket(fileno=int(sys.argv[3])), [b'x'], [conn.fileno()])\n"
+        "os.execvp(sys.argv[4], sys.argv[4:])\n"
+    )
+    cmd = [sys.executable, "-c", code, path, json.dumps(hello), str(theirs.fileno()), *argv]
+    proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
+    theirs.close()
+    _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    ours.close()
+    return socket.socket(fileno=fds[0]), proc
+
+
 def test_agent_samples_a_registered_rank_with_pyspy_and_ships_rows() -> None:
     sink = Sink()
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        with short_dir() as work:
-            agent = NodeAgent(
-                str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
-            )
-            agent.start()
+    with short_dir() as work:
+        agent = NodeAgent(
+            str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
+        )
+        agent.start()
+        child = subprocess.Popen(
+            [sys.executable, "-c", PROBED_CHILD, str(work / "a.sock")], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
             try:
-                link = AgentLink(str(work / "a.sock"), _hello(child.pid))
-                link.pump()
                 wait_for(lambda: agent._rank_process("job-s", 3) is not None)
                 capture = collector_pb2.StackCapture(
                     capture_id="cap-1", job_id="job-s", ranks=[3, 5], duration_ms=800
@@ -53,9 +90,9 @@ def test_agent_samples_a_registered_rank_with_pyspy_and_ships_rows() -> None:
                 stacks = sink.table("stacks")
             finally:
                 agent.stop(drain_s=2)
-    finally:
-        child.kill()
-        child.wait()
+        finally:
+            child.kill()
+            child.wait()
     assert set(stacks["capture_id"].to_pylist()) == {"cap-1"}
     assert set(stacks["rank"].to_pylist()) == {3}  # rank 5 has no probe here: not sampled
     assert set(stacks["sampler"].to_pylist()) == {"py-spy"}
@@ -68,18 +105,19 @@ def test_agent_samples_a_registered_rank_with_pyspy_and_ships_rows() -> None:
 
 def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
     sink = Sink()
-    not_python = subprocess.Popen(["sleep", "30"])
-    try:
-        with short_dir() as work:
-            agent = NodeAgent(
-                str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
-            )
-            agent.start()
+    with short_dir() as work:
+        agent = NodeAgent(
+            str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
+        )
+        agent.start()
+        # The rank's process is `sleep` (py-spy cannot read it); this test reads its connection.
+        conn, sleeper = connected_then_exec(str(work / "a.sock"), _hello(0), ["sleep", "30"])
+        try:
             try:
-                link = AgentLink(str(work / "a.sock"), _hello(not_python.pid))
+                link = AgentLink(str(work / "a.sock"), _hello(0))
+                link._sock = conn
                 asked: list[dict[str, Any]] = []
                 link.on_sample = asked.append
-                link.pump()
                 wait_for(lambda: agent._rank_process("job-s", 3) is not None)
                 sink.servicer.stack_captures = [
                     collector_pb2.StackCapture(capture_id="cap-2", job_id="job-s", ranks=[3], duration_ms=300)
@@ -92,9 +130,10 @@ def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
                 wait_for(got)
             finally:
                 agent.stop(drain_s=2)
-    finally:
-        not_python.kill()
-        not_python.wait()
+        finally:
+            conn.close()
+            sleeper.kill()
+            sleeper.wait()
     assert asked == [{"capture_id": "cap-2", "duration_ms": 300}]
     assert agent.captures.counts == {"in-process": 1}
 
