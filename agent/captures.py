@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from argus.agent import stacks
+from argus.agent.messages import Sample
 from argus.proto import collector_pb2
 
 __all__ = ["RankProcess", "StackCaptures"]
@@ -60,7 +61,7 @@ class StackCaptures:
         self,
         find: Callable[[str, int], RankProcess | None],
         ship: Callable[[str, pa.Table], Any],
-        ask_probe: Callable[[socket.socket, dict[str, Any]], None],
+        ask_probe: Callable[[socket.socket, Sample], None],
     ) -> None:
         self._find, self._ship, self._ask_probe = find, ship, ask_probe
         self._lock = threading.Lock()
@@ -128,9 +129,8 @@ class StackCaptures:
         except stacks.SamplerError as exc:
             log.info("argus agent: %s; rank %d samples itself in-process", exc, rank)
             sampler = stacks.IN_PROCESS
-            doc = {"capture_id": capture.capture_id, "duration_ms": duration_ms}
             try:
-                self._ask_probe(proc.conn, doc)
+                self._ask_probe(proc.conn, Sample(capture.capture_id, duration_ms))
             except OSError as err:
                 log.warning("argus agent: cannot ask rank %d to sample itself: %s", rank, err)
                 sampler = "failed"

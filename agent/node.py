@@ -62,14 +62,13 @@ from argus.agent.captures import RankProcess, StackCaptures
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
+from argus.agent.messages import Capture, Dump, Hello, Sample
 from argus.agent.peers import claims_its_own_pid, peer_pid
 from argus.agent.protocol import (
     FrameType,
     ProtocolError,
     decode_batch,
-    decode_json,
     encode_frame,
-    encode_json,
     read_frame,
 )
 from argus.agent.spool import Spool
@@ -186,7 +185,7 @@ class NodeAgent:
         self._estimate_due = True
         self._after_step = False
         #: HELLO of every connected probe, for the rank rows the agent writes itself.
-        self._hellos: dict[socket.socket, dict[str, Any]] = {}
+        self._hellos: dict[socket.socket, Hello] = {}
         #: The pid of every connected probe's process from its socket (None: not visible here).
         self._pids: dict[socket.socket, int | None] = {}
         self._links = LinkSampler()
@@ -295,14 +294,14 @@ class NodeAgent:
             threading.Thread(target=self._serve, args=(conn,), name="argus-probe-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        hello: dict[str, Any] | None = None
+        hello: Hello | None = None
         pid = peer_pid(conn)  # the kernel's word, in this pid namespace (argus.agent.peers)
         clean = False
         try:
             while (frame := read_frame(conn)) is not None:
                 kind, seq, payload = frame
                 if kind == FrameType.HELLO:
-                    hello = decode_json(payload)
+                    hello = Hello.decode(payload)
                     with self._lock:
                         self._hellos[conn] = hello
                         self._pids[conn] = pid
@@ -311,9 +310,9 @@ class NodeAgent:
                     clean = True
                     if hello is not None:
                         with self._intake:
-                            self._taken.pop(_probe_key(hello), None)
+                            self._taken.pop(hello.key, None)
                 elif kind == FrameType.DUMP:
-                    self._on_dump(conn, decode_json(payload))
+                    self._on_dump(conn, Dump.decode(payload))
                 elif not self._take(conn, kind, seq, payload, hello):
                     break  # closing: not acknowledged, the probe sends it to the next agent
         except (ProtocolError, OSError, KeyError, ValueError, TypeError) as exc:
@@ -331,7 +330,7 @@ class NodeAgent:
             self._maybe_lost(hello, pid)
 
     def _take(
-        self, conn: socket.socket, kind: FrameType, seq: int, payload: bytes, hello: dict[str, Any] | None
+        self, conn: socket.socket, kind: FrameType, seq: int, payload: bytes, hello: Hello | None
     ) -> bool:
         """Take a BATCH or CAPTURE frame and acknowledge it once spooled; False when closing.
 
@@ -344,28 +343,27 @@ class NodeAgent:
             raise ProtocolError(f"{kind.name} before HELLO")
         if kind == FrameType.BATCH:
             return self._take_batch(conn, seq, payload, hello)
-        job_id = str(hello["job_id"])
         try:
-            spans = shift_spans(decode_json(payload)["spans"], self.offset_ns)
-        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-            return self._refuse(conn, hello, seq, f"bad CAPTURE payload: {exc!r}")
+            spans = shift_spans(Capture.decode(payload).spans, self.offset_ns)
+        except ProtocolError as exc:
+            return self._refuse(conn, hello, seq, f"bad CAPTURE payload: {exc}")
         with self._intake:
             if self._closing:
                 return False
             if not self._taken_before(hello, conn, seq):
                 ticket = next(self._tickets)
                 now = time.time_ns() + self.offset_ns
-                self.windows.cover(job_id, int(hello["rank"]), spans, ticket=ticket, now_ns=now)
+                self.windows.cover(hello.job_id, hello.rank, spans, ticket=ticket, now_ns=now)
                 self._took(hello, conn, seq, None, ticket)
         return True
 
-    def _take_batch(self, conn: socket.socket, seq: int, payload: bytes, hello: dict[str, Any]) -> bool:
+    def _take_batch(self, conn: socket.socket, seq: int, payload: bytes, hello: Hello) -> bool:
         """Take a BATCH frame (:meth:`_take`), or refuse one that cannot be decoded or validated."""
         try:
             table, data = decode_batch(payload)
         except ProtocolError as exc:
             return self._refuse(conn, hello, seq, str(exc))
-        job_id = str(hello["job_id"])
+        job_id = hello.job_id
         with self._intake:
             if self._closing:
                 return False
@@ -378,7 +376,7 @@ class NodeAgent:
                     self._took(hello, conn, seq, self._ingest(job_id, table, data))
         return True
 
-    def _refuse(self, conn: socket.socket, hello: dict[str, Any], seq: int, why: str) -> bool:
+    def _refuse(self, conn: socket.socket, hello: Hello, seq: int, why: str) -> bool:
         """Refuse frame ``seq``, which cannot be decoded or validated: counted, logged (the first of a
         minute), answered ``REFUSED`` (a probe of HELLO version < 3: acknowledged, as if delivered), so
         the probe drops it and never sends it again; the connection goes on. Returns True."""
@@ -392,21 +390,21 @@ class NodeAgent:
             log.warning(
                 "argus agent: refused frame %d of rank %s of job %s (%d refused so far): %s",
                 seq,
-                hello.get("rank"),
-                hello.get("job_id"),
+                hello.rank,
+                hello.job_id,
                 self.refused_frames,
                 why,
             )
         with self._ack_lock:
-            if _takes_refused(hello):
+            if hello.takes_refused:
                 self._send(conn, encode_frame(FrameType.REFUSED, seq))
             else:  # durable at once: acknowledged with (or after) the frames before it
-                self._ack_later(_Ack(conn, seq, -1, one=_takes_one(hello)))
+                self._ack_later(_Ack(conn, seq, -1, one=hello.takes_one))
         return True
 
-    def _on_dump(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+    def _on_dump(self, conn: socket.socket, dump: Dump) -> None:
         """A DUMP request: queue the raw events asked for; the ACK carries how many."""
-        rows = self.upload_raw(str(doc["job_id"]), int(doc["start_ns"]), int(doc["end_ns"]))
+        rows = self.upload_raw(dump.job_id, dump.start_ns, dump.end_ns)
         with self._ack_lock:
             conn.sendall(encode_frame(FrameType.ACK, rows))
 
@@ -415,7 +413,7 @@ class NodeAgent:
         socket's (``SO_PEERCRED``), never the HELLO's; None when this namespace cannot see it."""
         with self._lock:
             for conn, hello in self._hellos.items():
-                if str(hello.get("job_id")) == job_id and int(hello.get("rank", -1)) == rank:
+                if hello.job_id == job_id and hello.rank == rank:
                     return RankProcess(self._pids.get(conn), conn)
         return None
 
@@ -424,33 +422,33 @@ class NodeAgent:
             if not self._closing:
                 self._ingest(job_id, "stacks", table)
 
-    def _ask_probe(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+    def _ask_probe(self, conn: socket.socket, sample: Sample) -> None:
         with self._ack_lock:
-            conn.sendall(encode_json(FrameType.SAMPLE, 0, doc))
+            conn.sendall(encode_frame(FrameType.SAMPLE, 0, sample.encode()))
 
-    def _on_hello(self, hello: dict[str, Any], pid: int | None) -> None:
-        job_id = str(hello["job_id"])
+    def _on_hello(self, hello: Hello, pid: int | None) -> None:
+        job_id = hello.job_id
         log.info(
             "argus agent: rank %s of job %s (pid %s, here %s) connected",
-            hello.get("rank"),
+            hello.rank,
             job_id,
-            hello.get("pid"),
+            hello.pid,
             pid,
         )
         if pid is None:
             log.warning(
                 "argus agent: rank %s of job %s is in a pid namespace this agent cannot see; "
                 "py-spy will not sample it (it samples itself)",
-                hello.get("rank"),
+                hello.rank,
                 job_id,
             )
-        elif not claims_its_own_pid(pid, int(hello["pid"])):
+        elif not claims_its_own_pid(pid, hello.pid):
             log.warning(
                 "argus agent: rank %s of job %s names pid %s, but its socket is pid %d's; "
                 "only pid %d is ever sampled",
-                hello.get("rank"),
+                hello.rank,
                 job_id,
-                hello.get("pid"),
+                hello.pid,
                 pid,
                 pid,
             )
@@ -459,47 +457,47 @@ class NodeAgent:
             self._jobs_seen.add(job_id)
         if first:
             row: dict[str, list[Any]] = {
-                "world_size": [int(hello["world_size"])],
-                "start_ns": [int(hello["attach_ns"])],
-                "command": [str(hello.get("command", ""))],
+                "world_size": [hello.world_size],
+                "start_ns": [hello.attach_ns],
+                "command": [hello.command],
                 "source": ["live"],
             }
             self._ingest(job_id, "jobs", pa.Table.from_pydict(row, schema=wire_schema("jobs")))
 
-    def _maybe_lost(self, hello: dict[str, Any], pid: int | None) -> None:
+    def _maybe_lost(self, hello: Hello, pid: int | None) -> None:
         """A probe's connection ended without BYE: if its process (``pid``: the socket's, this
         namespace; None: not visible here, nothing recorded) is gone, record a crash exit."""
         time.sleep(0.5)
         if pid is None or not _pid_gone(pid):
             return
-        log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.get("rank"), pid)
+        log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.rank, pid)
         with self._intake:
-            self._taken.pop(_probe_key(hello), None)
-        self._ingest(str(hello["job_id"]), "ranks", _rank_row(hello, "exit", time.time_ns(), -1))
+            self._taken.pop(hello.key, None)
+        self._ingest(hello.job_id, "ranks", _rank_row(hello, "exit", time.time_ns(), -1))
 
-    def _taken_before(self, hello: dict[str, Any], conn: socket.socket, seq: int) -> bool:
+    def _taken_before(self, hello: Hello, conn: socket.socket, seq: int) -> bool:
         """True for a frame this probe sent before, on a connection that dropped (held: ``_intake``).
 
         Its rows were taken then: it is acknowledged once the generation of the last frame taken
         from the probe is spooled, and not taken again (a resend stores nothing twice).
         """
-        last = self._taken.get(_probe_key(hello))
+        last = self._taken.get(hello.key)
         if last is None or seq > last[0]:
             return False
         with self._ack_lock:
-            self._ack_later(_Ack(conn, seq, last[1].generation, last[1].ticket, _takes_one(hello)))
+            self._ack_later(_Ack(conn, seq, last[1].generation, last[1].ticket, hello.takes_one))
         return True
 
     def _took(
-        self, hello: dict[str, Any], conn: socket.socket, seq: int, generation: int | None, ticket: int = -1
+        self, hello: Hello, conn: socket.socket, seq: int, generation: int | None, ticket: int = -1
     ) -> None:
         """Frame ``seq`` of the probe is taken into ``generation`` (None: into the windows under
         ``ticket``): acknowledge it once that is spooled."""
         with self._ack_lock:
             if generation is None:
                 generation = self._released_early.pop(ticket, None)
-            ack = _Ack(conn, seq, generation, ticket, _takes_one(hello))
-            self._taken[_probe_key(hello)] = (seq, ack)
+            ack = _Ack(conn, seq, generation, ticket, hello.takes_one)
+            self._taken[hello.key] = (seq, ack)
             self._ack_later(ack)
 
     def _ack_later(self, ack: _Ack) -> None:
@@ -666,8 +664,7 @@ class NodeAgent:
             hellos = list(self._hellos.values())
         now = time.time_ns()
         for hello in hellos:
-            with contextlib.suppress(KeyError, ValueError, TypeError):
-                self._ingest(str(hello["job_id"]), "ranks", _rank_row(hello, "clock", now, 0))
+            self._ingest(hello.job_id, "ranks", _rank_row(hello, "clock", now, 0))
 
     def _link_loop(self) -> None:
         host = socket.gethostname()
@@ -675,7 +672,7 @@ class NodeAgent:
             try:
                 samples = self._links.sample()
                 with self._lock:
-                    jobs = {str(h["job_id"]) for h in self._hellos.values()}
+                    jobs = {h.job_id for h in self._hellos.values()}
                 if samples and jobs:
                     rows = link_rows(samples, host)
                     for job_id in sorted(jobs):
@@ -729,39 +726,18 @@ class NodeAgent:
         )
 
 
-def _takes_one(hello: dict[str, Any]) -> bool:
-    """Whether the probe of ``hello`` understands ``ACK_ONE`` (protocol version 2 and later)."""
-    try:
-        return int(hello.get("version", 1)) >= 2
-    except (TypeError, ValueError):
-        return False
-
-
-def _takes_refused(hello: dict[str, Any]) -> bool:
-    """Whether the probe of ``hello`` understands ``REFUSED`` (protocol version 3 and later)."""
-    try:
-        return int(hello.get("version", 1)) >= 3
-    except (TypeError, ValueError):
-        return False
-
-
-def _probe_key(hello: dict[str, Any]) -> tuple[str, ...]:
-    """One probe's identity across its connections (a re-attached or forked probe is another)."""
-    return tuple(str(hello.get(k, "")) for k in ("job_id", "rank", "host", "pid", "attach_ns"))
-
-
-def _rank_row(hello: dict[str, Any], event: str, time_ns: int, exit_code: int) -> pa.Table:
+def _rank_row(hello: Hello, event: str, time_ns: int, exit_code: int) -> pa.Table:
     """A ``ranks`` row the agent writes for a connected probe (``exit`` for a crash, ``clock``)."""
     row: dict[str, list[Any]] = {
-        "rank": [int(hello["rank"])],
+        "rank": [hello.rank],
         "event": [event],
         "time_ns": [time_ns],
-        "local_rank": [int(hello.get("local_rank", 0))],
-        "world_size": [int(hello["world_size"])],
-        "host": [str(hello.get("host", ""))],
-        "pid": [int(hello["pid"])],
+        "local_rank": [hello.local_rank],
+        "world_size": [hello.world_size],
+        "host": [hello.host],
+        "pid": [hello.pid],
         "agent_id": [""],
-        "device": [str(hello.get("device", ""))],
+        "device": [hello.device],
         "clock_offset_ns": [0],
         "exit_code": [exit_code],
         "group_name": [""],

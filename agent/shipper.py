@@ -28,6 +28,7 @@ from argus.agent.durations import drop_negative_durations
 from argus.agent.gpu import GpuCapture
 from argus.agent.host import HostSampler
 from argus.agent.identity import Identity
+from argus.agent.messages import Sample
 from argus.agent.recorder import Recorder
 from argus.agent.rows import HostRow, record_batch
 from argus.agent.sink import AgentLink
@@ -202,13 +203,13 @@ class Shipper:
             self.negative_durations += dropped
         return rows
 
-    def _sample_stacks(self, doc: dict[str, Any]) -> None:
+    def _sample_stacks(self, sample: Sample) -> None:
         """A ``SAMPLE`` request: sample this process's threads in a thread of its own."""
         identity = self.identity
         if identity is None:
             return
-        capture_id = str(doc.get("capture_id", ""))
-        seconds = min(max(float(doc.get("duration_ms", 0)) / 1000, 0.0), 30.0)
+        capture_id = sample.capture_id
+        seconds = min(max(sample.duration_ms / 1000, 0.0), 30.0)
 
         def run() -> None:
             try:

@@ -21,12 +21,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from argus.agent.messages import Bye, Capture, Sample
 from argus.agent.protocol import (
     HEADER,
     FrameType,
     ProtocolError,
-    decode_json,
     encode_batch,
+    encode_frame,
     encode_json,
 )
 
@@ -81,8 +82,8 @@ class AgentLink:
         self.refused_rows = 0
         #: Rows acknowledged by an agent (monotonic).
         self.acked_rows = 0
-        #: Called with the JSON document of a ``SAMPLE`` request from the agent (the shipper's thread).
-        self.on_sample: Callable[[dict[str, Any]], None] | None = None
+        #: Called with a ``SAMPLE`` request from the agent (the shipper's thread).
+        self.on_sample: Callable[[Sample], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -100,8 +101,8 @@ class AgentLink:
     def enqueue_capture(self, spans: list[tuple[int, int]]) -> None:
         """Queue the spans ``(start_ns, end_ns)`` during which CUPTI capture ran (a ``CAPTURE`` frame)."""
         self._seq += 1
-        doc = {"spans": [[int(a), int(b)] for a, b in spans]}
-        self._queue(_Msg(self._seq, encode_json(FrameType.CAPTURE, self._seq, doc), 0))
+        capture = Capture([(int(a), int(b)) for a, b in spans])
+        self._queue(_Msg(self._seq, encode_frame(FrameType.CAPTURE, self._seq, capture.encode()), 0))
 
     def _queue(self, msg: _Msg) -> None:
         """Queue ``msg``; past the bound, drop the oldest frames held, sent or not (the newest stays).
@@ -158,7 +159,7 @@ class AgentLink:
         self.flush(timeout_s)
         if self._sock is not None:
             with contextlib.suppress(OSError):
-                self._sock.sendall(encode_json(FrameType.BYE, 0, {"exit_code": exit_code}))
+                self._sock.sendall(encode_frame(FrameType.BYE, 0, Bye(exit_code).encode()))
         lost = self.pending_rows
         if lost:
             self.dropped_rows += lost
@@ -236,7 +237,7 @@ class AgentLink:
                 continue
             if kind == FrameType.SAMPLE:
                 if self.on_sample is not None:
-                    self.on_sample(decode_json(payload))
+                    self.on_sample(Sample.decode(payload))
                 continue
             if kind != FrameType.ACK:
                 raise ProtocolError(f"unexpected frame type {kind} from the agent")

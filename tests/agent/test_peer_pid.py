@@ -91,7 +91,7 @@ def test_a_probe_in_a_pid_namespace_is_sampled_by_its_pid_here(caplog: pytest.Lo
             (rank,) = psutil.Process(box.pid).children()  # the rank: pid 1 in its namespace
             assert rank.pid != 1
             stacks = _capture(agent, sink, "cap-ns")
-            assert agent._hellos and next(iter(agent._hellos.values()))["pid"] == 1
+            assert agent._hellos and next(iter(agent._hellos.values())).pid == 1
         finally:
             agent.stop(drain_s=2)
             box.kill()  # --kill-child: the rank goes with it

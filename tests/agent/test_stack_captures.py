@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from argus.agent.identity import Identity
+from argus.agent.messages import Sample
 from argus.agent.node import NodeAgent
 from argus.agent.shipper import Shipper
 from argus.agent.sink import AgentLink
@@ -116,7 +117,7 @@ def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
             try:
                 link = AgentLink(str(work / "a.sock"), _hello(0))
                 link._sock = conn
-                asked: list[dict[str, Any]] = []
+                asked: list[Sample] = []
                 link.on_sample = asked.append
                 wait_for(lambda: agent._rank_process("job-s", 3) is not None)
                 sink.servicer.stack_captures = [
@@ -134,14 +135,14 @@ def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
             conn.close()
             sleeper.kill()
             sleeper.wait()
-    assert asked == [{"capture_id": "cap-2", "duration_ms": 300}]
+    assert asked == [Sample("cap-2", 300)]
     assert agent.captures.counts == {"in-process": 1}
 
 
 def test_probe_samples_itself_on_request() -> None:
     shipper = Shipper(None, None, None, "/nonexistent", lambda final: None)  # type: ignore[arg-type]
     shipper.identity = Identity("job-s", 2, 0, 4, "h", 42, "cpu", "x", 1)
-    shipper._sample_stacks({"capture_id": "cap-3", "duration_ms": 300})
+    shipper._sample_stacks(Sample("cap-3", 300))
     wait_for(lambda: bool(shipper._stacks), timeout=5)
     table = shipper._stacks.popleft()
     assert set(table["sampler"].to_pylist()) == {"in-process"}
