@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import grp
-import itertools
 import logging
 import os
 import signal
@@ -50,7 +49,6 @@ import socket
 import stat
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from argus.agent.acks import Acks
 from argus.agent.captures import RankProcess, StackCaptures
 from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
@@ -98,19 +97,6 @@ STATS_EVERY_S = 60.0
 def new_agent_id() -> str:
     """``<host>-<pid>-<start ns>``: unique per agent process, never reused with a reset sequence."""
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
-
-
-@dataclass
-class _Ack:
-    """A frame's acknowledgement, sent once flush ``generation`` is spooled."""
-
-    conn: socket.socket
-    seq: int
-    #: None while its kernel events or spans wait in the windows under ``ticket``.
-    generation: int | None
-    ticket: int = -1
-    #: The probe takes ``ACK_ONE`` (HELLO version >= 2): it may be acknowledged past a held frame.
-    one: bool = False
 
 
 def _pid_gone(pid: int) -> bool:
@@ -161,21 +147,14 @@ class NodeAgent:
             collector, self.spool, self.agent_id, token=token, tls_cert=tls_cert, flush_s=flush_s
         )
         self.windows = KernelWindows(window, grace_s=grace_s)
-        self.uploader.on_spooled = self._spooled
+        #: What the probes are owed (argus.agent.acks), sent as their frames become durable.
+        self.acks = Acks()
+        self.uploader.on_spooled = self.acks.spooled
         #: Stack captures collectors ask for (argus.agent.captures), run in threads of their own.
         self.captures = StackCaptures(self._rank_process, self._ship_stacks, self._ask_probe)
         self.uploader.on_control = self.captures.take
-        # Acknowledgements waiting for their rows to be spooled, in frame order per connection.
-        self._acks: list[_Ack] = []
-        # Those waiting for the windows, by ticket; tickets released before their frame was noted.
-        self._waiting: dict[int, list[_Ack]] = {}
-        self._released_early: dict[int, int] = {}
-        self._tickets = itertools.count()
-        self._ack_lock = threading.Lock()
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
-        # Per probe (job, rank, host, pid, attach time): the last frame seq taken and its acknowledgement.
-        self._taken: dict[tuple[str, ...], tuple[int, _Ack]] = {}
         self._closing = False
         #: Offset to add to this node's timestamps, per clock epoch.
         self.clock = OffsetMap()
@@ -310,7 +289,7 @@ class NodeAgent:
                     clean = True
                     if hello is not None:
                         with self._intake:
-                            self._taken.pop(hello.key, None)
+                            self.acks.forget(hello)
                 elif kind == FrameType.DUMP:
                     self._on_dump(conn, Dump.decode(payload))
                 elif not self._take(conn, kind, seq, payload, hello):
@@ -323,9 +302,7 @@ class NodeAgent:
                 self._conns.discard(conn)
                 self._hellos.pop(conn, None)
                 self._pids.pop(conn, None)
-            with self._ack_lock:
-                self._acks = [a for a in self._acks if a.conn is not conn]
-                conn.close()
+            self.acks.close(conn)
         if hello is not None and not clean and not self._stop.is_set():
             self._maybe_lost(hello, pid)
 
@@ -350,11 +327,11 @@ class NodeAgent:
         with self._intake:
             if self._closing:
                 return False
-            if not self._taken_before(hello, conn, seq):
-                ticket = next(self._tickets)
+            if not self.acks.taken_before(hello, conn, seq):
+                ticket = self.acks.ticket()
                 now = time.time_ns() + self.offset_ns
                 self.windows.cover(hello.job_id, hello.rank, spans, ticket=ticket, now_ns=now)
-                self._took(hello, conn, seq, None, ticket)
+                self.acks.took(hello, conn, seq, None, ticket)
         return True
 
     def _take_batch(self, conn: socket.socket, seq: int, payload: bytes, hello: Hello) -> bool:
@@ -367,13 +344,13 @@ class NodeAgent:
         with self._intake:
             if self._closing:
                 return False
-            if not self._taken_before(hello, conn, seq):
+            if not self.acks.taken_before(hello, conn, seq):
                 if table == "kernel_events":
-                    ticket = next(self._tickets)
+                    ticket = self.acks.ticket()
                     self._ingest(job_id, table, data, ticket)
-                    self._took(hello, conn, seq, None, ticket)
+                    self.acks.took(hello, conn, seq, None, ticket)
                 else:
-                    self._took(hello, conn, seq, self._ingest(job_id, table, data))
+                    self.acks.took(hello, conn, seq, self._ingest(job_id, table, data))
         return True
 
     def _refuse(self, conn: socket.socket, hello: Hello, seq: int, why: str) -> bool:
@@ -395,18 +372,13 @@ class NodeAgent:
                 self.refused_frames,
                 why,
             )
-        with self._ack_lock:
-            if hello.takes_refused:
-                self._send(conn, encode_frame(FrameType.REFUSED, seq))
-            else:  # durable at once: acknowledged with (or after) the frames before it
-                self._ack_later(_Ack(conn, seq, -1, one=hello.takes_one))
+        self.acks.refused(conn, hello, seq)
         return True
 
     def _on_dump(self, conn: socket.socket, dump: Dump) -> None:
         """A DUMP request: queue the raw events asked for; the ACK carries how many."""
         rows = self.upload_raw(dump.job_id, dump.start_ns, dump.end_ns)
-        with self._ack_lock:
-            conn.sendall(encode_frame(FrameType.ACK, rows))
+        self.acks.answer(conn, encode_frame(FrameType.ACK, rows))
 
     def _rank_process(self, job_id: str, rank: int) -> RankProcess | None:
         """The process of ``rank`` of ``job_id`` if its probe is connected here: the pid is the
@@ -423,8 +395,7 @@ class NodeAgent:
                 self._ingest(job_id, "stacks", table)
 
     def _ask_probe(self, conn: socket.socket, sample: Sample) -> None:
-        with self._ack_lock:
-            conn.sendall(encode_frame(FrameType.SAMPLE, 0, sample.encode()))
+        self.acks.answer(conn, encode_frame(FrameType.SAMPLE, 0, sample.encode()))
 
     def _on_hello(self, hello: Hello, pid: int | None) -> None:
         job_id = hello.job_id
@@ -472,83 +443,12 @@ class NodeAgent:
             return
         log.warning("argus agent: rank %s (pid %d) ended without saying goodbye", hello.rank, pid)
         with self._intake:
-            self._taken.pop(hello.key, None)
+            self.acks.forget(hello)
         self._ingest(hello.job_id, "ranks", _rank_row(hello, "exit", time.time_ns(), -1))
-
-    def _taken_before(self, hello: Hello, conn: socket.socket, seq: int) -> bool:
-        """True for a frame this probe sent before, on a connection that dropped (held: ``_intake``).
-
-        Its rows were taken then: it is acknowledged once the generation of the last frame taken
-        from the probe is spooled, and not taken again (a resend stores nothing twice).
-        """
-        last = self._taken.get(hello.key)
-        if last is None or seq > last[0]:
-            return False
-        with self._ack_lock:
-            self._ack_later(_Ack(conn, seq, last[1].generation, last[1].ticket, hello.takes_one))
-        return True
-
-    def _took(
-        self, hello: Hello, conn: socket.socket, seq: int, generation: int | None, ticket: int = -1
-    ) -> None:
-        """Frame ``seq`` of the probe is taken into ``generation`` (None: into the windows under
-        ``ticket``): acknowledge it once that is spooled."""
-        with self._ack_lock:
-            if generation is None:
-                generation = self._released_early.pop(ticket, None)
-            ack = _Ack(conn, seq, generation, ticket, hello.takes_one)
-            self._taken[hello.key] = (seq, ack)
-            self._ack_later(ack)
-
-    def _ack_later(self, ack: _Ack) -> None:
-        """Note ``ack`` (held: ``_ack_lock``); one still waiting for the windows waits by ticket."""
-        self._acks.append(ack)
-        if ack.generation is None:
-            self._waiting.setdefault(ack.ticket, []).append(ack)
-
-    def _release(self, tickets: list[int], generation: int) -> None:
-        """The windows are done with ``tickets``: their frames wait for flush ``generation`` now."""
-        with self._ack_lock:
-            for ticket in tickets:
-                waiting = self._waiting.pop(ticket, None)
-                if waiting is None:
-                    self._released_early[ticket] = generation
-                for ack in waiting or ():
-                    ack.generation = generation
-
-    def _spooled(self, generation: int) -> None:
-        """Uploader callback: acknowledge the frames whose rows are spooled by ``generation``.
-
-        Per connection, those before the first that is not are acknowledged by one ``ACK`` (it
-        covers every frame up to its sequence); those after it, one ``ACK_ONE`` each where the
-        probe takes it (else they wait for the held frame).
-        """
-        with self._ack_lock:
-            blocked: set[socket.socket] = set()
-            last: dict[socket.socket, int] = {}
-            keep: list[_Ack] = []
-            for ack in self._acks:
-                durable = ack.generation is not None and ack.generation <= generation
-                if durable and ack.conn not in blocked:
-                    last[ack.conn] = ack.seq
-                elif durable and ack.one:
-                    self._send(ack.conn, encode_frame(FrameType.ACK_ONE, ack.seq))
-                else:
-                    blocked.add(ack.conn)
-                    keep.append(ack)
-            self._acks = keep
-            for conn, seq in last.items():
-                self._send(conn, encode_frame(FrameType.ACK, seq))
-
-    @staticmethod
-    def _send(conn: socket.socket, frame: bytes) -> None:
-        """Send ``frame`` to a probe; a connection that broke is dropped by its own thread."""
-        with contextlib.suppress(OSError):
-            conn.sendall(frame)
 
     def _ingest(self, job_id: str, table: str, data: pa.Table, ticket: int = -1) -> int:
         """Take rows of a probe (or of the agent itself); returns the uploader generation holding them
-        (kernel events: held in the windows under ``ticket``, see :meth:`_release`)."""
+        (kernel events: held in the windows under ``ticket``, see :meth:`argus.agent.acks.Acks.release`)."""
         data, bad, why = drop_bad_rows(table, data)  # the collector's row rules, per frame
         if bad:
             self._bad(job_id, table, bad, why)
@@ -691,7 +591,7 @@ class NodeAgent:
         """Queue the summaries of windows just closed, release the frames done with, count drops."""
         for job_id, rows in summaries:
             self.uploader.add(job_id, "kernel_summaries", rows, self.offset_ns)
-        self._release(self.windows.released(), self.uploader.generation)
+        self.acks.release(self.windows.released(), self.uploader.generation)
         w = self.windows
         with self._lock:
             dropped, self._window_drops_reported = (

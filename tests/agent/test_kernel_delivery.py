@@ -61,7 +61,11 @@ def test_kernel_and_capture_frames_are_acknowledged_once_their_summaries_are_spo
             assert link.flush(15.0) and link.acked_rows == 203
             assert old.flush(5.0) and old.acked_rows == 203
             wait_for(lambda: summarised(collector) == 400)
-            assert agent._acks == [] and agent._waiting == {} and agent.windows._tickets == set()
+            assert (
+                agent.acks.pending == 0
+                and agent.acks.waiting_for_windows == 0
+                and agent.windows._tickets == set()
+            )
             for probe in (link, old):
                 probe.close(0, 2)
         finally:
