@@ -36,10 +36,14 @@ from numpy.typing import NDArray
 from argus.schema import TABLES
 
 __all__ = [
+    "CLOCK_CHECK_S",
+    "CLOCK_EVERY_S",
+    "CLOCK_MIN_CHANGE_NS",
     "DURATIONS",
     "STEP_NS",
     "ClockEstimate",
     "ClockStep",
+    "CollectorClock",
     "OffsetMap",
     "StepDetector",
     "estimate_offset",
@@ -47,6 +51,12 @@ __all__ = [
     "shift_times",
 ]
 
+#: Seconds between clock offset estimates once one succeeded.
+CLOCK_EVERY_S = 300.0
+#: Seconds between two checks for a step of the wall clock.
+CLOCK_CHECK_S = 0.1
+#: A new estimate replaces the old one only when they differ by more than this (ns).
+CLOCK_MIN_CHANGE_NS = 1_000_000
 #: A change of ``wall − monotonic`` larger than this between two checks is a step of the wall clock, ns.
 STEP_NS = 10_000_000
 #: A wall-clock read bracketed by monotonic reads further apart than this is retried, ns.
@@ -218,6 +228,88 @@ class OffsetMap:
     def segments(self) -> int:
         with self._lock:
             return len(self._starts)
+
+
+class CollectorClock:
+    """A node agent's offset to the collector's clock, kept current by its clock thread (:meth:`run`).
+
+    Estimated (``estimate``: NTP-style round trips, :func:`estimate_offset`) at start and every
+    :data:`CLOCK_EVERY_S` once one succeeded; a step of the wall clock, checked every
+    :data:`CLOCK_CHECK_S` and before rows are taken (:meth:`check_step`), is logged and applied at
+    once (the offset moves by minus the step) and a fresh estimate follows. ``on_change`` is called
+    whenever the offset changes.
+
+    Args:
+        estimate: One estimate of the offset; raises when the collector does not answer.
+        on_change: Called (no arguments) after the offset changed.
+    """
+
+    def __init__(self, estimate: Callable[[], ClockEstimate], on_change: Callable[[], None]) -> None:
+        #: Offset to add to this node's timestamps, per clock epoch.
+        self.offsets = OffsetMap()
+        self._estimate, self._on_change = estimate, on_change
+        self._steps = StepDetector()
+        self._lock = threading.Lock()
+        self._known = False
+        self._estimate_due = True
+        self._after_step = False
+
+    @property
+    def current_ns(self) -> int:
+        """The offset added to timestamps taken now, ns."""
+        return self.offsets.current
+
+    def check_step(self) -> bool:
+        """Apply a step of the wall clock since the last check, if any (logged); True if there was one."""
+        with self._lock:
+            step = self._steps.check()
+            if step is None:
+                return False
+            offset = self.offsets.step(step)
+            self._estimate_due = self._after_step = True
+        log.warning(
+            "argus agent: the wall clock stepped by %+.3f s; offset to the collector now %+d ns "
+            "(a fresh estimate follows)",
+            step.step_ns / 1e9,
+            offset,
+        )
+        self._on_change()
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Check for steps and estimate when due, until ``stop`` is set."""
+        next_estimate = 0.0
+        while not stop.wait(CLOCK_CHECK_S):
+            self.check_step()
+            if not self._estimate_due and time.monotonic() < next_estimate:
+                continue
+            self._estimate_due = False
+            try:
+                est = self._estimate()
+            except Exception as exc:
+                if not self._known:
+                    log.info("argus agent: no clock offset yet (%s); using 0", type(exc).__name__)
+                next_estimate = time.monotonic() + 5.0
+                continue
+            if self.check_step():
+                continue  # the clock stepped during the round trips: the estimate mixes two epochs
+            next_estimate = time.monotonic() + CLOCK_EVERY_S
+            self._take(est)
+
+    def _take(self, est: ClockEstimate) -> None:
+        after_step, self._after_step = self._after_step, False
+        changed = abs(est.offset_ns - self.current_ns) > CLOCK_MIN_CHANGE_NS
+        if not self._known or changed or after_step:
+            log.info(
+                "argus agent: clock offset to the collector %+d ns (round trip %d ns)%s",
+                est.offset_ns,
+                est.rtt_ns,
+                ", estimated again after the step" if after_step else "",
+            )
+            self.offsets.set_current(est.offset_ns)
+            self._known = True
+            self._on_change()
+        self._known = True
 
 
 def shift_times(table: str, data: pa.Table, offset: int | OffsetMap) -> pa.Table:

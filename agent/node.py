@@ -20,8 +20,8 @@ nothing: the probe sends them again. (A frame whose events straddle two windows,
 one already spooled when the agent died, has that window summarised twice.)
 
 Clocks: the agent estimates its clock's offset to the collector's (NTP-style,
-:mod:`argus.agent.clock`) at start and every :data:`CLOCK_EVERY_S`, and checks
-every :data:`CLOCK_CHECK_S` (and before taking any rows) whether the wall clock
+:class:`argus.agent.clock.CollectorClock`) at start and every ``CLOCK_EVERY_S``, and
+checks every ``CLOCK_CHECK_S`` (and before taking any rows) whether the wall clock
 stepped. A step is logged, applied at once (the offset moves by minus the step:
 the collector's clock did not move), and a fresh estimate follows. Each row is
 shifted by the offset of its own timestamp's epoch, so rows from before and
@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 
 from argus.agent.acks import Acks
 from argus.agent.captures import RankProcess, StackCaptures
-from argus.agent.clock import OffsetMap, StepDetector, shift_spans, shift_times
+from argus.agent.clock import CollectorClock, shift_spans, shift_times
 from argus.agent.kernels import KernelWindows
 from argus.agent.links import LinkSampler, link_rows
 from argus.agent.messages import Capture, Dump, Hello, Sample
@@ -82,14 +82,8 @@ __all__ = ["NodeAgent", "main", "new_agent_id"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds between clock offset estimates once one succeeded.
-CLOCK_EVERY_S = 300.0
-#: Seconds between two checks for a step of the wall clock.
-CLOCK_CHECK_S = 0.1
 #: Seconds between two samples of the node's network interfaces.
 LINK_EVERY_S = 1.0
-#: A new estimate replaces the old one only when they differ by more than this (ns).
-CLOCK_MIN_CHANGE_NS = 1_000_000
 #: Seconds between two lines of upload statistics in the log.
 STATS_EVERY_S = 60.0
 
@@ -156,13 +150,8 @@ class NodeAgent:
         # Held while a probe's frame is taken; at stop, no frame is taken after the last acknowledgements.
         self._intake = threading.Lock()
         self._closing = False
-        #: Offset to add to this node's timestamps, per clock epoch.
-        self.clock = OffsetMap()
-        self._steps = StepDetector()
-        self._step_lock = threading.Lock()
-        self._clock_known = False
-        self._estimate_due = True
-        self._after_step = False
+        #: The offset to the collector's clock, per clock epoch (its thread: clock.run).
+        self.clock = CollectorClock(self.uploader.clock, self._offset_changed)
         #: HELLO of every connected probe, for the rank rows the agent writes itself.
         self._hellos: dict[socket.socket, Hello] = {}
         #: The pid of every connected probe's process from its socket (None: not visible here).
@@ -197,7 +186,7 @@ class NodeAgent:
         self.uploader.start()
         for target, name in (
             (self._accept_loop, "argus-accept"),
-            (self._clock_loop, "argus-clock"),
+            (lambda: self.clock.run(self._stop), "argus-clock"),
             (self._window_loop, "argus-windows"),
             (self._link_loop, "argus-links"),
         ):
@@ -245,7 +234,7 @@ class NodeAgent:
     @property
     def offset_ns(self) -> int:
         """The offset added to timestamps taken now, ns."""
-        return self.clock.current
+        return self.clock.current_ns
 
     def wait(self) -> None:
         """Block until :meth:`stop` is called (from a signal handler or another thread)."""
@@ -452,10 +441,10 @@ class NodeAgent:
         data, bad, why = drop_bad_rows(table, data)  # the collector's row rules, per frame
         if bad:
             self._bad(job_id, table, bad, why)
-        self._check_step()  # rows stamped after a step are never shifted by the old offset
+        self.clock.check_step()  # rows stamped after a step are never shifted by the old offset
         local_time = data["time_ns"].to_numpy() if table == "ranks" else None
-        data = shift_times(table, data, self.clock)
-        offset = self.clock.current
+        data = shift_times(table, data, self.clock.offsets)
+        offset = self.clock.current_ns
         if table == "ranks":
             assert local_time is not None
             n = data.num_rows
@@ -467,7 +456,7 @@ class NodeAgent:
             data = data.set_column(
                 data.schema.get_field_index("clock_offset_ns"),
                 "clock_offset_ns",
-                pa.array(self.clock.at(local_time), pa.int64()),
+                pa.array(self.clock.offsets.at(local_time), pa.int64()),
             )
         elif table == "host_samples":
             dropped = pc.sum(data["dropped_events"]).as_py() or 0
@@ -509,54 +498,6 @@ class NodeAgent:
         return data.num_rows
 
     # --- clock and windows -----------------------------------------------------------------------
-
-    def _check_step(self) -> bool:
-        """Apply a step of the wall clock since the last check, if any (logged); True if there was one."""
-        with self._step_lock:
-            step = self._steps.check()
-            if step is None:
-                return False
-            offset = self.clock.step(step)
-            self._estimate_due = self._after_step = True
-        log.warning(
-            "argus agent: the wall clock stepped by %+.3f s; offset to the collector now %+d ns "
-            "(a fresh estimate follows)",
-            step.step_ns / 1e9,
-            offset,
-        )
-        self._offset_changed()
-        return True
-
-    def _clock_loop(self) -> None:
-        next_estimate = 0.0
-        while not self._stop.wait(CLOCK_CHECK_S):
-            self._check_step()
-            if not self._estimate_due and time.monotonic() < next_estimate:
-                continue
-            self._estimate_due = False
-            try:
-                est = self.uploader.clock()
-            except Exception as exc:
-                if not self._clock_known:
-                    log.info("argus agent: no clock offset yet (%s); using 0", type(exc).__name__)
-                next_estimate = time.monotonic() + 5.0
-                continue
-            if self._check_step():
-                continue  # the clock stepped during the round trips: the estimate mixes two epochs
-            next_estimate = time.monotonic() + CLOCK_EVERY_S
-            after_step, self._after_step = self._after_step, False
-            changed = abs(est.offset_ns - self.offset_ns) > CLOCK_MIN_CHANGE_NS
-            if not self._clock_known or changed or after_step:
-                log.info(
-                    "argus agent: clock offset to the collector %+d ns (round trip %d ns)%s",
-                    est.offset_ns,
-                    est.rtt_ns,
-                    ", estimated again after the step" if after_step else "",
-                )
-                self.clock.set_current(est.offset_ns)
-                self._clock_known = True
-                self._offset_changed()
-            self._clock_known = True
 
     def _offset_changed(self) -> None:
         """Record the current offset with every connected rank (a ``clock`` row in ``ranks``)."""

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pyarrow as pa
 
-from argus.agent.clock import STEP_NS, ClockStep, OffsetMap, StepDetector, shift_times
+from argus.agent.clock import (
+    STEP_NS,
+    ClockEstimate,
+    ClockStep,
+    CollectorClock,
+    OffsetMap,
+    StepDetector,
+    shift_times,
+)
 from argus.schema import wire_schema
 
 
@@ -75,3 +86,33 @@ def test_rows_from_both_sides_of_a_step_get_their_epochs_offset_and_spanning_dur
 def test_the_threshold_is_above_what_ntp_slewing_can_do_between_two_checks() -> None:
     slew_ppm, check_s = 500, 1.0
     assert slew_ppm * 1e-6 * check_s * 1e9 < STEP_NS
+
+
+def test_the_agents_clock_takes_an_estimate_once_and_a_new_one_only_past_a_millisecond() -> None:
+    """CollectorClock's thread: the first estimate is taken, one within 1 ms of it is not, a larger
+    change is; each change calls on_change once; an estimate that fails keeps the offset."""
+    answers = [5_000_000, 5_400_000, 9_000_000]
+    changes: list[int] = []
+
+    def estimate() -> ClockEstimate:
+        if not answers:
+            raise OSError("collector gone")
+        return ClockEstimate(answers.pop(0), 1_000, 0)
+
+    clock = CollectorClock(estimate, lambda: changes.append(clock.current_ns))
+    stop = threading.Event()
+    thread = threading.Thread(target=clock.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for _ in range(3):  # one estimate now, the next CLOCK_EVERY_S later: ask again at once
+            deadline = time.monotonic() + 10
+            expected = len(answers) - 1
+            while len(answers) > expected and time.monotonic() < deadline:
+                time.sleep(0.02)
+            clock._estimate_due = True
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert changes == [5_000_000, 9_000_000]
+    assert clock.current_ns == 9_000_000
