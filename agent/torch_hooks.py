@@ -10,7 +10,8 @@
   hooks run only until the first step ends, to find the modules called at the
   top level (the DDP model, a loss module); then those modules get
   per-instance hooks (at most :data:`MAX_TOP_MODULES`) and the global hooks are
-  removed.
+  removed. A top-level module is one called while no other module call is in progress,
+  whatever phase is open (Lightning calls its model inside ``optimizer.step()``'s closure).
 
 Every hook is wrapped (:mod:`argus.agent.guard`) so an error inside Argus never reaches training.
 """
@@ -149,28 +150,41 @@ class TorchHooks:
 
         tracker, active, now, top = self._tracker, self._active, time.time_ns, self._top
         self._discovery_step = tracker.step
-        opened_by: dict[int, bool] = {}
+        # id(module) -> (its forward phase was opened, it is a top-level call)
+        calls: dict[int, tuple[bool, bool]] = {}
+        # Module calls in progress; top-level is a call made while none is, whatever phase is open:
+        # Lightning runs forward and backward in the optimizer's closure (inside optimizer.step()),
+        # where no forward phase opens, and discovery must still end there.
+        depth = [0]
         forwards = [0]
 
         def pre(module: torch.nn.Module, _inputs: Any) -> None:
             if not active():
                 return
+            top_level = depth[0] == 0
+            depth[0] += 1
             opened = tracker.begin(FORWARD, now())
-            opened_by[id(module)] = opened
-            if opened and len(top) < MAX_TOP_MODULES:
+            calls[id(module)] = (opened, top_level)
+            if top_level and len(top) < MAX_TOP_MODULES:
                 top.add(module)
 
         def post(module: torch.nn.Module, _inputs: Any, _output: Any) -> None:
             if not active():
                 return
-            if opened_by.pop(id(module), False):
+            call = calls.pop(id(module), None)
+            if call is None:
+                return
+            depth[0] = max(depth[0] - 1, 0)
+            opened, top_level = call
+            if opened:
                 tracker.end(FORWARD, now())
+            else:
+                tracker.end(-1, 0)
+            if top_level:
                 forwards[0] += 1
                 done = tracker.event_step() > self._discovery_step or forwards[0] >= MAX_DISCOVERY_FORWARDS
                 if done and top:
                     self._finish_discovery()
-            else:
-                tracker.end(-1, 0)
 
         self._global_handles = [
             register_module_forward_pre_hook(guarded(pre)),
