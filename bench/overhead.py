@@ -43,6 +43,17 @@ acknowledge-only collector on its acks as the analyzer would. ``capture_step_rat
 ``outside_ci95_low``/``high``) those other steps with the plain run of the same pair: the cost of
 Argus outside a capture, which should match ``step_time_ratio``.
 
+``--frameworks`` (issue 43; needs ``pip install -e '.[frameworks]'``): jobs of the frameworks people
+train with, attached with no code change, each ``--framework-pairs`` pairs of ``plain`` and ``argus``
+run back to back (the jobs' order rotating, the arms' order alternating): a PyTorch Lightning
+``Trainer(strategy="ddp")`` job under Lightning's own launcher and a Hugging Face ``Trainer`` job under
+torchrun (``examples/frameworks/``), and the demo job beside them. The node agent runs with its
+collector unreachable (it spools): the figures are the node's own cost. Each run's figure is rank 0's
+mean step over ``--framework-steps`` steps after ``--framework-warmup``, from the job's own timeline
+(``JOB_TIMELINE``); detail lines give each job's pairs, a bootstrap 95 % interval and the median-step
+ratio; the last line is ``lightning_step_ratio=… hf_step_ratio=… demo_step_ratio=… pairs=…
+failed_runs=… load_avg=START/END``.
+
 A run's figure is rank 0's mean step time over its measured steps (after
 ``--warmup``): throughput, so that costs paid once a second (the shipper thread)
 count. ``cpu_ratio`` compares the CPU time per step of all ranks together
@@ -61,11 +72,13 @@ core). Progress goes to stdout; the last line holds every figure::
     python bench/overhead.py [--pairs 15] [--full-stack-pairs 5] [--micro-pairs 5]
     python bench/overhead.py --cuda --full-stack-pairs 0      # about 4-5 minutes on one GPU
     python bench/overhead.py --cuda --capture always          # issue 11's check, about 5-7 minutes
+    python bench/overhead.py --frameworks [--framework-pairs 3]  # about 4 minutes a pair (2 cores)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -84,6 +97,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+#: The framework jobs of ``--frameworks`` (the optional extra ``frameworks``).
+FRAMEWORK_JOBS = ROOT / "examples" / "frameworks"
+FRAMEWORK_KINDS = ["lightning", "hf", "demo"]
 
 
 # --- the training jobs (run by torchrun as `overhead.py --worker`) -------------------------------
@@ -544,7 +560,15 @@ class Bench:
                     time.sleep(0.1)
         raise RuntimeError(f"the node agent did not start; see {self.work}/agent-{name}.log")
 
-    def launch(self, cmd: list[str], out: Path, arm: str, sock: str | None, job_id: str) -> dict[str, Any]:
+    def launch(
+        self,
+        cmd: list[str],
+        out: Path,
+        arm: str,
+        sock: str | None,
+        job_id: str,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         import psutil
 
         agent = None
@@ -556,8 +580,9 @@ class Bench:
             t = time.monotonic()
             agent_cpu = sum(agent.cpu_times()[:2]) if agent is not None else 0.0
             proc = subprocess.run(
-                cmd, env=self.arm_env(arm), capture_output=True, text=True, timeout=900, check=False
-            )
+                cmd, env={**self.arm_env(arm), **(env or {})}, capture_output=True, text=True, timeout=900,
+                check=False,
+            )  # fmt: skip
             if proc.returncode == 0:
                 wall = time.monotonic() - t
                 self.run_s.append(wall)
@@ -596,6 +621,55 @@ class Bench:
             time.sleep(2.0)  # the last capture's rows are shipped within the agent's flush
             run.mark_captures(self.collector.captures.get(job_id, set()))
         return run
+
+    def framework_run(self, kind: str, arm: str, sock: str, job_id: str) -> Run:
+        """One run of a framework job (``lightning``: its own launcher; ``hf``: torchrun) or of the demo
+        job; rank 0's step times after ``--framework-warmup`` steps, from the job's own timeline."""
+        if kind == "demo":
+            extra = ["--steps", str(self.args.framework_steps), "--measure-s", "0"]
+            cmd, out = self.job("demo", self.args.ranks, extra)
+            got = self.launch(cmd, out, arm, sock, job_id)
+            return Run(got["times"], job_id=job_id)
+        out = self.work / f"timeline-{self.runs}.json"
+        self.runs += 1
+        script = str(FRAMEWORK_JOBS / f"{kind}_job.py")
+        if kind == "lightning":
+            cmd = [sys.executable, script]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            cmd += [f"--nproc-per-node={self.args.ranks}", script]
+        steps = self.args.framework_warmup + self.args.framework_steps
+        env = {
+            "JOB_STEPS": str(steps),
+            "JOB_TIMELINE": str(out),
+            "JOB_DEVICES": str(self.args.ranks),
+            "JOB_OUT_DIR": str(self.work / f"job-{kind}"),
+        }
+        got = self.launch(cmd, out, arm, sock, job_id, env)
+        ends = got["step_end_ns"][self.args.framework_warmup :]
+        return Run([(b - a) / 1e9 for a, b in itertools.pairwise(ends)], job_id=job_id)
+
+    def framework_rounds(self, sock: str, n: int) -> dict[str, list[dict[str, Run]]]:
+        """``n`` rounds; in each, every job runs plain and under `argus run` back to back (the pair), the
+        jobs' order rotating and the arms' order alternating round by round."""
+        out: dict[str, list[dict[str, Run]]] = {kind: [] for kind in FRAMEWORK_KINDS}
+        for i in range(n):
+            kinds = FRAMEWORK_KINDS[i % 3 :] + FRAMEWORK_KINDS[: i % 3]
+            for j, kind in enumerate(kinds):
+                order = ["plain", "argus"] if (i + j) % 2 == 0 else ["argus", "plain"]
+                got = {
+                    arm: self.framework_run(kind, arm, sock, f"bench-fw-{kind}-{i}-{arm}") for arm in order
+                }
+                out[kind].append(got)
+                plain, argus = got["plain"], got["argus"]
+                print(
+                    f"[frameworks] round {i + 1}/{n} {kind} ({self.elapsed():.0f} s, load "
+                    f"{os.getloadavg()[0]:.1f}): plain {plain.mean * 1e3:.1f} ms (median "
+                    f"{statistics.median(plain.times) * 1e3:.1f}), argus {argus.mean * 1e3:.1f} ms (median "
+                    f"{statistics.median(argus.times) * 1e3:.1f}); argus/plain {argus.mean / plain.mean:.4f}",
+                    flush=True,
+                )
+        return out
 
     def profile(self, kind: str, steps: int = 50) -> float:
         """Kernels per step of ``kind`` as ``torch.profiler`` counts them (a plain run, no Argus)."""
@@ -742,6 +816,45 @@ def stack_capture_figures(rounds: list[dict[str, Run]]) -> str:
     )
 
 
+def frameworks_main(args: argparse.Namespace) -> int:
+    """``--frameworks``: the node's own cost on each job (agent running, collector unreachable)."""
+    load_start = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="argus-bench-fw-", dir="/tmp"))
+    bench = Bench(args, work)
+    print(
+        f"overhead --frameworks: {args.ranks} ranks, {args.framework_pairs} pairs per job, "
+        f"{args.framework_steps} measured steps after {args.framework_warmup}; node agent with its "
+        f"collector unreachable (spooling); load average {load_start:.2f}; work dir {work}",
+        flush=True,
+    )
+    try:
+        sock = bench.start_agent(f"127.0.0.1:{free_port()}", "unreachable")
+        rounds = bench.framework_rounds(sock, args.framework_pairs)
+    finally:
+        bench.close()
+        shutil.rmtree(work, ignore_errors=True)
+    line = []
+    for kind in FRAMEWORK_KINDS:
+        ratios = ratios_of(rounds[kind], "argus")
+        medians = [
+            statistics.median(r["argus"].times) / statistics.median(r["plain"].times) for r in rounds[kind]
+        ]
+        lo, hi = bootstrap_ci(ratios)
+        print(
+            f"overhead --frameworks: {kind}: step_ratio {median_or_nan(ratios):.4f} (95 % interval "
+            f"{lo:.4f}-{hi:.4f}; pairs {' '.join(f'{r:.3f}' for r in ratios)}); median-step ratio "
+            f"{median_or_nan(medians):.4f}; plain step "
+            f"{median_or_nan([r['plain'].mean * 1e3 for r in rounds[kind]]):.1f} ms",
+            flush=True,
+        )
+        line.append(f"{kind}_step_ratio={median_or_nan(ratios):.4f}")
+    pairs = min(len(r) for r in rounds.values())
+    load = f"load_avg={load_start:.2f}/{os.getloadavg()[0]:.2f}"
+    print(f"overhead: {bench.elapsed():.0f} s", flush=True)
+    print(" ".join(line) + f" pairs={pairs} failed_runs={len(bench.failures)} {load}")
+    return 0
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -775,6 +888,15 @@ def parse_args() -> argparse.Namespace:
         help="CUDA: 'always' captures every kernel and adds issue 11's capture checks (profiler "
         "kernel counts, dropped records, a CUDA-graph job); default: the duty cycle",
     )
+    p.add_argument(
+        "--frameworks",
+        action="store_true",
+        help="the Lightning and Hugging Face Trainer jobs and the demo job, plain vs argus run, with the "
+        "node agent's collector unreachable (needs the 'frameworks' extra)",
+    )
+    p.add_argument("--framework-pairs", type=int, default=3, help="--frameworks: pairs per job")
+    p.add_argument("--framework-steps", type=int, default=60, help="--frameworks: measured steps per run")
+    p.add_argument("--framework-warmup", type=int, default=10, help="--frameworks: steps before measuring")
     p.add_argument("--profile-steps", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--budget-s", type=float, default=None, help="start no round past this (CUDA default 300)")
     p.add_argument(
@@ -789,6 +911,8 @@ def main() -> int:
         args.steps, args.measure_s = args.steps or 0, args.measure_s or 0.0
         worker(args)
         return 0
+    if args.frameworks:
+        return frameworks_main(args)
     cuda = args.cuda
     args.pairs = args.pairs or (2 if cuda else 15)
     args.full_stack_pairs = args.full_stack_pairs if args.full_stack_pairs is not None else (0 if cuda else 5)
