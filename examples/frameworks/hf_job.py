@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobkit import Job, TokenData, shutdown  # noqa: E402
-from transformers import (  # noqa: E402
+from jobkit import Job, TokenData, shutdown
+from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     Trainer,

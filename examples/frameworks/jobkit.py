@@ -131,9 +131,7 @@ class Job:
     def faulty(self, kind: str) -> bool:
         """True on the faulty rank once the fault of ``kind`` has started."""
         return (
-            self.fault == kind
-            and self.rank == self.fault_rank
-            and 0 < self.fault_start_ns <= time.time_ns()
+            self.fault == kind and self.rank == self.fault_rank and 0 < self.fault_start_ns <= time.time_ns()
         )
 
     def step_end(self) -> bool:

@@ -5,7 +5,8 @@ for ranks 1..N-1), so Argus attaches from the outside::
 
     pip install -e '.[frameworks]'
     argus run -- python examples/frameworks/lightning_job.py
-    JOB_FAULT=callback JOB_FAULT_RANK=2 JOB_DURATION_S=40 argus run -- python examples/frameworks/lightning_job.py
+    JOB_FAULT=callback JOB_FAULT_RANK=2 JOB_DURATION_S=40 \\
+        argus run -- python examples/frameworks/lightning_job.py
 
 The model: token embedding, a 2-layer ``nn.TransformerEncoder`` (width ``JOB_DIM``, 4 heads, no
 dropout) and a vocabulary head, trained on random tokens with AdamW; ``self.log`` of the loss
@@ -37,9 +38,9 @@ from torch.nn import functional as F  # noqa: N812  (PyTorch's own spelling)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import lightning as L  # noqa: E402, N812  (Lightning's own spelling)
-from jobkit import Job, TokenData, shutdown  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+import lightning as L  # noqa: N812  (Lightning's own spelling)
+from jobkit import Job, TokenData, shutdown
+from lightning.pytorch.loggers import CSVLogger
 
 __all__ = ["Encoder", "JobCallback", "main"]
 
