@@ -4,7 +4,10 @@
 - :func:`table` — a job's line, a table of its diagnoses, open first, then each one's summary
   and key figures (`argus diagnose`);
 - :func:`report` — each diagnosis as a headline, its summary and key figures (`argus demo`);
-- :func:`jobs` — a table of jobs (`argus jobs`).
+- :func:`jobs` — a table of jobs (`argus jobs`);
+- :func:`printable` — the one place terminal control sequences are taken out of what the store
+  holds (host names, kernel names, commands, frames, job ids come from the jobs' processes): every
+  renderer here shows only :func:`scrubbed` values, and `argus run` prints through it too.
 
 All name the rank(s) (:func:`who`), the place (:func:`where`) and the evidence the same
 way. Under a headline comes the diagnosis's summary sentence, then at most five evidence figures
@@ -16,9 +19,10 @@ older analyzer kept for its own bookkeeping are not shown.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -27,13 +31,60 @@ from rich.text import Text
 from argus.diagnosis import Diagnosis, State
 from argus.summary import lines as summary_lines
 
-__all__ = ["evidence", "jobs", "line", "lost", "report", "table", "top_frames", "where", "who"]
+__all__ = [
+    "evidence",
+    "jobs",
+    "line",
+    "lost",
+    "printable",
+    "report",
+    "scrubbed",
+    "table",
+    "top_frames",
+    "where",
+    "who",
+]
 
 #: Evidence keys an older analyzer kept there for its own bookkeeping (now its own columns), not for a
 #: person reading a diagnosis.
 BOOKKEEPING = frozenset({"analysed_to_ns", "subject"})
 #: Ranks named before the rest are counted.
 _MAX_RANKS = 16
+#: A terminal control sequence: ESC [ ... final (CSI), ESC ] ... BEL or ST (OSC), ESC P/X/^/_ ... ST
+#: (strings), ESC and one character; the 8-bit CSI and OSC; then any other C0 or C1 control
+#: character or DEL on its own.
+_CONTROL = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"
+    r"|[\x00-\x1f\x7f-\x9f]"
+)
+_T = TypeVar("_T")
+
+
+def printable(text: str) -> str:
+    """``text`` without terminal control sequences (colours, cursor moves, window titles, links,
+    a clear screen) or control characters: each sequence is removed, each line break or tab becomes
+    a space. Store values (host names, kernel names, commands, frames, job ids) come from the jobs'
+    processes, so they are printed through this."""
+    return _CONTROL.sub(lambda m: " " if m.group() in ("\n", "\r", "\t") else "", text)
+
+
+def scrubbed(value: _T) -> _T:
+    """``value`` with :func:`printable` applied to every string in it (dict keys and values, list
+    items, nested), or to a :class:`~argus.diagnosis.Diagnosis`'s fields; anything else unchanged."""
+    out: Any
+    if isinstance(value, str):
+        out = printable(value)
+    elif isinstance(value, Diagnosis):
+        out = Diagnosis.from_dict(scrubbed(value.to_dict()))
+    elif isinstance(value, Mapping):
+        out = {scrubbed(k): scrubbed(v) for k, v in value.items()}
+    elif isinstance(value, list | tuple):
+        out = [scrubbed(v) for v in value]
+    else:
+        out = value
+    return out  # type: ignore[no-any-return]
 
 
 def who(d: Diagnosis) -> str:
@@ -61,7 +112,8 @@ def evidence(d: Diagnosis) -> list[tuple[str, str]]:
 
 
 def line(d: Diagnosis) -> str:
-    """One line: ``JOB ID STATE CAUSE WHO [WHERE] score=… slowdown=…%``."""
+    """One line: ``JOB ID STATE CAUSE WHO [WHERE] score=… slowdown=…%`` (:func:`printable`)."""
+    d = scrubbed(d)
     place = where(d)
     return (
         f"{d.job_id} {d.id} {d.state} {d.cause} {who(d)}{' ' + place if place else ''} "
@@ -115,7 +167,10 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
             ``world_size``, ``open_diagnoses``; ``windows_analysed``, ``analysed_s``, ``lost_s``,
             ``unexplained_loss_ratio``, ``windows_failed`` when the server has them).
         diagnoses: The job's diagnoses, any order; the table lists the open ones first.
+
+    Every value shown is :func:`printable`.
     """
+    job, diagnoses = scrubbed(job), [scrubbed(d) for d in diagnoses]
     head = Text.assemble(
         ("job ", "bold"),
         (str(job["job_id"]), "bold cyan"),
@@ -150,9 +205,9 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
     for d in ordered:
         grid.add_row(
             Text(d.state, style="bold red" if d.state == State.OPEN else "dim"),
-            d.cause,
+            Text(d.cause),  # Text, not markup: a kernel name "[link=...]" is not a hyperlink
             who(d).partition(" ")[2],
-            " / ".join(x for x in (d.phase, d.kernel) if x) or "-",
+            Text(" / ".join(x for x in (d.phase, d.kernel) if x) or "-"),
             f"{d.score:.2f}",
             f"{d.slowdown_pct:.1f}%",
             lost(d),
@@ -169,9 +224,9 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
 
 def report(diagnoses: Sequence[Diagnosis]) -> RenderableType:
     """Each diagnosis as a headline (state, who, cause, where, cost), its summary sentence, then at
-    most five evidence figures with units."""
+    most five evidence figures with units (every value :func:`printable`)."""
     blocks: list[RenderableType] = []
-    for d in diagnoses:
+    for d in map(scrubbed, diagnoses):
         place = where(d, ", ", " ")
         blocks.append(
             Text.assemble(
@@ -189,7 +244,8 @@ def report(diagnoses: Sequence[Diagnosis]) -> RenderableType:
 
 def jobs(items: Sequence[Mapping[str, Any]]) -> RenderableType:
     """A table of the REST API's job objects: id (whole, folded), status, ranks, open diagnoses,
-    started, last seen (local time, as :func:`table`)."""
+    started, last seen (local time, as :func:`table`); every value :func:`printable`."""
+    items = [scrubbed(job) for job in items]
     if not items:
         return Text("no jobs yet: start one with argus run -- torchrun ...")
     grid = Table(header_style="bold")
@@ -199,8 +255,8 @@ def jobs(items: Sequence[Mapping[str, Any]]) -> RenderableType:
         )
     for job in items:
         grid.add_row(
-            str(job["job_id"]),
-            str(job["status"]),
+            Text(str(job["job_id"])),  # Text, not markup (see table)
+            Text(str(job["status"])),
             f"{job['ranks_attached']}/{job['world_size']}",
             str(job["open_diagnoses"]),
             _time(job["start_ns"]) if job.get("start_ns") else "-",
