@@ -13,13 +13,23 @@
   ``$ARGUS_TOKEN``, never on its command line.
 - A started agent whose collector does not accept a TCP connection is said on
   stderr at once (the batches go to its spool), and so is its drain at exit.
-- COMMAND's exit status is returned; SIGINT and SIGTERM are passed on to it.
-  If the agent cannot start, COMMAND still runs.
+- A started agent dies with `argus run`, however that ends (SIGKILL, a hang-up, Ctrl-C while
+  the agent starts): the kernel sends it SIGTERM when `argus run` exits
+  (``PR_SET_PDEATHSIG``), and it stops as it does at the job's end (spooling what it holds).
+- COMMAND's exit status is returned. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent
+  to `argus run` by a process (``kill``) are passed on to COMMAND once; those the terminal sends
+  (Ctrl-C, Ctrl-\\, a hang-up) already reach COMMAND, in the terminal's foreground process group,
+  and are not sent a second time. If the agent cannot start, COMMAND still runs.
+- Node rank 0 (:func:`argus.agent.follow.node_rank`) prints each diagnosis of the job as it opens
+  and resolves, and a verdict when COMMAND exits (:mod:`argus.agent.follow`); ``--quiet`` not.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import shlex
@@ -33,13 +43,14 @@ from typing import Any
 
 from argus import config
 from argus.agent import _bootstrap
+from argus.agent.follow import Follower, node_rank, server_url
 from argus.agent.identity import new_job_id
 from argus.config import ENV_AGENT_LOG, ENV_AUTOATTACH, ENV_COMMAND
 from argus.errors import ConfigError
 from argus.jobid import check_job_id
 from argus.window_grid import WindowGrid
 
-__all__ = ["agent_listening", "bootstrap_dir", "collector_reachable", "main"]
+__all__ = ["FORWARDED", "agent_listening", "bootstrap_dir", "collector_reachable", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,13 @@ log = logging.getLogger(__name__)
 AGENT_START_S = 15.0
 #: Seconds a started agent may take to drain after the job.
 AGENT_DRAIN_S = 10.0
+#: The signals `argus run` passes on to COMMAND (when a process, not the terminal, sent them).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: ``si_code`` at or below this: the signal was sent by a process (``kill``, ``sigqueue``, ``tkill``);
+#: above it (``SI_KERNEL``): by the kernel, for the terminal (Ctrl-C, Ctrl-\\, a hang-up).
+_SI_USER = 0
+#: ``prctl(PR_SET_PDEATHSIG, sig)``: the kernel sends ``sig`` to the caller when its parent exits.
+_PR_SET_PDEATHSIG = 1
 
 
 def bootstrap_dir() -> str:
@@ -97,6 +115,7 @@ def _start_agent(args: argparse.Namespace, window: WindowGrid) -> subprocess.Pop
     if args.token:
         env[config.ENV_TOKEN] = args.token  # never on a command line: every user can read those
     with open(log_path, "ab") as out:
+        # Its own session: the terminal's Ctrl-C does not stop it before the job's last rows are in.
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -104,20 +123,46 @@ def _start_agent(args: argparse.Namespace, window: WindowGrid) -> subprocess.Pop
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - no thread runs yet in `argus run`
         )
-    deadline = time.monotonic() + AGENT_START_S
-    while time.monotonic() < deadline:
-        if agent_listening(args.socket):
-            print(f"argus: started a node agent (pid {proc.pid}, log {log_path})", file=sys.stderr)
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
+    started = False
+    try:
+        deadline = time.monotonic() + AGENT_START_S
+        while time.monotonic() < deadline and not started:
+            started = agent_listening(args.socket)
+            if not started and proc.poll() is not None:
+                break
+            time.sleep(0 if started else 0.05)
+    finally:
+        if not started and proc.poll() is None:  # it did not start in time, or Ctrl-C meanwhile
+            proc.kill()
+            proc.wait()
+    if started:
+        print(f"argus: started a node agent (pid {proc.pid}, log {log_path})", file=sys.stderr)
+        return proc
     print(f"argus: the node agent did not start (see {log_path}); running without it", file=sys.stderr)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
     return None
+
+
+def _die_with_parent() -> Any:
+    """A ``preexec_fn`` that makes the child get SIGTERM when this process exits (Linux
+    ``PR_SET_PDEATHSIG``), or SIGTERM itself at once when this process has exited already;
+    None where ``prctl`` is not found."""
+    name = ctypes.util.find_library("c")
+    try:
+        prctl = ctypes.CDLL(name, use_errno=True).prctl if name else None
+    except (OSError, AttributeError):
+        prctl = None
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def collector_reachable(target: str, timeout_s: float = 1.0) -> bool:
@@ -133,7 +178,7 @@ def collector_reachable(target: str, timeout_s: float = 1.0) -> bool:
 def _stop_agent(proc: subprocess.Popen[bytes], *, reachable: bool, spool: Path) -> None:
     if proc.poll() is not None:
         return
-    if not reachable:
+    if not reachable:  # it gives up its drain once its channel to the collector fails
         print(
             f"argus: stopping the node agent: up to {AGENT_DRAIN_S:.0f} s more for it to reach the "
             f"collector; what it cannot send stays in {spool}, and the next `argus run` or `argus agent` "
@@ -188,29 +233,48 @@ def main(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         print(f"argus: job {env[config.ENV_JOB_ID]}", file=sys.stderr)
+    follower = _follower(args, cmd, env)
     try:
-        return _run_child(cmd, env)
+        return _run_child(cmd, env, follower)
     finally:
         if agent is not None:
             _stop_agent(agent, reachable=reachable, spool=config.spool_dir_for(args.collector))
 
 
-def _run_child(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd`` passing SIGINT and SIGTERM on to it; its exit status (127: it cannot run)."""
+def _follower(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> Follower | None:
+    """The job's diagnoses followed on this terminal (:mod:`argus.agent.follow`): None with
+    ``--quiet``, without Argus, or on a node other than node rank 0."""
+    if getattr(args, "quiet", False) or config.ENV_JOB_ID not in env or node_rank(cmd, os.environ):
+        return None
+    server = getattr(args, "server", None) or server_url(args.collector, os.environ)
+    return Follower(server, env[config.ENV_JOB_ID], token=args.token, tls_cert=args.tls_cert)
+
+
+def _run_child(cmd: list[str], env: dict[str, str], follower: Follower | None = None) -> int:
+    """Run ``cmd`` passing the :data:`FORWARDED` signals a process sends on to it (module doc);
+    ``follower`` prints the job's diagnoses meanwhile and its verdict after. Returns ``cmd``'s exit
+    status (127: it cannot run; 128 + N: killed by signal N)."""
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         print(f"argus run: cannot run {cmd[0]}: {exc}", file=sys.stderr)
         return 127
-
-    def forward(signum: int, _frame: Any) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Blocked, the signals wait for sigtimedwait, which says who sent each; the follower's thread,
+    # started after, has them blocked too.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
-        rc = child.wait()
+        if follower is not None:
+            follower.start()
+        while child.poll() is None:
+            info = signal.sigtimedwait(FORWARDED, 0.2)
+            if info is not None and info.si_code <= _SI_USER and child.poll() is None:
+                child.send_signal(info.si_signo)
+        rc = child.returncode
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        while signal.sigtimedwait(FORWARDED, 0) is not None:  # those that came as it exited: handled
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    if follower is not None:
+        with contextlib.suppress(Exception):  # the verdict never changes the job's status
+            follower.finish()
     return 128 - rc if rc < 0 else rc

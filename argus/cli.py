@@ -227,6 +227,18 @@ def _run_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     _window(p, "kernel compression window of a node agent started for the job")
     _auth(p, server=False)
+    p.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help=f"the argus server whose diagnoses of the job this terminal prints (${config.ENV_SERVER}; "
+        "default port 7471 of the collector's host)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="do not print the job's diagnoses as they open and resolve, nor the verdict at its end",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...", help="the command to run")
 
 

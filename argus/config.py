@@ -145,7 +145,7 @@ ENVIRONMENT: dict[str, str] = {
     ENV_JOB_ID: "the job id the probe reports (set by `argus run`)",
     ENV_DISABLE: "1: the probe and `argus run`'s automatic attach do nothing",
     ENV_TOKEN: "bearer token of every command that takes --token",
-    ENV_SERVER: "server URL of `argus diagnose` and `argus import`",
+    ENV_SERVER: "server URL of `argus diagnose`, `argus import`, `argus jobs` and `argus run`",
     ENV_STORE: "store URL of `argus server` and `argus analyze`",
     ENV_CUPTI: "0: no GPU kernel capture (CUPTI)",
     ENV_CUPTI_DUTY: "GPU kernel capture duty cycle: ON/PERIOD seconds (default 1/10) or `always`",

@@ -52,6 +52,7 @@ def test_cli_commands_and_options_are_the_readme_table() -> None:
         cmd: re.findall(r"`(--[a-z0-9-]+)`", opts) for cmd, opts in _readme_rows(r"argus [a-z]+").items()
     }
     assert got == documented
+    assert "--quiet" in got["argus run"]  # the terminal's diagnosis lines can be turned off
 
 
 def test_rest_routes_are_the_readme_table(tmp_path: Path) -> None:
