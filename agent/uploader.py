@@ -210,6 +210,10 @@ class Uploader:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = collector_pb2_grpc.CollectorStub(self._channel)
+        #: Set when the channel failed to reach the collector, cleared when it is connected again:
+        #: a drain then has nothing to wait for.
+        self._unreachable = threading.Event()
+        self._channel.subscribe(self._on_connectivity, try_to_connect=False)
         self._stream = self._channel.stream_stream(
             _STREAM_METHOD,
             request_serializer=lambda b: b,
@@ -328,12 +332,20 @@ class Uploader:
         return len(self.spool)
 
     def drain(self, timeout_s: float) -> bool:
-        """Flush and wait until the spool is empty or ``timeout_s`` passes; True when empty."""
+        """Flush and wait until the spool is empty or ``timeout_s`` passes, or at once when the
+        channel's last attempt to reach the collector failed (nothing would drain); True when empty."""
         self.flush()
         deadline = time.monotonic() + timeout_s
-        while len(self.spool) and time.monotonic() < deadline:
+        while len(self.spool) and time.monotonic() < deadline and not self._unreachable.is_set():
             time.sleep(0.05)
         return len(self.spool) == 0
+
+    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        """The channel's state changed (a gRPC thread): note whether the collector is out of reach."""
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            self._unreachable.set()
+        elif state is grpc.ChannelConnectivity.READY:
+            self._unreachable.clear()
 
     def close(self, drain_s: float = 5.0) -> None:
         """Drain for at most ``drain_s``, stop the threads; unsent batches stay spooled."""
