@@ -35,10 +35,13 @@ runs :class:`argus.analyzer.pipeline.JobAnalysis`, writes every diagnosis that
 was opened, updated or resolved as a new version of its row in ``diagnoses``
 (a ReplacingMergeTree on ``updated_ns``: read it with ``FINAL``), the window's
 lost-time accounting in ``analysis_windows`` and the ranks' roles in ``roles``
-when they change, and updates ``argus_straggler_score`` (the
-:data:`~argus.metrics.TOP_SUSPECTS` highest-scoring ranks per job),
-``argus_diagnosis_active``, ``argus_lost_time_seconds_total``,
-``argus_unexplained_loss_ratio`` and ``argus_analysis_lag_seconds``.
+when they change, and updates ``argus_straggler_score`` (the ranks of the job's open diagnoses, with
+their score, and the :data:`~argus.metrics.TOP_SUSPECTS` highest-scoring ranks of its latest window),
+``argus_diagnosis_active``, ``argus_lost_time_seconds_total``, ``argus_step_time_seconds``,
+``argus_unexplained_loss_ratio`` and ``argus_analysis_lag_seconds``. A job's series last while it has
+rows to analyse: once its last rows and the :data:`TRAILING_WINDOWS` after them are analysed (it
+ended, or fell silent; an import once analysed), they are removed, so no alert fires for an ended
+job. A job that reports again gets them back (its counters start again from 0).
 
 Analysis lag counts only jobs with data waiting: per job, the time since its oldest unanalysed
 window became complete (its end plus the grace for late rows; for data met all at once, an import or
@@ -103,7 +106,7 @@ from argus.diagnosis import (
     write_diagnoses,
 )
 from argus.errors import ArgusError, ConfigError
-from argus.metrics import Metrics
+from argus.metrics import TOP_SUSPECTS, Metrics
 from argus.store import Store, open_store
 from argus.window_grid import WindowGrid
 
@@ -117,9 +120,6 @@ DEFAULT_BACKLOG_S = 3600.0
 TRAILING_WINDOWS = 3
 #: How long, in windows, a window waits for every reporting rank's rows to be stored.
 WAIT_WINDOWS = 3
-#: A job whose newest row is older than this, with nothing left to analyse, loses its per-job
-#: metric series (scores, open diagnoses, lost time), ns.
-FORGET_AFTER_NS = 3600 * 10**9
 #: Attempts at a window whose analysis raises before it is skipped (see the module doc).
 MAX_ATTEMPTS = 3
 #: Windows one job is analysed in a row before every other job has had its turn (a *slice*;
@@ -223,6 +223,8 @@ class Analyzer:
         self._backlog = False  # the last pass ended on its budget with windows still due
         #: Per job with data still to analyse, when its oldest unanalysed window was due, ns.
         self._due: dict[str, int] = {}
+        #: Jobs that may have metric series (removed when their rows are all analysed).
+        self._exported: set[str] = set()
         if metrics is not None:
             metrics.analysis_lag.set_function(self.lag_s)
 
@@ -309,11 +311,11 @@ class Analyzer:
             self._due[span.job_id] = job.cursor_ns + self.window_ns + self.grace_ns  # its next window
         else:
             self._due.pop(span.job_id, None)  # nothing of it waits
-        if now - span.last_ns > FORGET_AFTER_NS and span.job_id not in self._due:
-            if self.metrics is not None:
-                self.metrics.forget_job(span.job_id)  # finished long ago: its series would stay forever
-        else:
+        if span.job_id in self._due:
             self._update_gauges(span.job_id, job)
+        elif self.metrics is not None and span.job_id in self._exported:
+            self._exported.discard(span.job_id)
+            self.metrics.forget_job(span.job_id)  # its rows are all analysed: it ended (module doc)
         return False
 
     def _complete_to(self, span: JobSpan, job: _Job, now: int) -> int:
@@ -480,7 +482,10 @@ class Analyzer:
         job.lost_ns += acc.lost_ns
         job.unexplained_ns += acc.unexplained_ns
         if self.metrics is not None:
+            self._exported.add(job_id)
             self.metrics.lost_time.labels(job_id=job_id).inc(acc.lost_ns / 1e9)
+            if acc.steps > 0:
+                self.metrics.step_time.labels(job_id=job_id).set(acc.wall_ns / acc.steps / 1e9)
             ratio = job.unexplained_ns / job.lost_ns if job.lost_ns > 0 else 0.0
             self.metrics.unexplained_loss.labels(job_id=job_id).set(min(max(ratio, 0.0), 1.0))
 
@@ -490,19 +495,26 @@ class Analyzer:
             "analysis of job %s window %d failed %d times; skipped", job.analysis.job_id, w0, job.attempts
         )
         if self.metrics is not None:
+            self._exported.add(job.analysis.job_id)
             self.metrics.analysis_failures.labels(job_id=job.analysis.job_id).inc()
         self._last_version = max(time.time_ns(), self._last_version + 1)
         lost = float(w1 - w0)
         self._account(job, w0, Accounting(lost, 0, lost, 0.0, float("nan")), status="failed")
 
     def _update_gauges(self, job_id: str, job: _Job) -> None:
+        """The job's score and open-diagnosis series: the ranks of its open diagnoses (their score)
+        and its latest window's top suspects."""
         m = self.metrics
         if m is None:
             return
-        m.set_straggler_scores(job_id, {r: max(float(score), 0.0) for r, score in job.suspects})
+        self._exported.add(job_id)
         open_by_cause: dict[str, int] = {}
+        flagged: dict[int, float] = {}
         for d in job.analysis.tracker.open:
             open_by_cause[d.cause] = open_by_cause.get(d.cause, 0) + 1
+            for r in [d.rank] if d.rank is not None else d.ranks[:TOP_SUSPECTS]:  # bounded series
+                flagged[r] = max(flagged.get(r, 0.0), float(d.score), 0.0)
+        m.set_straggler_scores(job_id, {r: max(float(score), 0.0) for r, score in job.suspects}, flagged)
         m.set_active_diagnoses(job_id, open_by_cause)
 
     def run_forever(self) -> None:

@@ -2,7 +2,9 @@
 
 Every server instance builds one :class:`Metrics`; the collector, the analyzer
 and the REST API (which serves ``/metrics``) share it. Label values are bounded:
-``job_id``/``rank`` appear only for the top suspects the analyzer exports.
+``job_id``/``rank`` appear only for the ranks of open diagnoses and the top suspects the analyzer
+exports, the other per-job series have ``job_id`` alone; and a job's series are removed once the
+analyzer has analysed its last rows (:meth:`Metrics.forget_job`): an ended job fires no alert.
 No ``_created`` series (:func:`prometheus_client.disable_created_metrics`, for the process): a
 counter's start time is noise beside its rate. ``argus_analysis_lag_seconds`` is read when scraped
 (:meth:`argus.analyzer.service.Analyzer.lag_s`): only jobs with data waiting count.
@@ -58,8 +60,16 @@ class Metrics:
         )
         self.straggler_score = Gauge(
             "argus_straggler_score",
-            "Straggler score of the top suspects per job (0 = like its peers, >= 1 = detected).",
+            "Straggler score of the ranks of a running job's open diagnoses and of its latest window's "
+            "top suspects (0 = like its peers, >= 1 = detected); removed when the job ends.",
             ["job_id", "rank"],
+            registry=r,
+        )
+        self.step_time = Gauge(
+            "argus_step_time_seconds",
+            "A running job's mean step time in its latest analysed window, seconds (one series per "
+            "job, whatever its ranks); removed when the job ends.",
+            ["job_id"],
             registry=r,
         )
         self.diagnosis_active = Gauge(
@@ -116,13 +126,20 @@ class Metrics:
         self._suspects: dict[str, set[str]] = {}
         self._causes: dict[str, set[str]] = {}
 
-    def set_straggler_scores(self, job_id: str, scores: Mapping[int, float]) -> None:
-        """Export the :data:`TOP_SUSPECTS` highest of ``scores`` (rank → score) for ``job_id``.
+    def set_straggler_scores(
+        self, job_id: str, scores: Mapping[int, float], flagged: Mapping[int, float] | None = None
+    ) -> None:
+        """Export the :data:`TOP_SUSPECTS` highest of ``scores`` (rank → score) for ``job_id``, and
+        every rank of ``flagged`` (rank → score: the ranks of its open diagnoses).
 
-        Replaces the job's previous series, so a job never has more than
-        TOP_SUSPECTS series however many ranks it has.
+        Replaces the job's previous series, so a job never has more than TOP_SUSPECTS series
+        beside its open diagnoses' ranks, however many ranks it has.
         """
         top = heapq.nlargest(TOP_SUSPECTS, scores.items(), key=lambda item: item[1])
+        merged = dict(top)
+        for rank, score in (flagged or {}).items():
+            merged[rank] = max(score, merged.get(rank, score))
+        top = list(merged.items())
         with self._lock:
             keep = {str(rank) for rank, _ in top}
             for stale in self._suspects.get(job_id, set()) - keep:
@@ -142,7 +159,7 @@ class Metrics:
             self._causes[job_id] = keep
 
     def forget_job(self, job_id: str) -> None:
-        """Remove every series of ``job_id`` (when it finished or left retention)."""
+        """Remove every series of ``job_id`` (when its last rows are analysed: it ended, or fell silent)."""
         self.set_straggler_scores(job_id, {})
         self.set_active_diagnoses(job_id, {})
         with self._lock:
@@ -153,6 +170,7 @@ class Metrics:
                 self.unexplained_loss,
                 self.analysis_failures,
                 self.window_mismatch_rows,
+                self.step_time,
             ):
                 with contextlib.suppress(KeyError):  # never set for this job
                     per_job.remove(job_id)

@@ -4,6 +4,7 @@ No Argus line in it (the tests run it under `argus run`). ``--stall-rank R`` sle
 after each optimizer step in :func:`very_distinctive_checkpoint_stall` (a checkpoint written on
 the training thread) once ``--stall-after-s`` of healthy training have passed; the job trains
 until ``--stop-file`` exists (or ``--max-s``), every rank stopping at the same step.
+``--stall-for-s`` ends the stall after that long (the job then trains healthily again).
 ``--hang`` makes the stall one that lasts until the stop file exists (in
 :func:`very_distinctive_hang`): the other ranks wait in the next step's all-reduce meanwhile.
 """
@@ -37,6 +38,7 @@ def main() -> None:
     p.add_argument("--stall-rank", type=int, default=-1)
     p.add_argument("--stall-s", type=float, default=0.1)
     p.add_argument("--stall-after-s", type=float, default=6.0)
+    p.add_argument("--stall-for-s", type=float, default=float("inf"))
     p.add_argument("--hang", action="store_true", help="stall once, until the stop file exists")
     p.add_argument("--stop-file", default="")
     p.add_argument("--max-s", type=float, default=120.0)
@@ -56,7 +58,8 @@ def main() -> None:
         opt.zero_grad()
         nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
-        if rank == args.stall_rank and time.monotonic() - start > args.stall_after_s:
+        stalling = 0 < time.monotonic() - start - args.stall_after_s <= args.stall_for_s
+        if rank == args.stall_rank and stalling:
             if args.hang:
                 very_distinctive_hang(args.stop_file, args.max_s)
                 args.stall_rank = -1
