@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -175,6 +176,35 @@ def _print_human(
     console.print("  your own job: argus server, then argus run -- torchrun ... (see README)")
 
 
+class _Progress:
+    """The training status line: the stage, the windows analysed and steps seen (the REST job
+    object), the diagnoses so far. Where stderr is no terminal (no spinner line to update), each
+    newly analysed window prints a line instead."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.job: dict[str, Any] = {}
+        self._printed = 0  # windows analysed when a line was last printed
+
+    def poll(self, http: str, job_id: str, live: list[Diagnosis]) -> list[Diagnosis]:
+        """The job's diagnoses now (``live`` when the server does not answer); notes its job object."""
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            live = _diagnoses(http, job_id)
+            self.job = _get_json(f"{http}/api/v1/jobs/{job_id}")
+        return live
+
+    def line(self, stage: str, elapsed_s: float, diagnoses: int) -> str:
+        windows = int(self.job.get("windows_analysed", 0))
+        text = (
+            f"training ({stage}, {elapsed_s:.0f} s): {windows} window(s) analysed, "
+            f"{int(self.job.get('steps_analysed', 0))} steps seen, {diagnoses} diagnosis(es) so far"
+        )
+        if not self.console.is_terminal and windows > self._printed:
+            self._printed = windows
+            self.console.print(text)
+        return text
+
+
 def _default_slow_rank(args: argparse.Namespace) -> int:
     """``--slow-rank``, else the last rank (pp dataloader: the last rank of stage 0, which reads data)."""
     if args.slow_rank is not None:
@@ -226,24 +256,30 @@ def local_service(work: Path, console: Console, window_s: float = WINDOW_S) -> I
 
 
 def job_command(service: Service, job_id: str, ranks: int, job_args: list[str]) -> list[str]:
-    """`argus run` of :mod:`argus.demo.job` under torchrun with ``ranks`` ranks and ``job_args``."""
+    """`argus run` of :mod:`argus.demo.job` under torchrun with ``ranks`` ranks and ``job_args``;
+    torchrun's own files go under the service's logs (not a ``torchelastic_*`` folder left in /tmp)."""
     return _argus(
-        "run", "--collector", service.grpc, "--socket", str(service.socket), "--job-id", job_id, "--",
+        "run", "--collector", service.grpc, "--socket", str(service.socket), "--job-id", job_id,
+        "--server", service.http, "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-        "-m", "argus.demo.job", *job_args,
+        f"--log-dir={service.logs / 'torchrun'}", "-m", "argus.demo.job", *job_args,
     )  # fmt: skip
 
 
 #: Where a demo without ``--data-dir`` leaves its timelines (the report names the file).
 TRACE_DIR = Path(tempfile.gettempdir()) / "argus-demo-traces"
+#: The time a demo job's id ends with (:func:`_run`), left out of its timeline's name in TRACE_DIR.
+_STAMP = re.compile(r"-\d{8}-\d{6}$")
 
 
 def trace_path(work: Path, keep_data: bool, job_id: str) -> Path:
     """Where the demo writes the timeline of ``job_id``: in ``--data-dir`` (``work``) when given,
-    else in :data:`TRACE_DIR` (the demo's temporary data dir is removed when it ends)."""
+    else in :data:`TRACE_DIR` (the demo's temporary data dir is removed when it ends) under the
+    job id less its time, so a run replaces the last timeline of its layout and scenario and the
+    folder does not grow run after run."""
     folder = work if keep_data else TRACE_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{job_id}.trace.json"
+    return folder / f"{job_id if keep_data else _STAMP.sub('', job_id)}.trace.json"
 
 
 def _job_args(args: argparse.Namespace, slow_rank: int | None, stop_file: Path) -> list[str]:
@@ -284,16 +320,16 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
             limit = WARMUP_S + (FAULT_TIMEOUT_S if slow_rank is not None else CLEAN_RUN_S)
             live: list[Diagnosis] = []
             opened_at: float | None = None
+            progress = _Progress(console)
             with console.status("training") as status:
                 while job.poll() is None and time.monotonic() - started < limit:
                     time.sleep(1.0)
-                    with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                        live = _diagnoses(http, job_id)
+                    live = progress.poll(http, job_id, live)
                     elapsed = time.monotonic() - started
                     stage = (
                         "warm-up" if elapsed < WARMUP_S else ("fault" if slow_rank is not None else "clean")
                     )
-                    status.update(f"training ({stage}, {elapsed:.0f} s): {len(live)} diagnoses so far")
+                    status.update(progress.line(stage, elapsed, len(live)))
                     if opened_at is None and _any_open(live):
                         opened_at = time.monotonic()
                     if args.steps is None and _waited_enough(live, opened_at):
@@ -333,8 +369,8 @@ def _run(args: argparse.Namespace, console: Console, work: Path, keep_data: bool
     }
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the demo on one machine; returns 0 when it ran (whatever it found), 1 when a part failed."""
+def _check(args: argparse.Namespace) -> None:
+    """Raises ConfigError when the options of a one-node demo do not make a job."""
     if args.ranks < 2:
         raise ConfigError("--ranks must be at least 2: a straggler needs peers")
     if args.slow_rank is not None and not 0 <= args.slow_rank < args.ranks:
@@ -343,12 +379,23 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--layout {args.layout} needs an even --ranks (2 stages or 2-way tensor parallel)")
     if (args.layout, args.scenario) == ("pp", "dataloader") and _default_slow_rank(args) >= args.ranks // 2:
         raise ConfigError("--layout pp: only stage 0 (ranks below --ranks / 2) reads data")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo on one machine; returns 0 when it ran (whatever it found), 1 when a part failed,
+    130 when interrupted (Ctrl-C: its temporary folder is removed)."""
+    _check(args)
     console = Console(stderr=True, soft_wrap=True)
     keep = args.data_dir is not None
     work = Path(args.data_dir) if keep else Path(tempfile.mkdtemp(prefix="argus-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         result = _run(args, console, work, keep)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGINT): not a failure; the processes are stopped
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+        console.print("[yellow]the demo was interrupted[/]; its server, agent and job are stopped")
+        return 130
     except BaseException:
         console.print(f"[red]the demo failed[/]; its logs are in {work / 'logs'}")
         raise
