@@ -95,7 +95,11 @@ def unknown_job(store: Store, job_id: str) -> NotFound:
     )
     ids = [str(v) for v in rows.column("job_id").to_pylist()]
     close = difflib.get_close_matches(job_id, ids, n=3)
-    return NotFound(f"no job {job_id!r}" + (f"; the closest: {', '.join(map(repr, close))}" if close else ""))
+    return NotFound(
+        f"no job {job_id!r}"
+        + (f"; the closest: {', '.join(map(repr, close))}" if close else "")
+        + "; `argus jobs` lists the jobs"
+    )
 
 
 _JOB_KEYS = """
@@ -199,7 +203,7 @@ def _summaries(store: Store, ids: list[str], now_ns: int, timeout_ns: int) -> li
 #: Per job, its analysed windows' lost-time accounting (argus.analyzer.loss).
 _ANALYSED = """
 SELECT job_id, count() AS windows, countIf(status = 'failed') AS failed, sum(wall_ns) AS wall,
-       sum(lost_ns) AS lost, sum(explained_ns) AS explained
+       sum(steps) AS steps, sum(lost_ns) AS lost, sum(explained_ns) AS explained
 FROM analysis_windows FINAL WHERE job_id IN {ids:Array(String)} GROUP BY job_id
 """
 
@@ -221,6 +225,7 @@ def _loss(row: dict[str, Any]) -> dict[str, Any]:
         "windows_analysed": int(row.get("windows", 0)),
         "windows_failed": int(row.get("failed", 0)),
         "analysed_s": round(int(row.get("wall", 0)) / 1e9, 3),
+        "steps_analysed": int(row.get("steps", 0)),
         "lost_s": round(lost / 1e9, 3),
         "unexplained_loss_ratio": round(unexplained / lost, 4) if lost > 0 else 0.0,
     }

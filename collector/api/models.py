@@ -64,6 +64,7 @@ class Job(BaseModel):
         description="of those, windows whose analysis failed (their time is unexplained)"
     )
     analysed_s: float = Field(description="wall time of the analysed windows' steps, seconds")
+    steps_analysed: int = Field(description="training steps in the analysed windows")
     lost_s: float = Field(description="time the job lost against its own healthy pace, seconds")
     unexplained_loss_ratio: float = Field(description="share (0-1) of lost_s that no diagnosis accounts for")
 

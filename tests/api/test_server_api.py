@@ -221,10 +221,11 @@ def test_openapi_describes_every_endpoint(http: httpx.Client) -> None:
 def test_unknown_job_is_404(http: httpx.Client, endpoint: str) -> None:
     response = http.get(endpoint.format(job="no-such-job"))
     assert response.status_code == 404
-    assert response.json() == {"detail": "no job 'no-such-job'"}
+    assert response.json() == {"detail": "no job 'no-such-job'; `argus jobs` lists the jobs"}
     typo = http.get(endpoint.format(job="job-ap"))
     assert typo.status_code == 404
     assert typo.json()["detail"].startswith("no job 'job-ap'; the closest: 'job-api'"), typo.json()
+    assert typo.json()["detail"].endswith("; `argus jobs` lists the jobs"), typo.json()
 
 
 @pytest.mark.parametrize(
