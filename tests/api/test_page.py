@@ -10,7 +10,9 @@ import json
 import os
 import re
 import shutil
+import struct
 import time
+import zlib
 from pathlib import Path
 from urllib.parse import quote
 
@@ -89,7 +91,7 @@ def test_page_renders_heatmap_and_diagnoses(store: Store, live_app: LiveApp, tmp
 def test_a_finished_job_shows_its_resolved_diagnosis(store: Store, live_app: LiveApp, tmp_path: Path) -> None:
     """The job's whole story after it ends: the diagnosis resolved when it finished (rank, cause,
     summary), never "every rank is like its peers", a legend under the heatmap, the full job id."""
-    job_id = "demo-dp-compute-20261201-142233-a-job-id-longer-than-the-jobs-column-" + "x" * 40
+    job_id = "demo-dp-compute-20261201-142233-a-job-id-longer-than-the-jobs-column-" + "x" * 140
     now = time.time_ns()
     insert_direct(store, job_id, synthetic_job(world_size=4, steps=16, slow_rank=3, exited=True))
     evidence = {"self_ms": 71.6, "peer_self_ms": 40.1, "wait_ms": 3.524, "peer_wait_ms": 19.482}
@@ -132,8 +134,52 @@ def test_a_finished_job_shows_its_resolved_diagnosis(store: Store, live_app: Liv
     legend = re.search(r'<div id="heatmap-legend"[^>]*>(.*?)</div>', html, re.S)
     assert legend is not None and "slowdown vs the median rank" in legend.group(1)
     assert "+50 % or more" in legend.group(1) and "no data" in legend.group(1)
-    # The jobs table shows the whole id (wrapped, not cut), with the id as its tooltip too.
-    assert f'<td title="{job_id}">{job_id}</td>' in html
+    # The jobs table holds the whole id (at most two lines of it shown), with the id as its tooltip;
+    # the job's link is written out under its heading; the score and the group are said in words.
+    assert f'<td title="{job_id}"><div class="job-id">{job_id}</div></td>' in html
+    link = re.search(r'<a id="job-link" href="([^"]*)">([^<]*)</a>', html)
+    assert link is not None and link.group(1) == link.group(2), html[-3000:]
+    assert link.group(1) == f"{live_app.url}/#job={quote(job_id, safe='')}"
+    assert "how far the rank stands from its peers" in body and "1 = the detection threshold" in body
+    # At 1,400 px the id's cell is at most two lines tall (a 6-line cell is ~125 px; 2 lines ~46 px).
+    shot = tmp_path / "long-id.png"
+    done = chromium(
+        tmp_path / "profile-shot", f"{live_app.url}/#job={quote(job_id, safe='')}", f"--screenshot={shot}"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _selected_row_height_px(shot) <= 50
+
+
+def _selected_row_height_px(png: Path) -> int:
+    """Rows of pixels of the page's screenshot ``png`` that show the selected job's row (its
+    background, #eef2ff, in the left third), read with zlib: an 8-bit RGB(A) PNG, not interlaced."""
+    data = png.read_bytes()
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(data):
+        size, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        chunk = data[pos + 8 : pos + 8 + size]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and color in (2, 6), (depth, color)
+            channels = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + size
+    raw, stride = zlib.decompress(idat), width * channels
+    previous, rows = bytearray(stride), 0
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):  # undo the PNG filter of this line
+            a = line[i - channels] if i >= channels else 0
+            b, c = previous[i], previous[i - channels] if i >= channels else 0
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            paeth = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+            line[i] = (line[i] + (0, a, b, (a + b) // 2, paeth)[kind]) & 0xFF
+        previous = line
+        px = [tuple(line[x * channels : x * channels + 3]) for x in range(0, width // 3, 4)]
+        rows += sum(1 for p in px if p == (0xEE, 0xF2, 0xFF)) >= 20
+    return rows
 
 
 def test_a_diagnosis_with_stacks_shows_the_flagged_ranks_flame_graph(

@@ -78,7 +78,9 @@ async function loadJobs() {
     const row = el(
       "tr",
       { "data-job": job.job_id },
-      el("td", { title: job.job_id }, job.job_id),
+      // At most two lines of the id (a long one would stand six lines tall); the whole id is the
+      // tooltip, the job's heading and its link.
+      el("td", { title: job.job_id }, el("div", { class: "job-id" }, job.job_id)),
       el("td", {}, el("span", { class: `status status-${job.status}` }, job.status)),
       el("td", {}, `${job.ranks_attached}/${job.world_size}`),
       el("td", {}, String(job.open_diagnoses)),
@@ -330,7 +332,9 @@ async function drawDiagnoses(items) {
       .filter(Boolean).join(", ");
     const facts = el("dl");
     const add = (k, v) => facts.append(el("dt", {}, k), el("dd", {}, v));
-    add("score", d.score.toFixed(2));
+    add("score", `${d.score.toFixed(2)}: how far the rank stands from its peers `
+      + "(0 = like them, 1 = the detection threshold, higher = further out)");
+    if (d.group) add("group", `process group ${d.group}: the ranks this one was compared with`);
     add("slowdown", `${d.slowdown_pct.toFixed(1)} % of throughput`);
     add("seen", `${when(d.first_window_ns)} to ${when(d.last_window_ns)}`);
     const evidence = el("dl");
@@ -368,6 +372,9 @@ async function loadJob(jobId) {
   const resolved = diagnoses.items.length - open;
   $("job-panel").hidden = false;
   $("job-title").textContent = `Job ${job.job_id}`;
+  const link = `${location.origin}${location.pathname}#job=${encodeURIComponent(job.job_id)}`;
+  $("job-link").href = link;
+  $("job-link").textContent = link;
   $("job-summary").textContent = `${job.status}, ${job.ranks_attached} of ${job.world_size} ranks attached on `
     + `${job.hosts} host(s), ${job.ranks_exited} exited (${job.ranks_failed} failed); last seen ${when(job.last_seen_ns)}`
     + `; ${open} open and ${resolved} resolved diagnoses`
