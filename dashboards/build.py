@@ -102,7 +102,7 @@ def prometheus_dashboard() -> dict[str, Any]:
         "label": "job",
         "type": "query",
         "datasource": PROM,
-        "query": {"query": "label_values(argus_diagnosis_active, job_id)", "refId": "job_id"},
+        "query": {"query": "label_values(argus_step_time_seconds, job_id)", "refId": "job_id"},
         "includeAll": True,
         "allValue": ".*",
         "multi": True,
@@ -146,7 +146,7 @@ def prometheus_dashboard() -> dict[str, Any]:
         ),
         _panel(
             6,
-            "Straggler score of the top suspects (>= 1: detected)",
+            "Straggler score of flagged ranks and top suspects (>= 1: detected)",
             "timeseries",
             (0, 4, 12, 9),
             [
@@ -199,6 +199,14 @@ def prometheus_dashboard() -> dict[str, Any]:
                 _prom(f"sum(rate(argus_agent_dropped_events_total{rate}))", "dropped events", ref="B"),
             ],
             fieldConfig=_unit("ops"),
+        ),
+        _panel(
+            11,
+            "Mean step time by job",
+            "timeseries",
+            (0, 21, 24, 8),
+            [_prom('max by (job_id) (argus_step_time_seconds{job_id=~"$job_id"})', "{{job_id}}")],
+            fieldConfig=_unit("s"),
         ),
     ]
     inputs = _inputs("DS_PROMETHEUS", "Prometheus", "prometheus", "Prometheus")
