@@ -60,6 +60,11 @@ _CONTROL = re.compile(
     r"|[\x00-\x1f\x7f-\x9f]"
 )
 _T = TypeVar("_T")
+#: What `argus diagnose` says under its table of diagnoses.
+_SCORE_WORDS = (
+    "score: how far the rank stands from its peers (0 = like them, 1 = the detection threshold); "
+    "slowdown: the job's throughput lost; a group is the process group the rank was compared in"
+)
 
 
 def printable(text: str) -> str:
@@ -214,8 +219,9 @@ def table(job: Mapping[str, Any], diagnoses: Sequence[Diagnosis]) -> RenderableT
             _time(d.first_window_ns),
             _time(d.last_window_ns),
         )
-    # Under the table, each diagnosis's sentence and the figures that carry it (all of them: --json).
-    details: list[RenderableType] = []
+    # What the table's numbers mean, in words; then under it each diagnosis's sentence and the
+    # figures that carry it (all of them: --json).
+    details: list[RenderableType] = [Text(_SCORE_WORDS, style="dim")]
     for d in ordered:
         details.append(Text.assemble("\n", (d.state.upper(), "bold"), f" {who(d)}: ", (d.cause, "bold")))
         details.extend(Text(text) for text in summary_lines(d) + top_frames(d))
