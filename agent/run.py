@@ -180,9 +180,9 @@ def _stop_agent(proc: subprocess.Popen[bytes], *, reachable: bool, spool: Path) 
         return
     if not reachable:  # it gives up its drain once its channel to the collector fails
         print(
-            f"argus: stopping the node agent: up to {AGENT_DRAIN_S:.0f} s more for it to reach the "
-            f"collector; what it cannot send stays in {spool}, and the next `argus run` or `argus agent` "
-            "for this collector sends it",
+            "argus: stopping the node agent: it waits for the collector only if it reached it meanwhile "
+            f"(up to {AGENT_DRAIN_S:.0f} s); what it cannot send stays in {spool}, and the next `argus run` "
+            "or `argus agent` for this collector sends it",
             file=sys.stderr,
         )
     proc.send_signal(signal.SIGTERM)
