@@ -31,6 +31,8 @@ __all__ = ["POLL_S", "REQUEST_TIMEOUT_S", "Follower", "node_rank", "server_url",
 POLL_S = 2.0
 #: Longest wait for one answer of the server, seconds.
 REQUEST_TIMEOUT_S = 5.0
+#: What one read of the diagnoses found (:meth:`Follower._read`).
+_READ, _MISSING, _REFUSED, _UNREACHABLE = "read", "missing", "refused", "unreachable"
 #: Where launchers put the node's rank (torchrun's ``--node-rank`` wins over them).
 _NODE_RANK_ENV = ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
 _NODE_RANK_FLAG = re.compile(r"--node[-_]rank(?:=(\S+))?$")
@@ -153,38 +155,46 @@ class Follower:
         self._thread.start()
 
     def finish(self) -> None:
-        """Stop following, read once more and print the verdict (or that the server was not reached)."""
+        """Stop following, read once more and print the verdict, or why there is none (the server
+        did not answer, refused the token, or has no record of the job)."""
         self._stop.set()
         self._thread.join(timeout=REQUEST_TIMEOUT_S + 1)
         if self._thread.is_alive():
             return  # a read still hangs: nothing reliable to say
-        if not self._read() and self._failed:
+        got = self._read()
+        if got == _READ:
+            self._print(verdict(self.job_id, list(self._latest.values()), self.server))
+        elif got == _MISSING:
+            self._print(
+                f"argus: no verdict for job {self.job_id}: the argus server {self.server} has no record "
+                "of it (pass --server URL: the server of the collector the job reported to)"
+            )
+        else:
             self._print(
                 f"argus: no verdict for job {self.job_id}: the argus server {self.server} did not answer"
             )
-            return
-        self._print(verdict(self.job_id, list(self._latest.values()), self.server))
 
     def _loop(self) -> None:
         while not self._stop.wait(self._poll_s):
-            if not self._read():
+            if self._read() == _REFUSED:
                 return
 
-    def _read(self) -> bool:
-        """One read; prints what changed. False when following should stop (refused token, no server)."""
+    def _read(self) -> str:
+        """One read; prints what changed. Returns :data:`_READ`, :data:`_MISSING` (no row of the job
+        stored yet), :data:`_REFUSED` (the token: following stops) or :data:`_UNREACHABLE`."""
         try:
             with ArgusClient(self.server, **self._client_args) as client:  # type: ignore[arg-type]
                 found = client.diagnoses(self.job_id)
         except NotFound:
-            return True  # nothing of the job stored yet
+            return _MISSING
         except Unauthenticated as exc:
             self._fail(f"argus: cannot follow the diagnoses: {exc}")
-            return False
+            return _REFUSED
         except ArgusError as exc:
             self._fail(
                 f"argus: cannot follow the diagnoses at {self.server} ({exc}); pass --server URL (or --quiet)"
             )
-            return True
+            return _UNREACHABLE
         self._latest.update({d.id: d for d in found})  # one version per id: the newest
         for d in sorted(self._latest.values(), key=lambda d: d.first_window_ns):
             told = self._told.get(d.id)
@@ -195,7 +205,7 @@ class Follower:
                     self._print(_opened(d, self.job_id))
                 self._print(_resolved(d))
             self._told[d.id] = d.state
-        return True
+        return _READ
 
     def _fail(self, line: str) -> None:
         if not self._failed:
