@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import shlex
@@ -148,9 +147,8 @@ def _die_with_parent() -> Any:
     """A ``preexec_fn`` that makes the child get SIGTERM when this process exits (Linux
     ``PR_SET_PDEATHSIG``), or SIGTERM itself at once when this process has exited already;
     None where ``prctl`` is not found."""
-    name = ctypes.util.find_library("c")
-    try:
-        prctl = ctypes.CDLL(name, use_errno=True).prctl if name else None
+    try:  # the C library this process runs on (no find_library: it runs ldconfig)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         prctl = None
     if prctl is None:

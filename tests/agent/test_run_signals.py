@@ -126,10 +126,19 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 
 def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` that run `argus agent`."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+    found = []
+    for kid in kids:
+        try:
+            if b"\0agent\0" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                found.append(kid)
+        except OSError:
+            continue
+    return found
 
 
 def test_the_agent_argus_run_started_dies_when_argus_run_is_killed() -> None:
