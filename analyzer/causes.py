@@ -262,7 +262,8 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         thin = l2.basis[i] == "own past" or healthy < MIN_REFERENCE
         # Half the role or more looks slow against a thin reference (2 of 4): the one-sided rule is
         # at its breakdown point, and on a shared host the scheduler slows ranks in such sets (two
-        # ranks sharing a core with another process).
+        # ranks sharing a core with another process). Not so against the role's best ranks: there
+        # the ranks behind are alike, by more than their spread and beyond their scheduling delay.
         ambiguous = l2.basis[i] == "peers" and healthy < MIN_REFERENCE and 2 * slow >= compared
         if ambiguous:
             ev["ranks_looking_slow"] = f"{slow} of {compared}"

@@ -45,7 +45,9 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 * The job-level fault (family ``job``, :data:`argus.analyzer.findings.JOB_SUBJECT`)
   is one diagnosis however its cause moves: its cause is the one most windows named.
   When the ranks it names are only an open straggler's and those the straggler slowed
-  down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`).
+  down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`);
+  when it opened first, the straggler that opens later and explains it takes it over (its
+  id and first window; :meth:`Tracker._adopt_job_loss`): one fault, one diagnosis.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
   open every straggler of its cause joins it.
@@ -294,7 +296,9 @@ class Tracker:
         """
         key = ("job", JOB_SUBJECT)
         job = next((f for f in findings if f.family == "job"), None)
-        if job is None or not job.ranks or job.score < KEEP_SCORE or key in self._open:
+        if key in self._open:
+            return self._adopt_job_loss(findings, job)
+        if job is None or not job.ranks or job.score < KEEP_SCORE:
             return findings, {}
         for f in sorted(findings, key=lambda f: -f.score):
             host = (f.family, f.subject)
@@ -313,6 +317,45 @@ class Tracker:
                     return findings, {}
                 take += sum(c[0] for c in s.costs[:-1])
             self._streak.pop(key, None)
+            return [x for x in findings if x is not job], {host: take}
+        return findings, {}
+
+    def _adopt_job_loss(
+        self, findings: list[Finding], job: Finding | None
+    ) -> tuple[list[Finding], dict[tuple[str, str], float]]:
+        """The open job-level diagnosis becomes the straggler's that explains it, when one opens now.
+
+        One fault, one diagnosis: when the job-level diagnosis opened first (the straggler's
+        score or evidence came a window later), the straggler finding that is ready to open
+        and whose ranks, with those it slowed down (``knock_on_ranks``), cover every rank the
+        job-level diagnosis (and this window's job-level finding) names takes it over: same id
+        and first window, now naming the straggler's rank and cause; the job's loss it had
+        accounted is the straggler's knock-on loss (``evidence.knock_on_lost_s``). A job-level
+        diagnosis naming no rank, or a rank no straggler explains, stays.
+
+        Returns:
+            As :meth:`_fold_job_loss`.
+        """
+        key = ("job", JOB_SUBJECT)
+        o = self._open[key]
+        named = set(o.diagnosis.ranks) | set(job.ranks if job is not None else ())
+        if not o.diagnosis.ranks:
+            return findings, {}
+        for f in sorted(findings, key=lambda f: -f.score):
+            host = (f.family, f.subject)
+            if f.family != "straggler" or host in self._open or f.score < KEEP_SCORE:
+                continue
+            s = self._streak.get(host, _Streak())
+            if not self._ready(f, s) or not named <= {*f.ranks, *f.evidence.get("knock_on_ranks", ())}:
+                continue
+            del self._open[key]
+            d = replace(o.diagnosis, rank=f.rank, ranks=list(f.ranks), group=f.group, cause=f.cause)
+            d = replace(d, phase=f.phase, kernel=f.kernel)
+            adopted = self._open[host] = _Open(d, f.subject, lost_ns=o.lost_ns, wall_ns=o.wall_ns)
+            adopted.knock_on_ns = o.lost_ns
+            adopted.causes.update(c[2] for c in s.costs[:-1])
+            self._streak.pop(key, None)
+            take = job.lost_ns if job is not None else 0.0
             return [x for x in findings if x is not job], {host: take}
         return findings, {}
 

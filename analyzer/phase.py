@@ -50,6 +50,7 @@ from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.stats import norm
 
 from argus.analyzer.collectives import Decomposition
 from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
@@ -150,7 +151,8 @@ class PhaseResult:
             missing; shape ``(n, s)`` — what the job waited for the rank at each step.
         step_cols: Step numbers of the columns.
         has_collectives: True when most rank-steps recorded a synchronisation.
-        basis: ``"peers"`` or ``"own past"`` per rank (which reference ``excess_ns`` is against).
+        basis: ``"peers"``, ``"best ranks"`` (its role's best ranks: more than half of the role
+            is behind them) or ``"own past"`` per rank (which reference ``excess_ns`` is against).
         roles: The roles compared within.
         spikes: Per rank, steps of this window that are spikes (see :data:`SPIKE_K`).
         times: The window's self/blocked times (for the baselines and the job's accounting).
@@ -356,10 +358,20 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     peer_step = np.full(n_r, np.nan)
     peer_wait = np.full(n_r, np.nan)
     paired = np.zeros(n_r, bool)
+    # Ranks judged against their role's best ranks (more than half of the role behind them), and
+    # the uncertainty of that best level (ns per step).
+    to_best = np.zeros(n_r, bool)
+    best_err = np.zeros(n_r)
+    shift = np.zeros(n_r)  # added to a best-ranks reference: the minimum's bias, scheduling delay
+    host: dict[str, tuple[F64, F64]] = {}
     for g in np.unique(role):
         members = role == g
         scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
         ok = scores.healthy & members & enough
+        best = _best_ranks(w, t, self_t, valid, members & enough, REL_FLOOR * ref_step, host)
+        if best is not None:
+            ok, shift[members], best_err[members] = best[0], best[1][members], best[2]
+            to_best[members & enough] = True
         healthy |= ok
         pair = np.flatnonzero(members & enough)
         if pair.size == PAIR:
@@ -379,7 +391,9 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         peer_comp[:, members] = np.nanmedian(comps[:, ok], axis=1)[:, None, :]
         peer_step[members] = np.nanmean(np.nanmedian(t.step_ns[ok], axis=0))
         peer_wait[members] = np.nanmean(np.nanmedian(np.where(valid, t.blocked_ns, np.nan)[ok], axis=0))
+    peer_ref += shift[:, None]
     x_peer = self_t - peer_ref
+    direct = paired | to_best
 
     # --- own past, less the job's common change ---
     base_self = np.array([baseline[r].self_ns if r in baseline else np.nan for r in ranks.tolist()])
@@ -424,17 +438,23 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     for j, (xp, xq) in enumerate(
         [(x_peer, x_past), *((comps[k] - peer_comp[k], x_past_comp[k]) for k in range(len(COMPONENTS)))]
     ):
-        sigma_step = _noise(xp, healthy & ~paired, valid)
-        # A pair's noise is its own: the spread of the two ranks' difference from step to step.
-        p_sigma = np.where(paired, _rank_noise(xp, valid), sigma_step) if np.any(paired) else sigma_step
+        sigma_step = _noise(xp, healthy & ~direct, valid)
+        # A pair's noise is its own: the spread of the two ranks' difference from step to step
+        # (so is a rank's against its role's best ranks).
+        p_sigma = np.where(direct, _rank_noise(xp, valid), sigma_step) if np.any(direct) else sigma_step
         p_stat, p_spikes = _mean_excess(xp, valid, p_sigma, ref_step, recent_spikes, ranks)
         q_noise = _rank_noise(xq, valid)
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
-        # A pair's difference moves between windows with nothing wrong, as a rank's mean does.
+        # A pair's difference moves between windows with nothing wrong, as a rank's mean does; the
+        # best ranks' level is itself uncertain (the standard error of a rank's mean).
         pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(n_steps - 1, 1)), pair_drift if j == 0 else 0.0)
+        pair_err = np.hypot(pair_err, best_err)
         pair_thr = np.fmax(K_SIGMA * pair_err, REL_FLOOR * peer_step)
-        peer_score = np.fmax(peer_score, np.where(paired, p_stat / pair_thr, np.nan))
-        for g in np.unique(role[has_peers & ~paired]):
+        # Against the best ranks only the total counts: one component's share moves with the
+        # scheduler, the total is what the fast ranks waited for.
+        scored = paired | (to_best if j == 0 else False)
+        peer_score = np.fmax(peer_score, np.where(scored, p_stat / pair_thr, np.nan))
+        for g in np.unique(role[has_peers & ~direct]):
             members = (role == g) & enough
             floor = REL_FLOOR * float(np.nanmedian(peer_step[members]))
             sc = one_sided_scores(
@@ -472,7 +492,10 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     spikes = np.where(use_past, past_spikes, peer_spikes)
     ref_self = np.where(use_past, base_self + common, np.nanmean(peer_ref, axis=1))
     ref_step_r = np.where(use_past, base_step, peer_step)
-    basis = tuple("own past" if p else "peers" for p in use_past.tolist())
+    basis = tuple(
+        "own past" if p else "best ranks" if b else "peers"
+        for p, b in zip(use_past.tolist(), to_best.tolist(), strict=True)
+    )
     job_end = np.nanmax(t.end_ns, axis=0)
     return PhaseResult(
         rank=ranks.astype(np.int64),
@@ -554,6 +577,115 @@ def _common_change(
         rest = ok & ~behind
         level = float(np.median(change[rest]))
     return level, rest
+
+
+def _expected_max(n: int) -> float:
+    """Expected largest of ``n`` standard normal values (Blom's approximation,
+    ``Φ⁻¹((n − 0.375) / (n + 0.25))``: 0.0, 0.55, 0.85, 1.03 for n = 1..4; 1.54 for 10): how far
+    below the centre the smallest of ``n`` noisy means lies, in standard errors."""
+    return float(norm.ppf((n - 0.375) / (n + 0.25))) if n > 1 else 0.0
+
+
+def _run_queue_per_step(w: Window, ranks: NDArray[np.int64], step_ns: F64) -> tuple[F64, F64]:
+    """Per rank, its run-queue delay and its CPU time per step, ns (host samples: the share of the
+    window's wall time, times the rank's mean step); 0 where unknown."""
+    h = w.host
+    rq, cpu = np.zeros(ranks.size), np.zeros(ranks.size)
+    if h.rank.size == 0:
+        return rq, cpu
+    delay = h.run_delays
+    known = (delay >= 0) & np.isin(h.rank, ranks)
+    if not np.any(known):
+        return rq, cpu
+    idx = np.searchsorted(ranks, h.rank[known])
+    wall = np.maximum(np.bincount(idx, h.interval_ns[known].astype(np.float64), ranks.size), 1.0)
+    step = np.nan_to_num(np.nanmean(step_ns, axis=1), nan=0.0)
+    rq = np.bincount(idx, delay[known].astype(np.float64), ranks.size) / wall * step
+    cpu = np.bincount(idx, h.proc_cpu_ns[known].astype(np.float64), ranks.size) / wall * step
+    return rq, cpu
+
+
+def _starved_per_step(rq: F64, cpu: F64, members: NDArray[np.bool_]) -> F64:
+    """Per rank of ``members``, the run-queue delay per step beyond what its CPU time explains at
+    the role's median wait per CPU second, ns (0 elsewhere and without host samples).
+
+    A rank that works more waits more for a CPU on a busy host, in proportion: that is its work's
+    cost. A rank held off the CPU more than its peers for the same work (a 2-core host's lasting
+    scheduler offsets) is slower by construction of the host, not by a fault of its own.
+    """
+    out = np.zeros(rq.size)
+    ok = members & (cpu > 0)
+    if not np.any(ok):
+        return out
+    per_cpu_s = float(np.median(rq[ok] / cpu[ok]))
+    out[ok] = np.maximum(rq[ok] - per_cpu_s * cpu[ok], 0.0)
+    return out
+
+
+def _best_ranks(
+    w: Window,
+    t: StepTimes,
+    self_t: F64,
+    valid: NDArray[np.bool_],
+    members: NDArray[np.bool_],
+    floor_ns: float,
+    host: dict[str, tuple[F64, F64]],
+) -> tuple[NDArray[np.bool_], F64, float] | None:
+    """The role's best ranks when more than half of it (three ranks or more) is behind them; else None.
+
+    With at most half of a role slow, the median of its healthy peers is the reference (the
+    one-sided rule sees the slow minority). With more than half slow from a job's first window,
+    the median is a slow rank and no history exists: the ranks that do the same work are judged
+    against the fastest instead. Per rank, its mean self time per step less its scheduling
+    delay beyond its peers' for its work (:func:`_starved_per_step`); the fastest rank's is the
+    level, plus its bias: the least of ``n`` noisy means lies :func:`_expected_max` ``(n)``
+    standard errors of one rank's mean below their centre (with one fast rank among four, 1.03
+    of them). A rank's noise is that of its difference with the fastest rank step by step (what
+    every rank shares at a step cancels), as in a pair. It is behind when it exceeds the level by
+    :data:`K_SIGMA` times that standard error combined with the spread of the ranks behind (ranks
+    slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``.
+
+    Args:
+        host: Cache of :func:`_run_queue_per_step` for the window (filled on first use).
+
+    Returns:
+        ``(the ranks not behind (the best ranks), per rank what to add to their median self time
+        per step for its reference, ns: the bias and its scheduling delay beyond theirs; the
+        level's standard error, ns)``.
+    """
+    idx = np.flatnonzero(members)
+    if idx.size < MIN_PEERS:
+        return None
+    if "rq" not in host:
+        host["rq"] = _run_queue_per_step(w, t.rank, t.step_ns)
+    starved = _starved_per_step(*host["rq"], members)
+    x = np.where(valid[idx], self_t[idx], np.nan)
+    mean = np.nanmean(x, axis=1) - starved[idx]
+    if not np.all(np.isfinite(mean)):
+        return None
+    fastest = int(np.argmin(mean))
+    diff = x - x[fastest]
+    n = np.count_nonzero(np.isfinite(diff), axis=1)
+    sd = MAD_TO_SIGMA * np.nanmedian(np.abs(diff - np.nanmedian(diff, axis=1)[:, None]), axis=1)
+    se = sd / np.sqrt(np.maximum(n - 1, 1))
+    # A difference of two ranks has twice one rank's variance: one rank's standard error is 1/√2 of it.
+    se_level = float(np.nanmedian(se[np.arange(idx.size) != fastest])) / np.sqrt(2.0)
+    se[fastest] = se_level
+    if not np.isfinite(se_level):
+        return None
+    bias = _expected_max(idx.size) * se_level
+    excess = mean - float(mean[fastest]) - bias
+    behind = excess >= np.fmax(K_SIGMA * se, floor_ns)
+    if 2 * np.count_nonzero(behind) <= idx.size:
+        return None
+    spread = float(np.std(mean[behind], ddof=1))
+    behind = excess >= np.fmax(K_SIGMA * np.hypot(se, spread), floor_ns)
+    if 2 * np.count_nonzero(behind) <= idx.size:
+        return None
+    ok = np.zeros(members.size, bool)
+    ok[idx[~behind]] = True
+    add = bias + np.maximum(starved - float(np.median(starved[idx[~behind]])), 0.0)
+    return ok, add, se_level
 
 
 def _noise(x: NDArray[np.float64], healthy: NDArray[np.bool_], valid: NDArray[np.bool_]) -> float:

@@ -227,7 +227,20 @@ def scenarios(quick: bool) -> list[Scenario]:
         add(Scenario(name, _cpu(seed=seed, faults=(f,)), job_level=True))
     f = Fault("compute", tuple(range(64)), 0.25, ONSET_S)
     add(Scenario("job-wide-compute", _gpu(64, seed=82, faults=(f,)), job_level=True))
+    # Onset at start: the job starts on a bad rank and has no healthy past (issue 38).
+    for name, spec, f in (
+        ("onset-compute", _cpu, Fault("compute", (5,), 0.3, 0.0)),
+        ("onset-host_stall", _cpu, Fault("host_stall", (2,), 0.15, 0.0)),
+        ("onset-compute", lambda **kw: _gpu(64, **kw), Fault("compute", (9,), 0.2, 0.0)),
+        ("onset-3-of-4", lambda **kw: _cpu(world=4, **kw), Fault("compute", (1, 2, 3), 0.5, 0.0)),
+        ("onset-6-of-8", _cpu, Fault("compute", _pick(8, 0.75, 93), 0.3, 0.0)),
+    ):
+        add(Scenario(name, spec(seed=90 + len(out) % 10, faults=(f,))))
     return out
+
+
+def _onset_at_start(sc: Scenario) -> bool:
+    return bool(sc.spec.faults) and min(f.onset_s for f in sc.spec.faults) == 0.0
 
 
 def run(sc: Scenario) -> Outcome:
@@ -292,6 +305,7 @@ def main() -> None:
     total = Outcome()
     worst = worst_rare = 0.0
     healthy_fp = 0
+    onset_truth = onset_found = 0
     for sc in scenarios(args.quick):
         o = run(sc)
         prec = o.tp / (o.tp + o.fp) if o.tp + o.fp else 1.0
@@ -311,6 +325,9 @@ def main() -> None:
         total.cause_ok += o.cause_ok
         total.truth += o.truth
         total.found += o.found
+        if _onset_at_start(sc):
+            onset_truth += o.truth
+            onset_found += o.found
         if o.truth:
             w2d = o.windows_to_detect if not np.isnan(o.windows_to_detect) else float("inf")
             if _rare(sc):
@@ -325,7 +342,8 @@ def main() -> None:
     print(f"false (window, rank) pairs on healthy jobs: {healthy_fp}")
     print(
         f"precision={precision:.4f} recall={recall:.4f} cause_accuracy={cause_accuracy:.4f} "
-        f"max_windows_to_detect={worst:.0f} rare_stall_windows_to_detect={worst_rare:.0f}"
+        f"max_windows_to_detect={worst:.0f} rare_stall_windows_to_detect={worst_rare:.0f} "
+        f"onset_at_start_recall={onset_found / onset_truth if onset_truth else float('nan'):.4f}"
     )
 
 

@@ -17,6 +17,11 @@ built from the failure classes, not from what an analyzer catches:
   (both ranks of stage 1); three sizes of two of them (compute, host stall) in
   the dp layout, meant to cost 8–40 % of throughput.
 
+:data:`CASES` also holds the **onset-at-start** class (``onset_at_start``: the fault from the
+job's first step, no healthy warm-up, as when a job starts on a bad node): compute and host stall
+in each layout (pp: rank 3 alone), and three of four ranks' compute. They share one clean twin
+per layout. Others append cases to :data:`CASES` (a :class:`Case` each).
+
 Every faulty job is followed by its **clean twin** (the same command with
 ``--scenario none``), so runs interleave fault, twin, fault, twin, ... and the
 machine's load drifts alike for both; the twins are the clean runs (two or more
@@ -59,6 +64,11 @@ diagnosis *names* ``{rank}`` when ``rank`` is set, else its ``ranks``.
   ``host_stall``; slow dataloader → ``dataloader``; host work before a sync
   point → ``host_stall`` (untracked host time; the wait it causes is absorbed
   at the broadcast); the slow stage and the 3-of-4 fault are compute → ``compute``.
+- **duplicate_diagnoses**: jobs with two diagnoses over overlapping windows whose causes differ,
+  or a job-level one (``rank`` null) beside a rank-level one: one fault told twice.
+- **onset_at_start_recall**: recall over the onset-at-start faults alone; the table's ``win``
+  is the window its first diagnosis begins in (the job's first analysed window is 1; the goal
+  for an onset-at-start fault is 3 or less: ``onset_detected_by_window_3``).
 - **unexplained_loss_pct**: the share of the faulty jobs' lost time that no
   diagnosis accounts for. A diagnosis that is not an FP accounts for its
   ``evidence.lost_s`` when present, else ``slowdown_pct`` × its span (first
@@ -76,7 +86,8 @@ the stored diagnoses dropped first) and scores that in seconds; ``--rescore DIR
 --stored`` scores the diagnoses recorded live again (after a change of scoring).
 
 The per-job table goes to stdout, progress to stderr; the last line is
-``precision=… recall=… cause_accuracy=… unexplained_loss_pct=… jobs=…``.
+``precision=… recall=… cause_accuracy=… unexplained_loss_pct=… duplicate_diagnoses=…
+onset_at_start_recall=… jobs=…``.
 A full recording takes about 20 minutes on a 2-core machine; timings depend
 on the machine's load (quote it)::
 
@@ -135,10 +146,21 @@ class Case:
     knobs: tuple[str, ...] = ()
     #: Job arguments shared with the twin (the extra sync point).
     shape: tuple[str, ...] = ()
+    #: The fault is there from the job's first step (no healthy past: warm-up 0, twin shared).
+    onset_at_start: bool = False
 
     @property
     def cause(self) -> str:
         return EXPECTED_CAUSE[self.scenario]
+
+    @property
+    def twin(self) -> str:
+        """The twin's run name: the case's own, or one per (layout, shape) for onset-at-start cases."""
+        return (
+            f"{'-'.join([self.layout, *self.shape])}-onset~twin"
+            if self.onset_at_start
+            else f"{self.name}~twin"
+        )
 
 
 CASES: tuple[Case, ...] = (
@@ -162,6 +184,23 @@ CASES: tuple[Case, ...] = (
     Case("fsdp-compute", "fsdp", "compute", (1,), ("--compute-repeat=4.0",)),
     Case("fsdp-host_stall", "fsdp", "host_stall", (3,), ("--stall-every=4", "--stall-s=0.17")),
     Case("fsdp-dataloader", "fsdp", "dataloader", (2,), ("--sample-delay-s=0.004",)),
+    # Onset at start (a job started on a bad node): no healthy warm-up, one clean twin per layout.
+    *(
+        Case(f"{lay}-{kind}-onset", lay, kind, (r,), knobs, onset_at_start=True)
+        for lay, r in (("dp", 2), ("pp", 3), ("tp", 3), ("fsdp", 1))  # pp: one rank of stage 1
+        for kind, knobs in (
+            (
+                "compute",
+                ("--compute-repeat=1.3",)
+                if lay == "dp"
+                else ("--compute-repeat=2.0",)
+                if lay == "pp"
+                else (),
+            ),
+            ("host_stall", ("--stall-every=4", "--stall-s=0.17")),
+        )
+    ),
+    Case("dp-3-of-4-onset", "dp", "compute", (1, 2, 3), ("--compute-repeat=3.0",), onset_at_start=True),
 )
 
 
@@ -178,18 +217,37 @@ class Run:
     args: list[str]
     returncode: int | None = None
     timeline: dict[str, Any] | None = None
+    #: The faulty run's clean twin (its run name); "" for a twin.
+    twin: str = ""
 
 
 def schedule(cases: tuple[Case, ...], tag: str, warmup_s: float, train_s: float) -> list[Run]:
-    """Each case's faulty run, then its twin: fault, twin, fault, twin, ..."""
+    """Each case's faulty run, then its twin: fault, twin, fault, twin, ... (a twin shared by
+    onset-at-start cases follows the first of them)."""
     runs = []
+    twins: set[str] = set()
     for c in cases:
-        common = [f"--layout={c.layout}", *c.shape, f"--fault-after-s={warmup_s}", f"--duration-s={train_s}"]
+        start_s = 0.0 if c.onset_at_start else warmup_s
+        common = [f"--layout={c.layout}", *c.shape, f"--fault-after-s={start_s}", f"--duration-s={train_s}"]
         ranks = ",".join(map(str, c.ranks))
         fault = [*common, f"--scenario={c.scenario}", f"--slow-ranks={ranks}", *c.knobs]
-        runs.append(Run(c.name, c.name, c.layout, c.scenario, list(c.ranks), f"live-{tag}-{c.name}", fault))
-        twin = [*common, "--scenario=none"]
-        runs.append(Run(f"{c.name}~twin", c.name, c.layout, "none", [], f"live-{tag}-{c.name}-twin", twin))
+        runs.append(
+            Run(
+                c.name,
+                c.name,
+                c.layout,
+                c.scenario,
+                list(c.ranks),
+                f"live-{tag}-{c.name}",
+                fault,
+                twin=c.twin,
+            )
+        )
+        if c.twin in twins:
+            continue
+        twins.add(c.twin)
+        job = f"live-{tag}-{c.twin.replace('~', '-')}"
+        runs.append(Run(c.twin, c.name, c.layout, "none", [], job, [*common, "--scenario=none"]))
     return runs
 
 
@@ -296,6 +354,8 @@ def pace(timeline: dict[str, Any]) -> Pace:
     start = timeline["fault_start_ns"]
     before = [t for t in ends if t <= start]
     after = [t for t in ends if t > start]
+    if not before:  # the fault was there from the first step: timed from the first step's end
+        before, after = after[:1], after[1:]
     if not before or len(after) < 2:
         return Pace(0, 0.0, math.nan)
     wall = (after[-1] - before[-1]) / 1e9
@@ -328,6 +388,30 @@ def judge(d: dict[str, Any], injected: set[int], fault_start_ns: int | None, win
     return "tp"
 
 
+def duplicated(diagnoses: list[dict[str, Any]], window_ns: int) -> bool:
+    """Two diagnoses of one job over overlapping windows that tell two stories of one fault: their
+    causes differ, or one is job-level (``rank`` null) beside a rank-level one."""
+    for i, a in enumerate(diagnoses):
+        for b in diagnoses[i + 1 :]:
+            overlap = (
+                int(a["first_window_ns"]) < int(b["last_window_ns"]) + window_ns
+                and int(b["first_window_ns"]) < int(a["last_window_ns"]) + window_ns
+            )
+            job_beside_rank = (a.get("rank") is None) != (b.get("rank") is None)
+            if overlap and (a["cause"] != b["cause"] or job_beside_rank):
+                return True
+    return False
+
+
+def detect_windows(diagnoses: list[dict[str, Any]], timeline: dict[str, Any], window_ns: int) -> float:
+    """How many windows after the job's first analysed one its first diagnosis begins (its first
+    window is 1; the job's first analysed window holds its first step end); NaN without one."""
+    if not diagnoses or not timeline.get("step_end_ns"):
+        return math.nan
+    first_ns = int(timeline["step_end_ns"][0]) // window_ns * window_ns
+    return 1 + (min(int(d["first_window_ns"]) for d in diagnoses) - first_ns) / window_ns
+
+
 def accounted_s(d: dict[str, Any], window_ns: int) -> float:
     """The job time a diagnosis accounts for: ``evidence.lost_s``, else slowdown × its span."""
     lost = (d.get("evidence") or {}).get("lost_s")
@@ -358,6 +442,10 @@ class Row:
     share: float = math.nan
     cause_ok: int = 0
     counted: bool = False
+    onset_at_start: bool = False
+    duplicate: bool = False
+    #: The window its first diagnosis begins in, counting the job's first analysed window as 1.
+    detect_window: float = math.nan
     diagnoses: str = ""
 
 
@@ -395,7 +483,11 @@ def score(
             if verdict != "fp":
                 row.explained_s += accounted_s(d, window_ns)
         row.diagnoses = "; ".join(_describe(d) for d in diagnoses) or "-"
-        twin = by_name.get(f"{run.name}~twin")
+        row.duplicate = duplicated(diagnoses, window_ns)
+        row.onset_at_start = run.case in cases and cases[run.case].onset_at_start and faulty
+        if run.timeline:
+            row.detect_window = detect_windows(diagnoses, run.timeline, window_ns)
+        twin = by_name.get(run.twin or f"{run.name}~twin") if faulty else None
         if faulty and twin is not None and run.timeline and twin.timeline:
             mine, theirs = pace(run.timeline), pace(twin.timeline)
             row.cost = 1 - theirs.step_s / mine.step_s
@@ -410,6 +502,7 @@ def score(
     tp = sum(r.tp for r in rows)
     fp = sum(r.fp for r in rows)
     counted = [r for r in faulty_rows if r.counted]
+    onset = [r for r in counted if r.onset_at_start]
     lost = sum(r.lost_s for r in faulty_rows if math.isfinite(r.lost_s))
     unexplained = sum(r.lost_s - min(r.explained_s, r.lost_s) for r in faulty_rows if math.isfinite(r.lost_s))
     figures = {
@@ -417,6 +510,10 @@ def score(
         "recall": statistics.fmean(r.share for r in counted) if counted else math.nan,
         "cause_accuracy": sum(r.cause_ok for r in rows) / tp if tp else math.nan,
         "unexplained_loss_pct": 100 * unexplained / lost if lost > 0 else math.nan,
+        "duplicate_diagnoses": sum(r.duplicate for r in rows),
+        "onset_at_start_recall": statistics.fmean(r.share for r in onset) if onset else math.nan,
+        "onset_detected_by_window_3": sum(r.detect_window <= 3 for r in onset),
+        "onset_counted": len(onset),
         "jobs": len(rows),
         "tp": tp,
         "fp": fp,
@@ -443,7 +540,8 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
     """The per-job table, then the summary lines (the figures last)."""
     print(
         f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
-        f"{'expl_s':>6} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5}  diagnoses"
+        f"{'expl_s':>6} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5} {'win':>3} {'dup':>3}  "
+        "diagnoses"
     )
     for r in rows:
         cost = f"{100 * r.cost:6.1f}" if math.isfinite(r.cost) else f"{'':6}"
@@ -452,19 +550,25 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
         share = f"{r.share:5.2f}" if math.isfinite(r.share) else f"{'':5}"
         cause = f"{r.cause_ok}/{r.tp}" if r.tp else ""
         mark = "" if r.counted or r.fault == "clean" else " (cost < 10 %: not in recall)"
+        win = f"{r.detect_window:3.0f}" if math.isfinite(r.detect_window) else f"{'':3}"
+        dup = "dup" if r.duplicate else ""
         print(
             f"{r.name:24} {r.layout:3} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
-            f"{cost} {warm} {lost} {r.explained_s:6.1f} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5}  "
+            f"{cost} {warm} {lost} {r.explained_s:6.1f} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5} "
+            f"{win} {dup:>3}  "
             f"{r.diagnoses}{mark}"
         )
     f = figures
     print(
         f"tp={f['tp']} fp={f['fp']} fp_on_clean_jobs={f['fp_on_clean_jobs']} "
-        f"faults_counted={f['faults_counted']} failed_jobs={f['failed_jobs']} lost_s={f['lost_s']:.1f}"
+        f"faults_counted={f['faults_counted']} failed_jobs={f['failed_jobs']} lost_s={f['lost_s']:.1f} "
+        f"onset_detected_by_window_3={f['onset_detected_by_window_3']}/{f['onset_counted']}"
     )
     print(
         f"precision={f['precision']:.4f} recall={f['recall']:.4f} cause_accuracy={f['cause_accuracy']:.4f} "
-        f"unexplained_loss_pct={f['unexplained_loss_pct']:.1f} jobs={f['jobs']}"
+        f"unexplained_loss_pct={f['unexplained_loss_pct']:.1f} "
+        f"duplicate_diagnoses={f['duplicate_diagnoses']} "
+        f"onset_at_start_recall={f['onset_at_start_recall']:.4f} jobs={f['jobs']}"
     )
 
 

@@ -292,3 +292,23 @@ def test_a_residual_of_the_stragglers_own_ranks_joins_its_diagnosis_another_open
     _run(t, [[straggler, _job((0, 1, 2, 3), 1.5, 0.5e9)] for _ in range(4)])
     assert sorted((d.ranks, d.cause) for d in t.open) == [([0, 1, 2, 3], "compute"), ([3], "compute")]
     assert "knock_on_lost_s" not in next(d for d in t.open if d.rank == 3).evidence
+
+
+def test_a_straggler_that_explains_an_open_job_level_diagnosis_takes_it_over() -> None:
+    """The job's loss naming rank 2 opens first (two windows); in the third window rank 2's own
+    host stall is ready to open. One fault, one diagnosis: the job-level one becomes rank 2's
+    ``host_stall`` (same id and first window), and this window's job-level loss joins it."""
+    job = _job((2,), 1.5, 0.5e9)
+    stall = _f(2, 3.0, "host_stall", lost_ns=1e9)
+    t = Tracker("job")
+    out = _run(t, [[job], [job], [stall, job], [stall, job], [stall, job]])
+    ids = {d.id for ch in out for d in ch}
+    assert len(ids) == 1, out
+    (d,) = t.open
+    assert (d.rank, d.cause, d.first_window_ns) == (2, "host_stall", 0)
+    assert d.evidence["knock_on_lost_s"] >= 1.0 + 0.5  # the two job-level windows and this one's
+
+    # A job-level loss naming a rank the straggler does not explain stays its own.
+    t = Tracker("job")
+    _run(t, [[_job((1, 2), 1.5, 0.5e9)]] * 2 + [[stall, _job((1, 2), 1.5, 0.5e9)]] * 3)
+    assert sorted((d.rank or -1, d.cause) for d in t.open) == [(-1, "compute"), (2, "host_stall")]
