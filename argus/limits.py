@@ -19,6 +19,9 @@ lists these with their defaults and flags.
     max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
                                                                   decompressed (LZ4/ZSTD bodies)
     max_streams           2,048             --max-streams         agent streams open at once (gRPC)
+    max_decoded_bytes     1 GiB             --max-decoded-bytes   agent batches held from read to written,
+                                                                  all streams: payload + declared decoded
+                                                                  (past it a stream waits)
     max_read_rows         1,000,000,000     --max-read-rows       rows one REST read may scan (422)
     max_execution_time    60 s              (none)                every store call (argus.store)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from argus.config import (
+    DEFAULT_MAX_DECODED_BYTES,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_STORE_MEMORY_BYTES,
     DEFAULT_STORE_TIMEOUT_S,
@@ -79,6 +83,7 @@ LIMITS: dict[str, int] = {
     "max_device": 2**31 - 1,
     "max_message_bytes": MAX_MESSAGE_BYTES,
     "max_batch_decoded_bytes": 16 * MAX_MESSAGE_BYTES,
+    "max_decoded_bytes": DEFAULT_MAX_DECODED_BYTES,
     "max_execution_time": DEFAULT_STORE_TIMEOUT_S,
     "max_memory_usage": DEFAULT_STORE_MEMORY_BYTES,
 }

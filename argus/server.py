@@ -85,6 +85,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             token=config.token,
             tls=config.tls,
             max_streams=config.max_streams,
+            max_decoded_bytes=config.max_decoded_bytes,
         )
         if config.analyzer:
             besides.append(store.beside())

@@ -243,7 +243,9 @@ class ClickHouseStore:
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         settings: dict[str, Any] = (
-            {"insert_deduplication_token": dedup_token, **ONE_BLOCK} if dedup_token is not None else self._no_dedup
+            {"insert_deduplication_token": dedup_token, **ONE_BLOCK}
+            if dedup_token is not None
+            else self._no_dedup
         )
         try:
             self._client.insert_arrow(table, data, settings={**self._per_call, **settings})

@@ -446,7 +446,9 @@ def write_group(
     return done
 
 
-def _inserts(group: Sequence[Decoded], members: Sequence[int], unrecorded: Unrecorded | None) -> list[list[int]]:
+def _inserts(
+    group: Sequence[Decoded], members: Sequence[int], unrecorded: Unrecorded | None
+) -> list[list[int]]:
     """``members`` (indices into ``group``, one table's) as the data inserts to make: runs of at most
     :data:`MAX_INSERT_BYTES` Arrow bytes (a larger batch alone); each batch of ``unrecorded`` alone,
     never inserted again (:func:`write_group`)."""
