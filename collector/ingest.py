@@ -413,20 +413,7 @@ def write_group(
         known = stored_rows(store, [group[i].key for i in valid])
     except StoreError as exc:
         return [exc if o is None else o for o in outcomes]
-    written: list[Decoded] = []
-    for table, members in _new_by_table(group, valid, known, outcomes).items():
-        for chunk in _inserts(group, members, unrecorded):
-            batches = [group[i] for i in chunk]
-            try:
-                if unrecorded is None or unrecorded.rows(batches[0].key) is None:
-                    _insert_together(store, table, batches)
-            except StoreError as exc:
-                for i in chunk:
-                    outcomes[i] = exc
-                continue
-            written.extend(batches)
-            for i in chunk:
-                outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
+    written = _insert_new(store, group, _new_by_table(group, valid, known, outcomes), outcomes, unrecorded)
     if written:
         try:
             _record(store, written, RECORD_ATTEMPTS)
@@ -444,6 +431,32 @@ def write_group(
         for decoded, outcome in zip(group, done, strict=True):
             _count(metrics, decoded, outcome)
     return done
+
+
+def _insert_new(
+    store: Store,
+    group: Sequence[Decoded],
+    by_table: dict[str, list[int]],
+    outcomes: list[Outcome | None],
+    unrecorded: Unrecorded | None,
+) -> list[Decoded]:
+    """Insert the batches ``by_table`` (indices into ``group``; :func:`_inserts`), set each one's
+    STORED ack or ``StoreError`` in ``outcomes``; return those whose rows are in."""
+    written: list[Decoded] = []
+    for table, members in by_table.items():
+        for chunk in _inserts(group, members, unrecorded):
+            batches = [group[i] for i in chunk]
+            try:
+                if unrecorded is None or unrecorded.rows(batches[0].key) is None:
+                    _insert_together(store, table, batches)
+            except StoreError as exc:
+                for i in chunk:
+                    outcomes[i] = exc
+                continue
+            written.extend(batches)
+            for i in chunk:
+                outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
+    return written
 
 
 def _inserts(

@@ -207,8 +207,11 @@ def prometheus_dashboard() -> dict[str, Any]:
     return _dashboard("argus-prometheus", "Argus — jobs and service", inputs, panels, [job_var])
 
 
+#: The selected job and phase in SQL: percent-encoded by Grafana, decoded by ClickHouse (module doc).
+_JOB = "decodeURLComponent('${job_id:percentencode}')"
+_PHASE_NAME = "decodeURLComponent('${phase:percentencode}')"
 # Rows are rank ranges so a 10,000-rank job draws at most about 128 of them.
-_GROUP = "(intDiv((SELECT max(rank) FROM argus.steps WHERE job_id = decodeURLComponent('${job_id:percentencode}')), 128) + 1)"
+_GROUP = f"(intDiv((SELECT max(rank) FROM argus.steps WHERE job_id = {_JOB}), 128) + 1)"
 _ROW = f"intDiv(rank, {_GROUP}) * {_GROUP}"
 
 
@@ -224,11 +227,11 @@ def _heatmap_sql(per_step: str) -> str:
 
 _STEP = (
     "SELECT rank, step, min(start_ns) AS s, sum(dur_ns) AS d FROM argus.steps "
-    "WHERE job_id = decodeURLComponent('${job_id:percentencode}') GROUP BY rank, step"
+    f"WHERE job_id = {_JOB} GROUP BY rank, step"
 )
 _PHASE = (
     "SELECT rank, step, min(start_ns) AS s, sum(dur_ns) AS d FROM argus.phases "
-    "WHERE job_id = decodeURLComponent('${job_id:percentencode}') AND phase = decodeURLComponent('${phase:percentencode}') GROUP BY rank, step"
+    f"WHERE job_id = {_JOB} AND phase = {_PHASE_NAME} GROUP BY rank, step"
 )
 _BUSY = (
     "SELECT st.rank AS rank, st.step AS step, st.s AS s, st.d - w.wait AS d FROM ("
@@ -236,9 +239,9 @@ _BUSY = (
     + ") AS st LEFT JOIN (SELECT c.rank AS rank, c.step AS step, "
     "sum(greatest(l.last_arrival - c.issue_ns, 0)) AS wait FROM argus.collectives AS c "
     "INNER JOIN (SELECT process_group, seq, max(issue_ns) AS last_arrival FROM argus.collectives "
-    "WHERE job_id = decodeURLComponent('${job_id:percentencode}') GROUP BY process_group, seq) AS l "
+    f"WHERE job_id = {_JOB} GROUP BY process_group, seq) AS l "
     "ON c.process_group = l.process_group AND c.seq = l.seq "
-    "WHERE c.job_id = decodeURLComponent('${job_id:percentencode}') GROUP BY c.rank, c.step) AS w "
+    f"WHERE c.job_id = {_JOB} GROUP BY c.rank, c.step) AS w "
     "ON st.rank = w.rank AND st.step = w.step"
 )
 
@@ -303,14 +306,14 @@ def clickhouse_dashboard() -> dict[str, Any]:
     step_sql = (
         "SELECT $__timeInterval(t) AS time, max(ms) AS slowest_rank_ms, quantile(0.5)(ms) AS median_rank_ms\n"
         "FROM (SELECT fromUnixTimestamp64Nano(start_ns) AS t, dur_ns / 1e6 AS ms FROM argus.steps"
-        " WHERE job_id = decodeURLComponent('${job_id:percentencode}'))\nWHERE $__timeFilter(t)\nGROUP BY time\nORDER BY time"
+        f" WHERE job_id = {_JOB})\nWHERE $__timeFilter(t)\nGROUP BY time\nORDER BY time"
     )
     diagnoses_sql = (
         "SELECT state, cause, rank, arrayStringConcat(arrayMap(r -> toString(r), ranks), ',') AS ranks,\n"
         "  process_group, phase, kernel, round(score, 2) AS score, round(slowdown_pct, 1) AS slowdown_pct,\n"
         "  fromUnixTimestamp64Nano(first_window_ns) AS first_seen, fromUnixTimestamp64Nano(last_window_ns)"
         " AS last_seen,\n  evidence, id\n"
-        "FROM argus.diagnoses FINAL\nWHERE job_id = decodeURLComponent('${job_id:percentencode}')\n"
+        f"FROM argus.diagnoses FINAL\nWHERE job_id = {_JOB}\n"
         "ORDER BY state = 'open' DESC, last_window_ns DESC\nLIMIT 500"
     )
     panels = [

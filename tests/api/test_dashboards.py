@@ -106,7 +106,9 @@ def _macros(sql: str, from_s: int, to_s: int) -> str:
     sql = re.sub(
         r"\$__timeFilter\(([^)]+)\)", rf"(\1 >= toDateTime({from_s}) AND \1 <= toDateTime({to_s}))", sql
     )
-    return re.sub(r"\$__timeInterval\(([^)]+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 1 second)", sql)
+    return re.sub(
+        r"\$__timeInterval\(([^)]+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 1 second)", sql
+    )
 
 
 def _grafana_sql(sql: str, job_id: str, from_s: int, to_s: int) -> str:

@@ -65,8 +65,8 @@ def test_compressed_batches_of_many_streams_hold_at_most_the_budget_until_writte
             t.start()
         for t in threads:
             t.join(180)
-        for name in acks:
-            assert [a.status for a in acks[name]] == [pb.Ack.STORED] * len(payloads), name
+        for name, got in acks.items():
+            assert [a.status for a in got] == [pb.Ack.STORED] * len(payloads), name
         assert len(acks) == 3
         rows = store.query("SELECT count() AS n FROM steps").column("n")[0].as_py()
         assert rows == 3 * 12 * 80_000

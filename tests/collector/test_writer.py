@@ -109,7 +109,7 @@ def test_an_event_loop_gets_each_outcome_on_its_own_future(tmp_path: Path) -> No
 
 
 def _steps_batches(count: int, rows: int, poison_seq: int | None = None) -> list[ingest.Decoded]:
-    """``count`` batches of ``rows`` steps rows each (distinct steps); ``poison_seq``'s last row has step 666666."""
+    """``count`` batches of ``rows`` distinct steps each; ``poison_seq``'s last row has step 666666."""
     out = []
     for seq in range(count):
         data = sample("steps", n=rows, salt=seq * rows)
@@ -169,6 +169,7 @@ def test_a_group_whose_record_fails_is_recorded_not_stored_again_when_resent(tmp
             acks = ingest.write_group(store, regrouped, unrecorded=unrecorded)
             assert [a.status for a in acks if isinstance(a, pb.Ack)] == [pb.Ack.STORED] * len(regrouped)
         assert _step_rows(store) == (4 * 50, 4 * 50) and len(unrecorded) == 0
-        assert [a.status for a in ingest.write_group(store, group)] == [pb.Ack.DUPLICATE] * 4  # type: ignore[union-attr]
+        again = ingest.write_group(store, group)
+        assert [a.status for a in again if isinstance(a, pb.Ack)] == [pb.Ack.DUPLICATE] * 4
     finally:
         store.close()
