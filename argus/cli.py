@@ -186,6 +186,13 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="rows of the store one REST read may scan; 422 past it (default %(default)s)",
     )
     p.add_argument(
+        "--max-upload-parse-s",
+        type=float,
+        default=config.DEFAULT_MAX_UPLOAD_PARSE_S,
+        metavar="S",
+        help="CPU seconds parsing one trace upload may take; 413 past it (default %(default)s)",
+    )
+    p.add_argument(
         "--max-decoded-bytes",
         type=int,
         default=config.DEFAULT_MAX_DECODED_BYTES,

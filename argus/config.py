@@ -101,6 +101,8 @@ DEFAULT_RETENTION_DAYS = 30
 DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 #: Cap on a trace upload's request body and decompressed text, bytes (argus.limits).
 DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
+#: CPU seconds one trace upload may take to parse (thread time); past it the upload is refused (413).
+DEFAULT_MAX_UPLOAD_PARSE_S = 120.0
 #: Seconds a stopping node agent keeps sending what it spooled.
 DEFAULT_AGENT_DRAIN_S = 10.0
 #: Longest one store call (query, command, insert) may run before ClickHouse stops it, seconds
@@ -274,6 +276,7 @@ class ServerConfig:
         max_streams: Agent streams kept open at once (>= 1; past it a new one is refused).
         max_read_rows: Rows of the store one REST read may scan (>= 1; 422 past it).
         max_decoded_bytes: Bytes of batches held from read to written, all streams (>= 1; waits past it).
+        max_upload_parse_s: CPU seconds parsing one trace upload may take (> 0; 413 past it).
     """
 
     store: str = DEFAULT_STORE_URL
@@ -291,6 +294,7 @@ class ServerConfig:
     max_streams: int = DEFAULT_MAX_STREAMS
     max_read_rows: int = DEFAULT_MAX_READ_ROWS
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
@@ -306,6 +310,7 @@ class ServerConfig:
             raise ConfigError(f"--max-streams must be >= 1, got {self.max_streams}")
         if self.max_read_rows < 1:
             raise ConfigError(f"--max-read-rows must be >= 1, got {self.max_read_rows}")
+        _positive("--max-upload-parse-s", self.max_upload_parse_s)
         if self.max_decoded_bytes < 1:
             raise ConfigError(f"--max-decoded-bytes must be >= 1, got {self.max_decoded_bytes}")
 
@@ -332,6 +337,7 @@ class ServerConfig:
             max_streams=args.max_streams,
             max_read_rows=args.max_read_rows,
             max_decoded_bytes=args.max_decoded_bytes,
+            max_upload_parse_s=args.max_upload_parse_s,
         )
 
 

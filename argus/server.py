@@ -109,6 +109,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             window=config.window,
             max_upload_bytes=config.max_upload_bytes,
             max_read_rows=config.max_read_rows,
+            max_upload_parse_s=config.max_upload_parse_s,
         )
         notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(

@@ -12,6 +12,7 @@ from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
 from argus.config import (
     DEFAULT_MAX_READ_ROWS,
     DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_MAX_UPLOAD_PARSE_S,
     DEFAULT_WINDOW,
     TlsFiles,
     parse_listen,
@@ -54,6 +55,7 @@ def start_http(
     window: WindowGrid = DEFAULT_WINDOW,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_read_rows: int = DEFAULT_MAX_READ_ROWS,
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
 ) -> HttpServer:
     """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
 
@@ -81,6 +83,7 @@ def start_http(
         window=window,
         max_upload_bytes=max_upload_bytes,
         max_read_rows=max_read_rows,
+        max_upload_parse_s=max_upload_parse_s,
         heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window.seconds),
     )
     config = uvicorn.Config(
