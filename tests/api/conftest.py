@@ -30,7 +30,10 @@ class LiveApp:
 
     def __init__(self, store: Store, metrics: Metrics, token: str | None = None, **app: Any) -> None:
         config = uvicorn.Config(
-            create_app(store, metrics=metrics, token=token, **app), host="127.0.0.1", port=0, log_level="warning"
+            create_app(store, metrics=metrics, token=token, **app),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
         )
         self.metrics = metrics
         self._server = uvicorn.Server(config)
