@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
+from argus.collector.api.origin import loopback_hosts
 from argus.config import (
     DEFAULT_MAX_READ_ROWS,
     DEFAULT_MAX_UPLOAD_BYTES,
@@ -59,8 +60,9 @@ def start_http(
 ) -> HttpServer:
     """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
 
-    Serves HTTPS with ``tls``. A rank is ``running`` while its heartbeats are at most three
-    windows (and at least 30 s) old. Returns once it accepts requests.
+    Serves HTTPS with ``tls``. On a loopback address it answers only loopback ``Host`` names
+    (DNS rebinding; :mod:`argus.collector.api.origin`). A rank is ``running`` while its
+    heartbeats are at most three windows (and at least 30 s) old. Returns once it accepts requests.
 
     Raises:
         ConfigError: the address cannot be bound, or uvicorn failed to start.
@@ -85,6 +87,7 @@ def start_http(
         max_read_rows=max_read_rows,
         max_upload_parse_s=max_upload_parse_s,
         heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window.seconds),
+        allowed_hosts=loopback_hosts(host),
     )
     config = uvicorn.Config(
         app,
