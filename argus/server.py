@@ -25,6 +25,7 @@ from argus.collector.grpc_service import CollectorServer, start_collector
 from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import Store, open_store
+from argus.store_pool import StorePool
 
 __all__ = ["GRACE_S", "main", "serve"]
 
@@ -99,7 +100,8 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
             thread.start()
             analyzer = service, thread
-        besides.append(store.beside())
+        # A pool: one slow read (a trace export) holds back no other request, /metrics included.
+        besides.append(StorePool.opened_beside(store))
         http = start_http(
             besides[-1],
             metrics,
