@@ -106,7 +106,8 @@ def folded(
     where, params = _filter(rank, start_ns, end_ns, capture)
     rows = store.query(
         f"SELECT thread, frames, n FROM (SELECT thread, frames, sum(count) AS n FROM stacks WHERE {where} "
-        "GROUP BY thread, frames ORDER BY n DESC, thread, frames LIMIT {most:UInt32}) ORDER BY thread, frames",
+        "GROUP BY thread, frames ORDER BY n DESC, thread, frames LIMIT {most:UInt32}) "
+        "ORDER BY thread, frames",
         {**params, "job": job_id, "most": MAX_FOLDED_STACKS},
     ).to_pylist()
     return "".join(
