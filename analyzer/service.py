@@ -120,6 +120,9 @@ WAIT_WINDOWS = 3
 #: A job whose newest row is older than this, with nothing left to analyse, loses its per-job
 #: metric series (scores, open diagnoses, lost time), ns.
 FORGET_AFTER_NS = 3600 * 10**9
+#: Rows stamped later than this past the present are left out of a job's span (a clock decades
+#: ahead would keep the job due every window forever), ns.
+FUTURE_SLACK_NS = 86_400 * 10**9
 #: Attempts at a window whose analysis raises before it is skipped (see the module doc).
 MAX_ATTEMPTS = 3
 #: Windows one job is analysed in a row before every other job has had its turn (a *slice*;
@@ -253,7 +256,7 @@ class Analyzer:
         now = time.time_ns() if now_ns is None else int(now_ns)
         deadline = None if budget_s is None else time.monotonic() + budget_s
         written: list[Diagnosis] = []
-        spans = list_jobs(self.store, self.job)
+        spans = list_jobs(self.store, self.job, until_ns=now + FUTURE_SLACK_NS)
         first_error: ArgusError | None = None
         turn = spans
         behind: list[JobSpan] = []  # jobs with more windows due than their turn took
