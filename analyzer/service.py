@@ -120,6 +120,9 @@ DEFAULT_BACKLOG_S = 3600.0
 TRAILING_WINDOWS = 3
 #: How long, in windows, a window waits for every reporting rank's rows to be stored.
 WAIT_WINDOWS = 3
+#: Rows stamped later than this past the present are left out of a job's span (a clock decades
+#: ahead would keep the job due every window forever), ns.
+FUTURE_SLACK_NS = 86_400 * 10**9
 #: Attempts at a window whose analysis raises before it is skipped (see the module doc).
 MAX_ATTEMPTS = 3
 #: Windows one job is analysed in a row before every other job has had its turn (a *slice*;
@@ -255,7 +258,7 @@ class Analyzer:
         now = time.time_ns() if now_ns is None else int(now_ns)
         deadline = None if budget_s is None else time.monotonic() + budget_s
         written: list[Diagnosis] = []
-        spans = list_jobs(self.store, self.job)
+        spans = list_jobs(self.store, self.job, until_ns=now + FUTURE_SLACK_NS)
         first_error: ArgusError | None = None
         turn = spans
         behind: list[JobSpan] = []  # jobs with more windows due than their turn took

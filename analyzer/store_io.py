@@ -112,20 +112,30 @@ class JobSpan:
     imported: bool = False
 
 
-def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
-    """Every job with data (or only ``job``), with the span of its timestamps."""
-    where = "WHERE job_id = {job:String}" if job is not None else ""
+def list_jobs(store: Store, job: str | None = None, until_ns: int | None = None) -> list[JobSpan]:
+    """Every job with data (or only ``job``), with the span of its timestamps.
+
+    With ``until_ns``, rows that begin after it are left out: a row stamped decades ahead (a
+    clock far off, a crafted batch) does not keep its job due for analysis every window forever.
+    """
+    job_only = "job_id = {job:String}" if job is not None else "1"
+    until = "{until:Int64}" if until_ns is not None else str(2**63 - 1)
+
+    def where(begin: str) -> str:
+        return f"WHERE {job_only} AND {begin} <= {until}"
+
     sql = f"""
         SELECT job_id, min(t0) AS first_ns, max(t1) AS last_ns FROM (
             SELECT job_id, min(start_ns) AS t0, max(start_ns + dur_ns) AS t1
-                FROM steps {where} GROUP BY job_id
+                FROM steps {where("start_ns")} GROUP BY job_id
             UNION ALL
-            SELECT job_id, min(time_ns), max(time_ns) FROM host_samples {where} GROUP BY job_id
+            SELECT job_id, min(time_ns), max(time_ns) FROM host_samples {where("time_ns")} GROUP BY job_id
             UNION ALL
-            SELECT job_id, min(issue_ns), max(issue_ns + dur_ns) FROM collectives {where} GROUP BY job_id
+            SELECT job_id, min(issue_ns), max(issue_ns + dur_ns) FROM collectives {where("issue_ns")}
+                GROUP BY job_id
             UNION ALL
             SELECT job_id, min(window_start_ns), max(window_start_ns + window_ns)
-                FROM kernel_summaries {where} GROUP BY job_id
+                FROM kernel_summaries {where("window_start_ns")} GROUP BY job_id
         ) GROUP BY job_id ORDER BY job_id
     """
     sql = f"""
@@ -133,7 +143,12 @@ def list_jobs(store: Store, job: str | None = None) -> list[JobSpan]:
                job_id IN (SELECT job_id FROM jobs WHERE source = 'import') AS imported
         FROM ({sql})
     """
-    t = store.query(sql, {"job": job} if job is not None else None)
+    params: dict[str, Any] = {}
+    if job is not None:
+        params["job"] = job
+    if until_ns is not None:
+        params["until"] = until_ns
+    t = store.query(sql, params)
     return [
         JobSpan(str(j), int(a), int(b), bool(i))
         for j, a, b, i in zip(

@@ -185,6 +185,21 @@ def _server_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="rows of the store one REST read may scan; 422 past it (default %(default)s)",
     )
+    p.add_argument(
+        "--max-upload-parse-s",
+        type=float,
+        default=config.DEFAULT_MAX_UPLOAD_PARSE_S,
+        metavar="S",
+        help="CPU seconds parsing one trace upload may take; 413 past it (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-decoded-bytes",
+        type=int,
+        default=config.DEFAULT_MAX_DECODED_BYTES,
+        metavar="BYTES",
+        help="agent batches held from read to written, payload plus decoded, all streams; "
+        "past it a stream waits (default %(default)s)",
+    )
 
 
 def _agent_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -101,6 +101,8 @@ DEFAULT_RETENTION_DAYS = 30
 DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 #: Cap on a trace upload's request body and decompressed text, bytes (argus.limits).
 DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
+#: CPU seconds one trace upload may take to parse (thread time); past it the upload is refused (413).
+DEFAULT_MAX_UPLOAD_PARSE_S = 120.0
 #: Seconds a stopping node agent keeps sending what it spooled.
 DEFAULT_AGENT_DRAIN_S = 10.0
 #: Longest one store call (query, command, insert) may run before ClickHouse stops it, seconds
@@ -111,6 +113,9 @@ DEFAULT_STORE_MEMORY_BYTES = 4 * 1024**3
 #: Agent streams one server keeps open at once (each holds its batches read ahead); past it a new
 #: stream is refused with UNAVAILABLE (argus.collector.grpc_service).
 DEFAULT_MAX_STREAMS = 2048
+#: Bytes of agent batches the server holds from read to written, all streams together: payload
+#: plus what they declare decoded (argus.collector.decoded_budget); past it a stream waits.
+DEFAULT_MAX_DECODED_BYTES = 1 << 30
 #: Rows of the store one REST read may scan (ClickHouse ``max_rows_to_read``); past it the request
 #: is answered 422 (:class:`argus.errors.TooManyRows`). A day of a 10,000-rank job's steps at two
 #: steps a second is 1.7 billion rows; a billion is a few seconds of a ClickHouse server's scan.
@@ -270,6 +275,8 @@ class ServerConfig:
         stack_interval_s: Seconds between two stack captures of one open diagnosis (> 0).
         max_streams: Agent streams kept open at once (>= 1; past it a new one is refused).
         max_read_rows: Rows of the store one REST read may scan (>= 1; 422 past it).
+        max_decoded_bytes: Bytes of batches held from read to written, all streams (>= 1; waits past it).
+        max_upload_parse_s: CPU seconds parsing one trace upload may take (> 0; 413 past it).
     """
 
     store: str = DEFAULT_STORE_URL
@@ -286,6 +293,8 @@ class ServerConfig:
     stack_interval_s: float = DEFAULT_STACK_INTERVAL_S
     max_streams: int = DEFAULT_MAX_STREAMS
     max_read_rows: int = DEFAULT_MAX_READ_ROWS
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
@@ -301,6 +310,9 @@ class ServerConfig:
             raise ConfigError(f"--max-streams must be >= 1, got {self.max_streams}")
         if self.max_read_rows < 1:
             raise ConfigError(f"--max-read-rows must be >= 1, got {self.max_read_rows}")
+        _positive("--max-upload-parse-s", self.max_upload_parse_s)
+        if self.max_decoded_bytes < 1:
+            raise ConfigError(f"--max-decoded-bytes must be >= 1, got {self.max_decoded_bytes}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -324,6 +336,8 @@ class ServerConfig:
             stack_interval_s=args.stack_interval_s,
             max_streams=args.max_streams,
             max_read_rows=args.max_read_rows,
+            max_decoded_bytes=args.max_decoded_bytes,
+            max_upload_parse_s=args.max_upload_parse_s,
         )
 
 

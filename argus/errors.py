@@ -22,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "ArgusError",
     "ConfigError",
+    "Forbidden",
     "InvalidBatch",
     "NotBuiltYet",
     "NotFound",
@@ -60,6 +61,11 @@ class NotFound(ArgusError):
 
 class Unauthenticated(ArgusError):
     """A request lacks the bearer token the server requires, or has a wrong one."""
+
+
+class Forbidden(ArgusError):
+    """A request comes through a name the server does not answer to (DNS rebinding) or from
+    another site's page (cross-site request forgery)."""
 
 
 class TraceError(ArgusError):

@@ -8,7 +8,11 @@ lists these with their defaults and flags.
 
     limit                 default           flag                  applies to
     max_upload_bytes      2 GiB             --max-upload-bytes    POST .../traces: request body and
-                                                                  decompressed JSON text, per request
+                                                                  decompressed JSON text, per request,
+                                                                  and of all uploads parsed at once
+    max_inflate_ratio     200               (none)                JSON text of a gzipped trace file per
+                                                                  compressed byte read (+ 1 MiB)
+    max_upload_parse_s    120 s             --max-upload-parse-s  CPU seconds parsing one upload
     max_world_size        1,048,576         (none)                world_size of a wire row or a trace
     max_rank              max_world_size-1  (none)                rank, group members
     max_group_ranks       max_world_size    (none)                members of one process group
@@ -19,23 +23,34 @@ lists these with their defaults and flags.
     max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
                                                                   decompressed (LZ4/ZSTD bodies)
     max_streams           2,048             --max-streams         agent streams open at once (gRPC)
+    max_decoded_bytes     1 GiB             --max-decoded-bytes   agent batches held from read to written,
+                                                                  all streams: payload + declared decoded
+                                                                  (past it a stream waits)
     max_read_rows         1,000,000,000     --max-read-rows       rows one REST read may scan (422)
     max_execution_time    60 s              (none)                every store call (argus.store)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
 
-A trace upload past ``max_upload_bytes`` is refused with 413 (:class:`TooLarge`)
-and writes nothing; gzip is inflated in chunks of at most :data:`INFLATE_CHUNK_BYTES`,
-so the server never holds more than that of a decompressed body at once.
+A trace upload past ``max_upload_bytes``, ``max_inflate_ratio`` or ``max_upload_parse_s`` is
+refused with 413 (:class:`TooLarge`) and writes nothing; gzip is inflated in chunks of at most
+:data:`INFLATE_CHUNK_BYTES`, so the server never holds more than that of a decompressed body at
+once. Why 200: real Kineto traces gzip 13-23x (the seven of the shared test data) and 5-30x in
+general; gzip itself reaches about 1,000x only on runs of one byte, which no trace is. A file past
+200x is such a run (a 1 MB gzip of one 1 GiB JSON string), refused after 200 bytes of text per
+compressed byte, not parsed for a minute.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from argus.config import (
+    DEFAULT_MAX_DECODED_BYTES,
     DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_MAX_UPLOAD_PARSE_S,
     DEFAULT_STORE_MEMORY_BYTES,
     DEFAULT_STORE_TIMEOUT_S,
     MAX_MESSAGE_BYTES,
@@ -45,6 +60,7 @@ from argus.errors import TooLarge
 __all__ = [
     "DEFAULT_MAX_UPLOAD_BYTES",
     "INFLATE_CHUNK_BYTES",
+    "INFLATE_SLACK_BYTES",
     "LIMITS",
     "MAX_ELEMENTS",
     "MAX_GROUP_RANKS",
@@ -54,6 +70,7 @@ __all__ = [
     "WIRE_LENGTH_LIMITS",
     "ByteBudget",
     "Gunzip",
+    "SharedBytes",
     "check_declared",
 ]
 
@@ -67,10 +84,15 @@ MAX_GROUP_RANKS = MAX_WORLD_SIZE
 MAX_ELEMENTS = 1 << 48
 #: Most decompressed bytes produced per inflate call.
 INFLATE_CHUNK_BYTES = 1 << 16
+#: JSON text a gzipped file may inflate to beyond ``max_inflate_ratio`` times its bytes read (a
+#: small file's header inflates more than its average).
+INFLATE_SLACK_BYTES = 1 << 20
 
 #: Limit name → value, for messages and the README.
 LIMITS: dict[str, int] = {
     "max_upload_bytes": DEFAULT_MAX_UPLOAD_BYTES,
+    "max_inflate_ratio": 200,
+    "max_upload_parse_s": int(DEFAULT_MAX_UPLOAD_PARSE_S),
     "max_world_size": MAX_WORLD_SIZE,
     "max_rank": MAX_RANK,
     "max_group_ranks": MAX_GROUP_RANKS,
@@ -79,6 +101,7 @@ LIMITS: dict[str, int] = {
     "max_device": 2**31 - 1,
     "max_message_bytes": MAX_MESSAGE_BYTES,
     "max_batch_decoded_bytes": 16 * MAX_MESSAGE_BYTES,
+    "max_decoded_bytes": DEFAULT_MAX_DECODED_BYTES,
     "max_execution_time": DEFAULT_STORE_TIMEOUT_S,
     "max_memory_usage": DEFAULT_STORE_MEMORY_BYTES,
 }
@@ -109,29 +132,96 @@ def check_declared(field: str, value: int, limit: str, *, lowest: int = 0) -> in
     return value
 
 
-@dataclass
-class ByteBudget:
-    """Bytes an upload may still use; :meth:`take` refuses past ``limit``.
+class SharedBytes:
+    """Bytes that every upload parsed at once may take together, bounded by ``limit``; thread-safe.
 
-    Shared by every file of one request, so many small gzip bombs add up.
+    Each upload's :class:`ByteBudget` takes its text from here as it inflates it and gives it
+    back when the upload is done (:meth:`ByteBudget.release`), so uploads parsed at the same time
+    share one ``max_upload_bytes`` instead of each holding its own.
     """
 
-    limit: int
-    what: str = "the upload"
-    used: int = 0
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
 
     def take(self, n: int) -> None:
         """Count ``n`` more bytes.
 
         Raises:
-            TooLarge: past ``limit`` (answered 413); names the limit and its flag.
+            TooLarge: past ``limit``; the ``n`` bytes are not counted.
         """
+        with self._lock:
+            if self.used + n > self.limit:
+                raise TooLarge(
+                    f"the uploads being parsed now are larger than {self.limit} bytes of text together "
+                    "(max_upload_bytes, --max-upload-bytes); send it again when they are done"
+                )
+            self.used += n
+
+    def give_back(self, n: int) -> None:
+        """``n`` bytes counted by :meth:`take` are no longer held."""
+        with self._lock:
+            self.used -= n
+
+
+@dataclass
+class ByteBudget:
+    """What an upload may still use: bytes of text, text per compressed byte, CPU seconds.
+
+    Shared by every file of one request, so many small gzip bombs add up; with ``shared``, the
+    text is also taken from the budget of every upload parsed at once. ``max_parse_s`` counts
+    the CPU time (``time.thread_time``) of the thread that parses, from the budget's creation:
+    what others run beside it does not count against it.
+    """
+
+    limit: int
+    what: str = "the upload"
+    used: int = 0
+    max_parse_s: float | None = None
+    shared: SharedBytes | None = None
+    started_s: float = field(default_factory=time.thread_time)
+
+    def take(self, n: int) -> None:
+        """Count ``n`` more bytes of text, and check the time used so far.
+
+        Raises:
+            TooLarge: past ``limit``, past ``shared``'s limit, or past ``max_parse_s`` (answered
+                413); the message names the limit and its flag.
+        """
+        if self.shared is not None:
+            self.shared.take(n)
         self.used += n
         if self.used > self.limit:
             raise TooLarge(
                 f"{self.what} is larger than {self.limit} bytes decompressed "
                 f"(max_upload_bytes, --max-upload-bytes)"
             )
+        if self.max_parse_s is not None and time.thread_time() - self.started_s > self.max_parse_s:
+            raise TooLarge(
+                f"{self.what} took more than {self.max_parse_s:g} s of CPU to parse, after {self.used} bytes "
+                "of text (max_upload_parse_s, --max-upload-parse-s)"
+            )
+
+    def check_ratio(self, name: str, text_bytes: int, read_bytes: int) -> None:
+        """Refuse a gzipped file whose ``text_bytes`` of text came from ``read_bytes`` compressed bytes
+        at more than ``max_inflate_ratio`` per byte (plus :data:`INFLATE_SLACK_BYTES`).
+
+        Raises:
+            TooLarge: past the ratio (answered 413).
+        """
+        ratio = LIMITS["max_inflate_ratio"]
+        if text_bytes > ratio * read_bytes + INFLATE_SLACK_BYTES:
+            raise TooLarge(
+                f"{name}: {text_bytes} bytes of text from {read_bytes} gzip bytes, more than "
+                f"{ratio} per byte (max_inflate_ratio); real traces compress 5-30x"
+            )
+
+    def release(self) -> None:
+        """The upload is done: give its text back to ``shared``."""
+        if self.shared is not None:
+            self.shared.give_back(self.used)
+            self.used = 0
 
 
 class Gunzip:

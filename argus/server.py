@@ -25,6 +25,7 @@ from argus.collector.grpc_service import CollectorServer, start_collector
 from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import Store, open_store
+from argus.store_pool import StorePool
 
 __all__ = ["GRACE_S", "main", "serve"]
 
@@ -85,6 +86,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             token=config.token,
             tls=config.tls,
             max_streams=config.max_streams,
+            max_decoded_bytes=config.max_decoded_bytes,
         )
         if config.analyzer:
             besides.append(store.beside())
@@ -98,7 +100,8 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
             thread.start()
             analyzer = service, thread
-        besides.append(store.beside())
+        # A pool: one slow read (a trace export) holds back no other request, /metrics included.
+        besides.append(StorePool.opened_beside(store))
         http = start_http(
             besides[-1],
             metrics,
@@ -108,6 +111,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             window=config.window,
             max_upload_bytes=config.max_upload_bytes,
             max_read_rows=config.max_read_rows,
+            max_upload_parse_s=config.max_upload_parse_s,
         )
         notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(

@@ -71,12 +71,24 @@ from argus.private import private_dir
 from argus.schema import TABLES, create_statements, migration_statements
 
 __all__ = [
+    "ONE_BLOCK",
     "ClickHouseStore",
     "Store",
     "apply_retention",
     "open_store",
     "retention_statements",
 ]
+
+
+#: Insert settings that squash every Arrow record batch of one insert into one ClickHouse block, so
+#: the insert is one part: written whole or not at all. Otherwise ClickHouse commits a block each
+#: ``min_insert_block_size_rows`` rows (about a million by default, less where a server's profile
+#: says so) and an error in a later block leaves the earlier ones stored. The caller bounds the
+#: insert's size (:data:`argus.collector.ingest.MAX_INSERT_BYTES`).
+ONE_BLOCK: dict[str, int] = {
+    "min_insert_block_size_rows": 1 << 62,
+    "min_insert_block_size_bytes": 1 << 62,
+}
 
 
 class Store(Protocol):
@@ -90,7 +102,9 @@ class Store(Protocol):
         """Insert ``data`` (columns named as the table's, ``stored_at`` excluded) into ``table``.
 
         With ``dedup_token``, ClickHouse drops the insert if a block with the same
-        token was inserted into ``table`` before (``insert_deduplication_token``).
+        token was inserted into ``table`` before (``insert_deduplication_token``), and the
+        insert is one block (:data:`ONE_BLOCK`): all its rows are written or none, so a retry
+        under another token cannot store again rows a failed insert had written.
         Without one, nothing is deduplicated: the tables keep a deduplication window,
         so a plain insert would otherwise drop a block identical to a recent one.
 
@@ -228,7 +242,11 @@ class ClickHouseStore:
         return view
 
     def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token is not None else self._no_dedup
+        settings: dict[str, Any] = (
+            {"insert_deduplication_token": dedup_token, **ONE_BLOCK}
+            if dedup_token is not None
+            else self._no_dedup
+        )
         try:
             self._client.insert_arrow(table, data, settings={**self._per_call, **settings})
         except Exception as exc:

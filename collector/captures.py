@@ -9,6 +9,7 @@ collector, which never waits for it: :meth:`PendingCaptures.cached`), and each s
 the ``Ack`` of a batch of a job the captures of that job it has not passed on that stream yet
 (``Ack.stack_captures``). A node agent runs those of the ranks it serves, once per capture id
 (:mod:`argus.agent.captures`). A store error keeps the previous list: ingest never fails for it.
+Each read touches the ``stacks`` rows of the jobs with pending requests only, not the whole table.
 """
 
 from __future__ import annotations
@@ -89,10 +90,16 @@ class PendingCaptures:
         ).to_pylist()
         if not requests:
             return {}
+        # Only the pending requests' jobs' rows of the stacks table (its key starts with job_id),
+        # from a horizon before the first request on (agents' clocks may lag): not the whole table.
         answered = self.store.query(
-            "SELECT DISTINCT capture_id, rank FROM stacks WHERE capture_id IN "
-            "(SELECT request_id FROM stack_requests WHERE requested_ns > {since:Int64})",
-            {"since": since},
+            "SELECT DISTINCT capture_id, rank FROM stacks WHERE job_id IN {jobs:Array(String)} "
+            "AND time_ns >= {since:Int64} AND capture_id IN {ids:Array(String)}",
+            {
+                "jobs": sorted({str(r["job_id"]) for r in requests}),
+                "ids": sorted({str(r["request_id"]) for r in requests}),
+                "since": since - self.horizon_ns,
+            },
         ).to_pylist()
         done = {(str(r["capture_id"]), int(r["rank"])) for r in answered}
         out: dict[str, list[pb.StackCapture]] = defaultdict(list)

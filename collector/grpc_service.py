@@ -21,6 +21,9 @@ Errors of :mod:`argus.errors` map to gRPC status codes in one place, :data:`GRPC
   stream (:mod:`argus.collector.captures`).
 - a message over :data:`argus.config.MAX_MESSAGE_BYTES` → gRPC itself ends the
   stream with ``RESOURCE_EXHAUSTED``; the server keeps serving other streams.
+- every stream's batches together hold at most ``max_decoded_bytes`` (``argus server
+  --max-decoded-bytes``) from read to written, their payload plus what they declare decoded;
+  past it a stream waits its turn (:mod:`argus.collector.decoded_budget`): backpressure.
 - a stream past ``max_streams`` open ones (``argus server --max-streams``) → ``UNAVAILABLE`` at
   once, before any batch is read, with a message naming the limit: the agent keeps its batches
   spooled and reconnects with back-off (nothing to do with size, so it never re-splits). gRPC's
@@ -32,6 +35,7 @@ Errors of :mod:`argus.errors` map to gRPC status codes in one place, :data:`GRPC
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import threading
@@ -47,6 +51,7 @@ import grpc.aio
 
 from argus.collector import ingest
 from argus.collector.captures import PendingCaptures
+from argus.collector.decoded_budget import DEFAULT_MAX_DECODED_BYTES, DecodedBudget, batch_cost
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
 from argus.config import DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES, TlsFiles
 from argus.errors import (
@@ -177,8 +182,16 @@ class CollectorServicer(pb_grpc.CollectorServicer):
     run on one event loop; :meth:`drain` may be called from any thread.
     """
 
-    def __init__(self, store: Store, metrics: Metrics, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    ) -> None:
         self.metrics = metrics
+        #: Bytes of every stream's batches held until written (:mod:`argus.collector.decoded_budget`).
+        self.decoded = DecodedBudget(max_decoded_bytes)
         self.writer = BatchWriter(store, metrics)
         self.captures = PendingCaptures(store)
         self._gate = _Gate()
@@ -213,6 +226,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             return future
         future.add_done_callback(lambda _: self._gate.leave())
         return future
+
+    def _given_back(self, cost: int, _: asyncio.Future[pb.Ack]) -> None:
+        """A batch's charge on :attr:`decoded` is given back: the writer settled it."""
+        self.decoded.release(cost)
 
     async def _answer(
         self, batch: pb.Batch, future: asyncio.Future[pb.Ack], context: grpc.aio.ServicerContext[Any, Any]
@@ -251,7 +268,16 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                     # The payload's size: upb's ByteSize() encodes the whole message to count it.
                     arrived, size = time.monotonic(), len(batch.arrow_ipc)
                     await budget.reserve(size)
-                    await ahead.put((batch, await self._submit(batch, size), arrived, size))
+                    cost = batch_cost(batch.arrow_ipc)
+                    await self.decoded.acquire(cost)
+                    try:
+                        future = await self._submit(batch, size)
+                    except BaseException:
+                        self.decoded.release(cost)
+                        raise
+                    # Given back when the writer settles it (written, refused, failed), not at its ack.
+                    future.add_done_callback(functools.partial(self._given_back, cost))
+                    await ahead.put((batch, future, arrived, size))
                 await ahead.put(None)
             except asyncio.CancelledError:
                 raise
@@ -388,11 +414,13 @@ def start_collector(
     token: str | None = None,
     tls: TlsFiles | None = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
 ) -> CollectorServer:
     """Start serving ``argus.v1.Collector`` on ``listen`` (``host:port``; port 0 picks a free one).
 
     Serves TLS with ``tls``; with ``token``, every call needs ``authorization: Bearer TOKEN``.
-    At most ``max_streams`` agent streams are open at once (module docstring). The server runs
+    At most ``max_streams`` agent streams are open at once (module docstring), holding at most
+    ``max_decoded_bytes`` of batches until written (:mod:`argus.collector.decoded_budget`). The server runs
     on an event loop in a thread of its own (``argus-grpc``), started here.
 
     Raises:
@@ -402,7 +430,7 @@ def start_collector(
     credentials = None
     if tls is not None:
         credentials = grpc.ssl_server_credentials([(_read(tls.key, "key"), _read(tls.cert, "certificate"))])
-    servicer = CollectorServicer(store, metrics, max_streams)
+    servicer = CollectorServicer(store, metrics, max_streams, max_decoded_bytes)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="argus-grpc", daemon=True)
     thread.start()

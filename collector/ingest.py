@@ -23,17 +23,23 @@ on one retried batch.
 
 :func:`write_group` stores several batches at once: one lookup and one record
 insert for the group, and one data insert per *table* holding the rows of all the
-group's new batches of it, under a token derived from theirs (:func:`group_token`):
-what the collector's writer thread does with the batches that arrived while it was
-busy. Each call to the store costs milliseconds whatever its size, and a part per
-insert is what ClickHouse merges later: at 10,000 ranks (1,250 node agents, about
-5,000 batches a second, ``bench/scale.py``) one insert per batch could not keep up.
-The price: the same batches retried in another group get another token, so for a
-group of several batches the token no longer covers a collector that dies between
-the data insert and the record (a record insert that fails is tried
-:data:`RECORD_ATTEMPTS` times first): the rows of that group's batches are then
-stored twice when their agents resend them. Duplicates seen through
-``ingest_batches`` (a lost ack, a resent spool, another collector) are still dropped.
+group's new batches of it (more when they pass :data:`MAX_INSERT_BYTES`), under a token
+derived from theirs (:func:`group_token`): what the collector's writer thread does with the
+batches that arrived while it was busy. Each call to the store costs milliseconds whatever
+its size, and a part per insert is what ClickHouse merges later: at 10,000 ranks (1,250 node
+agents, about 5,000 batches a second, ``bench/scale.py``) one insert per batch could not keep up.
+
+Retries are idempotent because no insert is ever half written: each data insert is one block
+(:data:`argus.store.ONE_BLOCK`), so one that fails wrote none of its batches' rows, and its
+batches may come back in any grouping. Without that, ClickHouse committed an insert of more
+than ``min_insert_block_size_rows`` rows block by block: a failure in a later block left the
+earlier ones stored, and the batches, resent into another group under another token, were
+stored twice. A group whose rows are in but whose record insert fails (tried
+:data:`RECORD_ATTEMPTS` times) is remembered in memory (:class:`Unrecorded`): when its batches
+come back they are recorded, not inserted again. What is left: a collector that dies between
+a group's data insert and its record; its batches' rows are then stored twice when resent.
+Duplicates seen through ``ingest_batches`` (a lost ack, a resent spool, another collector)
+are still dropped.
 """
 
 from __future__ import annotations
@@ -57,10 +63,12 @@ from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 from argus.store import Store
 
 __all__ = [
+    "MAX_INSERT_BYTES",
     "RECORD_ATTEMPTS",
     "TABLE_BY_ENUM",
     "Decoded",
     "Outcome",
+    "Unrecorded",
     "already_stored",
     "check_values",
     "conform",
@@ -79,6 +87,11 @@ TABLE_BY_ENUM: dict[int, str] = {pb.Table.Value(name.upper()): name for name in 
 
 #: Tries of a group's ``ingest_batches`` insert before its batches go unacknowledged (module doc).
 RECORD_ATTEMPTS = 3
+#: Most Arrow bytes of one data insert: a group's batches of one table past it go in further inserts,
+#: each one block (module doc), so ClickHouse never holds more than this of one insert at once.
+MAX_INSERT_BYTES = 256 << 20
+#: Most batches :class:`Unrecorded` remembers (about 100 bytes each).
+MAX_UNRECORDED = 100_000
 
 
 @dataclass(frozen=True)
@@ -343,16 +356,56 @@ def _count(metrics: Metrics, decoded: Decoded, ack: Outcome) -> None:
 Outcome = pb.Ack | InvalidBatch | StoreError
 
 
-def write_group(store: Store, group: Sequence[Decoded], metrics: Metrics | None = None) -> list[Outcome]:
+class Unrecorded:
+    """Batches whose rows are stored but whose ``ingest_batches`` record failed: key → rows.
+
+    Kept by the collector's writer (one thread) so that the batches, when their agents send them
+    again, are recorded and acknowledged without a second data insert (module doc). At most
+    :data:`MAX_UNRECORDED` are kept, the oldest forgotten first. Not thread-safe.
+    """
+
+    def __init__(self, most: int = MAX_UNRECORDED) -> None:
+        self.most = most
+        self._rows: dict[tuple[str, int, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, batches: Sequence[Decoded]) -> None:
+        """Remember ``batches`` as stored but not recorded."""
+        for decoded in batches:
+            self._rows.pop(decoded.key, None)
+            self._rows[decoded.key] = decoded.data.num_rows
+        while len(self._rows) > self.most:
+            del self._rows[next(iter(self._rows))]
+
+    def rows(self, key: tuple[str, int, int]) -> int | None:
+        """Rows stored under ``key`` and not recorded, or None."""
+        return self._rows.get(key)
+
+    def forget(self, batches: Sequence[Decoded]) -> None:
+        """``batches`` are recorded now."""
+        for decoded in batches:
+            self._rows.pop(decoded.key, None)
+
+
+def write_group(
+    store: Store,
+    group: Sequence[Decoded],
+    metrics: Metrics | None = None,
+    unrecorded: Unrecorded | None = None,
+) -> list[Outcome]:
     """Store each batch of ``group`` once; return its ``Ack`` or the error that kept it from storage.
 
     The values of every table's batches are checked together (:func:`check_values`; one batch
     at a time only when that finds a problem, to refuse just the batches that hold it), then
     one lookup for the whole group, one insert per table holding the rows of every new batch of
-    that table (:func:`group_token`), then one insert recording every batch stored. A batch whose
-    key is already stored, or appears earlier in the group, is a DUPLICATE. Outcomes are in
-    ``group`` order: an ``InvalidBatch`` outcome is a refusal (never stored); a ``StoreError``
-    one means not acknowledged, safe to retry.
+    that table (:func:`group_token`; more than one past :data:`MAX_INSERT_BYTES`), then one
+    insert recording every batch stored. A batch whose key is already stored, or appears earlier
+    in the group, is a DUPLICATE. A batch in ``unrecorded`` (rows stored, record failed) is only
+    recorded. Outcomes are in ``group`` order: an ``InvalidBatch`` outcome is a refusal (never
+    stored); a ``StoreError`` one means not acknowledged, safe to retry (no row of it is stored,
+    or it is in ``unrecorded``).
     """
     outcomes: list[Outcome | None] = list(_checked(group))
     valid = [i for i, o in enumerate(outcomes) if o is None]
@@ -360,30 +413,72 @@ def write_group(store: Store, group: Sequence[Decoded], metrics: Metrics | None 
         known = stored_rows(store, [group[i].key for i in valid])
     except StoreError as exc:
         return [exc if o is None else o for o in outcomes]
-    written: list[Decoded] = []
-    for table, members in _new_by_table(group, valid, known, outcomes).items():
-        batches = [group[i] for i in members]
-        try:
-            _insert_together(store, table, batches)
-        except StoreError as exc:
-            for i in members:
-                outcomes[i] = exc
-            continue
-        written.extend(batches)
-        for i in members:
-            outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
+    written = _insert_new(store, group, _new_by_table(group, valid, known, outcomes), outcomes, unrecorded)
     if written:
         try:
             _record(store, written, RECORD_ATTEMPTS)
         except StoreError as exc:
             # The rows are in, but a retry must not be acknowledged before it is recorded:
-            # report failure (see the module doc for what the retry's insert then does).
+            # report failure, and remember them so that the retry only records them.
+            if unrecorded is not None:
+                unrecorded.add(written)
             outcomes = [exc if isinstance(o, pb.Ack) and o.status == pb.Ack.STORED else o for o in outcomes]
+        else:
+            if unrecorded is not None:
+                unrecorded.forget(written)
     done = [o for o in outcomes if o is not None]
     if metrics is not None:
         for decoded, outcome in zip(group, done, strict=True):
             _count(metrics, decoded, outcome)
     return done
+
+
+def _insert_new(
+    store: Store,
+    group: Sequence[Decoded],
+    by_table: dict[str, list[int]],
+    outcomes: list[Outcome | None],
+    unrecorded: Unrecorded | None,
+) -> list[Decoded]:
+    """Insert the batches ``by_table`` (indices into ``group``; :func:`_inserts`), set each one's
+    STORED ack or ``StoreError`` in ``outcomes``; return those whose rows are in."""
+    written: list[Decoded] = []
+    for table, members in by_table.items():
+        for chunk in _inserts(group, members, unrecorded):
+            batches = [group[i] for i in chunk]
+            try:
+                if unrecorded is None or unrecorded.rows(batches[0].key) is None:
+                    _insert_together(store, table, batches)
+            except StoreError as exc:
+                for i in chunk:
+                    outcomes[i] = exc
+                continue
+            written.extend(batches)
+            for i in chunk:
+                outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
+    return written
+
+
+def _inserts(
+    group: Sequence[Decoded], members: Sequence[int], unrecorded: Unrecorded | None
+) -> list[list[int]]:
+    """``members`` (indices into ``group``, one table's) as the data inserts to make: runs of at most
+    :data:`MAX_INSERT_BYTES` Arrow bytes (a larger batch alone); each batch of ``unrecorded`` alone,
+    never inserted again (:func:`write_group`)."""
+    runs: list[list[int]] = []
+    run: list[int] = []
+    size = 0
+    for i in members:
+        if unrecorded is not None and unrecorded.rows(group[i].key) is not None:
+            runs.append([i])
+            continue
+        nbytes = group[i].data.nbytes
+        if run and size + nbytes > MAX_INSERT_BYTES:
+            runs.append(run)
+            run, size = [], 0
+        run.append(i)
+        size += nbytes
+    return [*runs, run] if run else runs
 
 
 def _checked(group: Sequence[Decoded]) -> list[InvalidBatch | None]:

@@ -51,6 +51,8 @@ class BatchWriter:
         self.store = store
         self.metrics = metrics
         self.max_group = max_group
+        #: Batches stored whose record failed, recorded (not stored again) when resent; writer thread only.
+        self.unrecorded = ingest.Unrecorded()
         self._queue: queue.SimpleQueue[tuple[ingest.Decoded, _Waiter] | None] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="argus-writer", daemon=True)
@@ -141,7 +143,7 @@ class BatchWriter:
                 continue
             try:
                 outcomes: list[ingest.Outcome] = ingest.write_group(
-                    self.store, [d for d, _ in group], self.metrics
+                    self.store, [d for d, _ in group], self.metrics, self.unrecorded
                 )
             except Exception as exc:  # a bug, not a store failure: fail the group, keep serving
                 log.exception("storing a group of %d batches failed", len(group))

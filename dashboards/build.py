@@ -11,8 +11,10 @@
   overview, rank × time heatmaps of step, busy and phase time, the diagnoses table.
 
 Both declare their datasource as an ``__inputs`` entry, so Grafana asks for it on import.
-Variables enter SQL as ``${var:sqlstring}`` (Grafana quotes the value and doubles its quotes),
-never between quotes of our own: a job id with a quote in it cannot change a query.
+Variables enter SQL only as ``decodeURLComponent('${var:percentencode}')``: Grafana percent-encodes
+every character but ``A-Z a-z 0-9 - _ . ~``, so no value (a stored job id, a link's ``var-job_id``)
+can end the string. ``${var:sqlstring}`` cannot do that: it doubles ``'`` but leaves ``\\``, which
+ClickHouse reads as an escape (``x\\' OR 1=1 --`` is a valid job id).
 """
 
 from __future__ import annotations
@@ -213,8 +215,11 @@ def prometheus_dashboard() -> dict[str, Any]:
     return _dashboard("argus-prometheus", "Argus — jobs and service", inputs, panels, [job_var])
 
 
+#: The selected job and phase in SQL: percent-encoded by Grafana, decoded by ClickHouse (module doc).
+_JOB = "decodeURLComponent('${job_id:percentencode}')"
+_PHASE_NAME = "decodeURLComponent('${phase:percentencode}')"
 # Rows are rank ranges so a 10,000-rank job draws at most about 128 of them.
-_GROUP = "(intDiv((SELECT max(rank) FROM argus.steps WHERE job_id = ${job_id:sqlstring}), 128) + 1)"
+_GROUP = f"(intDiv((SELECT max(rank) FROM argus.steps WHERE job_id = {_JOB}), 128) + 1)"
 _ROW = f"intDiv(rank, {_GROUP}) * {_GROUP}"
 
 
@@ -230,11 +235,11 @@ def _heatmap_sql(per_step: str) -> str:
 
 _STEP = (
     "SELECT rank, step, min(start_ns) AS s, sum(dur_ns) AS d FROM argus.steps "
-    "WHERE job_id = ${job_id:sqlstring} GROUP BY rank, step"
+    f"WHERE job_id = {_JOB} GROUP BY rank, step"
 )
 _PHASE = (
     "SELECT rank, step, min(start_ns) AS s, sum(dur_ns) AS d FROM argus.phases "
-    "WHERE job_id = ${job_id:sqlstring} AND phase = ${phase:sqlstring} GROUP BY rank, step"
+    f"WHERE job_id = {_JOB} AND phase = {_PHASE_NAME} GROUP BY rank, step"
 )
 _BUSY = (
     "SELECT st.rank AS rank, st.step AS step, st.s AS s, st.d - w.wait AS d FROM ("
@@ -242,9 +247,9 @@ _BUSY = (
     + ") AS st LEFT JOIN (SELECT c.rank AS rank, c.step AS step, "
     "sum(greatest(l.last_arrival - c.issue_ns, 0)) AS wait FROM argus.collectives AS c "
     "INNER JOIN (SELECT process_group, seq, max(issue_ns) AS last_arrival FROM argus.collectives "
-    "WHERE job_id = ${job_id:sqlstring} GROUP BY process_group, seq) AS l "
+    f"WHERE job_id = {_JOB} GROUP BY process_group, seq) AS l "
     "ON c.process_group = l.process_group AND c.seq = l.seq "
-    "WHERE c.job_id = ${job_id:sqlstring} GROUP BY c.rank, c.step) AS w "
+    f"WHERE c.job_id = {_JOB} GROUP BY c.rank, c.step) AS w "
     "ON st.rank = w.rank AND st.step = w.step"
 )
 
@@ -309,21 +314,21 @@ def clickhouse_dashboard() -> dict[str, Any]:
     step_sql = (
         "SELECT $__timeInterval(t) AS time, max(ms) AS slowest_rank_ms, quantile(0.5)(ms) AS median_rank_ms\n"
         "FROM (SELECT fromUnixTimestamp64Nano(start_ns) AS t, dur_ns / 1e6 AS ms FROM argus.steps"
-        " WHERE job_id = ${job_id:sqlstring})\nWHERE $__timeFilter(t)\nGROUP BY time\nORDER BY time"
+        f" WHERE job_id = {_JOB})\nWHERE $__timeFilter(t)\nGROUP BY time\nORDER BY time"
     )
     diagnoses_sql = (
         "SELECT state, cause, rank, arrayStringConcat(arrayMap(r -> toString(r), ranks), ',') AS ranks,\n"
         "  process_group, phase, kernel, round(score, 2) AS score, round(slowdown_pct, 1) AS slowdown_pct,\n"
         "  fromUnixTimestamp64Nano(first_window_ns) AS first_seen, fromUnixTimestamp64Nano(last_window_ns)"
         " AS last_seen,\n  evidence, id\n"
-        "FROM argus.diagnoses FINAL\nWHERE job_id = ${job_id:sqlstring}\n"
+        f"FROM argus.diagnoses FINAL\nWHERE job_id = {_JOB}\n"
         "ORDER BY state = 'open' DESC, last_window_ns DESC\nLIMIT 500"
     )
     panels = [
         _panel(1, "Jobs", "table", (0, 0, 24, 7), [_sql(jobs_sql)]),
         _panel(
             2,
-            "Step time of job $job_id: slowest and median rank",
+            "Step time of job ${job_id:text}: slowest and median rank",
             "timeseries",
             (0, 7, 24, 7),
             [_sql(step_sql, CH_TIME_SERIES)],
@@ -332,7 +337,7 @@ def clickhouse_dashboard() -> dict[str, Any]:
         _heatmap_panel(3, "Busy time per rank (step minus collective wait), ms", (0, 14, 12, 10), _BUSY),
         _heatmap_panel(4, "Step time per rank, ms", (12, 14, 12, 10), _STEP),
         _heatmap_panel(5, "Phase $phase time per rank, ms", (0, 24, 24, 10), _PHASE),
-        _panel(6, "Diagnoses of job $job_id", "table", (0, 34, 24, 10), [_sql(diagnoses_sql)]),
+        _panel(6, "Diagnoses of job ${job_id:text}", "table", (0, 34, 24, 10), [_sql(diagnoses_sql)]),
     ]
     inputs = _inputs("DS_CLICKHOUSE", "ClickHouse", "grafana-clickhouse-datasource", "ClickHouse")
     return _dashboard(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,8 +29,15 @@ from argus import __version__
 from argus.collector.api.errors import ERROR_RESPONSES, error_response, install_error_handlers
 from argus.collector.api.jobs import recent_job_status_counts
 from argus.collector.api.models import Health
+from argus.collector.api.origin import SameOrigin
 from argus.collector.api.routes import build_router
-from argus.config import DEFAULT_MAX_READ_ROWS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_WINDOW, DEFAULT_WINDOW_S
+from argus.config import (
+    DEFAULT_MAX_READ_ROWS,
+    DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_MAX_UPLOAD_PARSE_S,
+    DEFAULT_WINDOW,
+    DEFAULT_WINDOW_S,
+)
 from argus.errors import StoreError, TooLarge, TooManyRows, Unauthenticated
 from argus.metrics import Metrics
 from argus.store import Store
@@ -105,6 +112,8 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     window: WindowGrid = DEFAULT_WINDOW,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_read_rows: int = DEFAULT_MAX_READ_ROWS,
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
+    allowed_hosts: Collection[str] | None = None,
 ) -> FastAPI:
     """The FastAPI app of an `argus server` over ``store``.
 
@@ -116,6 +125,9 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
         window: The analysis window; uploaded traces are summarised in it.
         max_upload_bytes: Cap on a request body and on an upload's decompressed text (413 past it).
         max_read_rows: Rows of the store one request may scan (422 past it, naming the limit).
+        max_upload_parse_s: CPU seconds parsing one trace upload may take (413 past it).
+        allowed_hosts: The ``Host`` names it answers to (None: any); writes from another
+            site's page are refused whatever it is (:mod:`argus.collector.api.origin`).
     """
     timeout_ns = int(heartbeat_timeout_s * 1e9)
     reads = store.reading_at_most(max_read_rows)
@@ -142,9 +154,16 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
                     return error_response(Unauthenticated(reason))
             return await call_next(request)
 
+    # Added last, so it runs first: a rebound name or a forged write is refused before anything else.
+    app.add_middleware(SameOrigin, hosts=allowed_hosts)
+
     app.include_router(
         build_router(
-            reads, heartbeat_timeout_ns=timeout_ns, window=window, max_upload_bytes=max_upload_bytes
+            reads,
+            heartbeat_timeout_ns=timeout_ns,
+            window=window,
+            max_upload_bytes=max_upload_bytes,
+            max_upload_parse_s=max_upload_parse_s,
         ),
         dependencies=secured,
     )

@@ -2,6 +2,7 @@
 
     NotFound          → 404      unknown job
     Unauthenticated   → 401      missing or wrong bearer token (with WWW-Authenticate)
+    Forbidden         → 403      a Host the server does not answer to, or another site's Origin
     BadParameter      → 422      a query parameter the API cannot use
     TraceError        → 422      an uploaded trace that cannot be imported
     TooLarge          → 413      an upload past --max-upload-bytes (body or decompressed)
@@ -27,6 +28,7 @@ from argus.collector.api.params import BadParameter
 from argus.errors import (
     ArgusError,
     ConfigError,
+    Forbidden,
     InvalidBatch,
     NotBuiltYet,
     NotFound,
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (NotFound, 404),
     (Unauthenticated, 401),
+    (Forbidden, 403),
     (BadParameter, 422),
     (TraceError, 422),
     (TooLarge, 413),

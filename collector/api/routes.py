@@ -27,9 +27,10 @@ from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse
 from argus.collector.api.stacks import stacks_answer
 from argus.collector.api.trace import chrome_trace
 from argus.collector.importer import import_traces
-from argus.config import DEFAULT_MAX_UPLOAD_BYTES
+from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_UPLOAD_PARSE_S
 from argus.diagnosis import Cause, State
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
+from argus.limits import ByteBudget, SharedBytes
 from argus.store import Store
 from argus.window_grid import WindowGrid
 
@@ -76,11 +77,15 @@ def build_router(
     heartbeat_timeout_ns: int,
     window: WindowGrid,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
 ) -> APIRouter:
     """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors.
 
-    ``max_upload_bytes`` caps the decompressed JSON text of one trace upload (413 past it).
+    ``max_upload_bytes`` caps the decompressed JSON text of one trace upload and of all uploads
+    parsed at once; ``max_upload_parse_s`` the CPU seconds of parsing one (413 past either, as
+    past ``max_inflate_ratio``: :class:`argus.limits.ByteBudget`).
     """
+    uploads = SharedBytes(max_upload_bytes)
     router = APIRouter(prefix="/api/v1", responses={**ERROR_RESPONSES, **_BAD})
 
     @router.get("/jobs", response_model=JobPage, summary="List jobs, newest first")
@@ -227,7 +232,10 @@ def build_router(
         status_code=201,
         responses={
             400: {"description": "The body is not valid multipart/form-data"},
-            413: {"description": "The body or its decompressed text is past --max-upload-bytes"},
+            413: {
+                "description": "The body or its decompressed text is past --max-upload-bytes, "
+                "a gzip file inflates past 200x, or parsing is past --max-upload-parse-s"
+            },
             422: {"description": "A file cannot be imported (nothing of the upload is written)"},
             501: {"description": "Trace import is not built into this server"},
         },
@@ -244,15 +252,19 @@ def build_router(
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
         names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
-        result = import_traces(
-            store,
-            [f.file for f in file],
-            job_id=job_id,
-            rank=rank,
-            names=names,
-            window=window,
-            max_text_bytes=max_upload_bytes,
-        )
+        budget = ByteBudget(max_upload_bytes, "the upload", max_parse_s=max_upload_parse_s, shared=uploads)
+        try:
+            result = import_traces(
+                store,
+                [f.file for f in file],
+                job_id=job_id,
+                rank=rank,
+                names=names,
+                window=window,
+                budget=budget,
+            )
+        finally:
+            budget.release()
         return {"job_id": result.job_id, "ranks": list(result.ranks), "rows": dict(result.rows)}
 
     return router

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 import uvicorn
 
 from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
+from argus.collector.api.origin import loopback_hosts
 from argus.config import (
     DEFAULT_MAX_READ_ROWS,
     DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_MAX_UPLOAD_PARSE_S,
     DEFAULT_WINDOW,
     TlsFiles,
     parse_listen,
@@ -54,11 +56,13 @@ def start_http(
     window: WindowGrid = DEFAULT_WINDOW,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     max_read_rows: int = DEFAULT_MAX_READ_ROWS,
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
 ) -> HttpServer:
     """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
 
-    Serves HTTPS with ``tls``. A rank is ``running`` while its heartbeats are at most three
-    windows (and at least 30 s) old. Returns once it accepts requests.
+    Serves HTTPS with ``tls``. On a loopback address it answers only loopback ``Host`` names
+    (DNS rebinding; :mod:`argus.collector.api.origin`). A rank is ``running`` while its
+    heartbeats are at most three windows (and at least 30 s) old. Returns once it accepts requests.
 
     Raises:
         ConfigError: the address cannot be bound, or uvicorn failed to start.
@@ -81,7 +85,9 @@ def start_http(
         window=window,
         max_upload_bytes=max_upload_bytes,
         max_read_rows=max_read_rows,
+        max_upload_parse_s=max_upload_parse_s,
         heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window.seconds),
+        allowed_hosts=loopback_hosts(host),
     )
     config = uvicorn.Config(
         app,

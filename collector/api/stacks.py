@@ -5,7 +5,8 @@ thread); pages are keyed on that order. ``capture=`` keeps one capture's rows (i
 ``capture_id``: a diagnosis's ``evidence.stacks.capture_id``, what the page's flame graph
 draws). ``format=collapsed`` answers Brendan Gregg's folded
 text instead, one ``thread;frame;…;frame count`` line per stack summed over the rows asked for,
-which flamegraph.pl, speedscope and inferno read.
+which flamegraph.pl, speedscope and inferno read: at most :data:`MAX_FOLDED_STACKS` lines, the
+stacks with the most samples (what a flame graph shows anyway).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from argus.collector.api.jobs import require_job
 from argus.collector.api.params import INT64_MAX, decode_cursor, encode_cursor
 from argus.store import Store
 
-__all__ = ["folded", "list_stacks", "stacks_answer"]
+__all__ = ["MAX_FOLDED_STACKS", "folded", "list_stacks", "stacks_answer"]
+
+#: Most lines of a folded answer (distinct stacks), those with the most samples.
+MAX_FOLDED_STACKS = 100_000
 
 _COLUMNS = "rank, pid, capture_id, time_ns, duration_ns, sampler, thread, frames, count, idle, gil"
 _ORDER = "time_ns, capture_id, rank, thread, frames, idle, gil"
@@ -101,9 +105,10 @@ def folded(
     require_job(store, job_id)
     where, params = _filter(rank, start_ns, end_ns, capture)
     rows = store.query(
-        f"SELECT thread, frames, sum(count) AS n FROM stacks WHERE {where} "
-        "GROUP BY thread, frames ORDER BY thread, frames",
-        {**params, "job": job_id},
+        f"SELECT thread, frames, n FROM (SELECT thread, frames, sum(count) AS n FROM stacks WHERE {where} "
+        "GROUP BY thread, frames ORDER BY n DESC, thread, frames LIMIT {most:UInt32}) "
+        "ORDER BY thread, frames",
+        {**params, "job": job_id, "most": MAX_FOLDED_STACKS},
     ).to_pylist()
     return "".join(
         f"{r['thread']};{r['frames']} {r['n']}\n" if r["frames"] else f"{r['thread']} {r['n']}\n"

@@ -56,6 +56,26 @@ def _rows(
     ).to_pylist()
 
 
+def _cutoff(
+    store: Store, job_id: str, start_ns: int, end_ns: int, ranks: RankSet | None, max_events: int
+) -> int | None:
+    """When the earliest event past the first ``max_events`` of the four tables begins, ns; None
+    when there are no more than ``max_events`` (one query, its rows only timestamps)."""
+    condition, params = rank_filter("rank", ranks)
+    parts = []
+    for table in _QUERIES:
+        begin = "issue_ns" if table == "collectives" else "start_ns"
+        parts.append(
+            f"SELECT {begin} AS t FROM {table} WHERE job_id = {{job:String}} AND {condition} "
+            f"AND {begin} <= {{end:Int64}} AND start_ns + dur_ns >= {{start:Int64}}"
+        )
+    found = store.query(
+        "SELECT t FROM (" + " UNION ALL ".join(parts) + ") ORDER BY t LIMIT 1 OFFSET {skip:UInt64}",
+        {**params, "job": job_id, "start": start_ns, "end": end_ns, "skip": max_events},
+    )
+    return int(found.column("t")[0].as_py()) if found.num_rows else None
+
+
 def chrome_trace(
     store: Store,
     job_id: str,
@@ -78,7 +98,11 @@ def chrome_trace(
     require_job(store, job_id)
     lo = start_ns if start_ns is not None else 0
     hi = end_ns if end_ns is not None else 2**63 - 1
-    tables = {t: _rows(store, t, job_id, lo, hi, ranks, max_events + 1) for t in _QUERIES}
+    # Rows of the four tables together, not each, stop at max_events: those before the first
+    # event past them (what the server holds as dicts is bounded by max_events, not 4 times it).
+    cutoff = _cutoff(store, job_id, lo, hi, ranks, max_events)
+    until = hi if cutoff is None else min(hi, cutoff - 1)
+    tables = {t: _rows(store, t, job_id, lo, until, ranks, max_events + 1) for t in _QUERIES}
     firsts = [rows[0]["t"] for rows in tables.values() if rows]
     base = start_ns if start_ns is not None else (min(firsts) if firsts else 0)
 
@@ -111,7 +135,7 @@ def chrome_trace(
         )
         events[-1]["args"] = {"stream": k["stream"], "device": k["device"], "correlation": k["correlation"]}
     events.sort(key=lambda e: e["ts"])
-    truncated = len(events) > max_events
+    truncated = cutoff is not None or len(events) > max_events
     del events[max_events:]
     return {
         "traceEvents": _metadata(store, job_id, events, groups) + events,

@@ -231,6 +231,8 @@ class _Reader:
         self._raw = raw
         self._head = head
         self.hash = hashlib.blake2b(head, digest_size=16)
+        #: Bytes read from the source so far (the sniffed head included).
+        self.read_bytes = len(head)
 
     def read(self, size: int = -1) -> bytes:
         head, self._head = self._head, b""
@@ -239,6 +241,7 @@ class _Reader:
             return head[:size]
         data = self._raw.read(size - len(head) if size >= 0 else -1)
         self.hash.update(data)
+        self.read_bytes += len(data)
         return head + data
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -393,14 +396,22 @@ def _open_bytes(raw: BinaryIO, name: str) -> tuple[Any, _Reader]:
 
 
 def _chunks(
-    stream: Any, name: str, builder: _Builder, budget: ByteBudget | None = None
+    stream: Any,
+    name: str,
+    builder: _Builder,
+    budget: ByteBudget | None = None,
+    gzipped: _Reader | None = None,
 ) -> Iterator[tuple[int, bytes]]:
+    """The JSON text of ``stream`` in chunks with their offsets; each counted against ``budget``,
+    and, for a gzip file (``gzipped``: its compressed bytes), its inflation ratio checked."""
     offset = 0
     while True:
         try:
             chunk = stream.read(_CHUNK_BYTES)
             if budget is not None:
                 budget.take(len(chunk))
+                if gzipped is not None:
+                    budget.check_ratio(name, offset + len(chunk), gzipped.read_bytes)
         except EOFError as exc:
             raise TraceError(
                 f"{name}: the gzip stream ends early (truncated file?) near byte {offset} "
@@ -483,7 +494,8 @@ def parse_trace(
         source: A path, or a binary file object positioned at the start of the
             trace (plain JSON or gzip; detected from the first bytes).
         name: The name used in messages (default: the path or the object's ``name``).
-        budget: Bytes of JSON text (after gunzip) the trace may use; None: no cap.
+        budget: Bytes of JSON text (after gunzip), text per gzip byte and CPU time the trace
+            may use (:class:`argus.limits.ByteBudget`); None: no cap.
 
     Returns:
         The trace's columns at epoch ns.
@@ -495,7 +507,8 @@ def parse_trace(
             index in ``traceEvents``), no ``traceEvents``, or times that do not land
             between the years 2000 and 2100, or a declared size (world size,
             rank, group member, element count) past :data:`argus.limits.LIMITS`.
-        TooLarge: the text is past ``budget`` (gzip is inflated 64 KiB at a time).
+        TooLarge: the text is past ``budget``, inflates past ``max_inflate_ratio``, or parsing
+            is past ``budget.max_parse_s`` (gzip is inflated 64 KiB at a time).
     """
     name = name or trace_name(source)
     if not isinstance(source, Path):
@@ -524,7 +537,7 @@ def _parse(raw: BinaryIO, name: str, budget: ByteBudget | None = None) -> Parsed
     coro = _ijson.items_coro(result, "", map_type=_TopMap)
     offset = 0
     try:
-        for offset, chunk in _chunks(stream, name, builder, budget):
+        for offset, chunk in _chunks(stream, name, builder, budget, None if stream is reader else reader):
             if offset == 0 and not chunk.lstrip()[:1] == b"{":
                 raise TraceError(f"{name}: not a Kineto trace: the JSON text must be an object")
             coro.send(chunk)

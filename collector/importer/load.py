@@ -187,6 +187,7 @@ def import_traces(
     window: WindowGrid = DEFAULT_WINDOW,
     names: Sequence[str] | None = None,
     max_text_bytes: int | None = None,
+    budget: ByteBudget | None = None,
 ) -> ImportResult:
     """Import Kineto traces (one per rank, plain or gzipped JSON) into ``store``.
 
@@ -198,7 +199,9 @@ def import_traces(
         window: Kernel summary window (the analyzer's: :class:`~argus.window_grid.WindowGrid`).
         names: Names of ``sources`` in messages (default: the path or the object's ``name``).
         max_text_bytes: Cap on the JSON text of all ``sources`` together, bytes after
-            gunzip (``--max-upload-bytes`` for uploads); None: no cap.
+            gunzip; None: no cap.
+        budget: What parsing ``sources`` may use (an upload's: text shared with the uploads
+            parsed at once, CPU seconds; :class:`argus.limits.ByteBudget`); replaces ``max_text_bytes``.
 
     Returns:
         The job id, the ranks imported in the order of ``sources``, rows written per table.
@@ -208,7 +211,7 @@ def import_traces(
             position), names no rank, or claims a rank another file of the import
             or the stored job already has, a declared size past :data:`argus.limits.LIMITS`,
             or a ``job_id`` against :mod:`argus.jobid`'s rule; nothing is written.
-        TooLarge: the text is past ``max_text_bytes``; nothing is written.
+        TooLarge: the text is past ``max_text_bytes`` or ``budget``; nothing is written.
         StoreError: an insert failed; what the import had written is deleted again.
         ValueError: ``names`` does not match ``sources``.
     """
@@ -217,7 +220,8 @@ def import_traces(
     if not sources:
         raise TraceError("no trace files to import")
     _check_job_id(job_id)
-    budget = ByteBudget(max_text_bytes, "the upload") if max_text_bytes is not None else None
+    if budget is None and max_text_bytes is not None:
+        budget = ByteBudget(max_text_bytes, "the upload")
     traces = [
         parse_trace(src, name=names[i] if names is not None else trace_name(src), budget=budget)
         for i, src in enumerate(sources)

@@ -333,3 +333,19 @@ def test_a_restart_mid_job_continues_without_recording_a_resolved_fault_again(st
     (compute,) = [d for d in read_diagnoses(store, "job-mid") if d.cause == "compute"]
     assert compute.state == "open" and compute.last_window_ns >= t0 + 32 * NS
     assert all(len(ids) == 1 for ids in _faults_by_key(store, "job-mid").values())
+
+
+def test_a_row_stamped_in_2100_does_not_keep_its_job_due_forever(store: Store) -> None:
+    """A job with one steps row stamped in the year 2100 besides its real rows: once its real rows
+    are analysed and an hour has passed, it is no longer due, and its series are forgotten."""
+    sim = simulate(_spec(), "job-2100")
+    load(store, sim)
+    far = 4_102_444_800 * NS  # 2100-01-01
+    row = {"job_id": ["job-2100"], "rank": [0], "step": [1], "start_ns": [far], "dur_ns": [NS]}
+    schema = wire_schema("steps").insert(0, pa.field("job_id", pa.string()))
+    store.insert("steps", pa.table({k: row.get(k, [0]) for k in schema.names}, schema=schema))
+    metrics = Metrics()
+    analyzer, _ = _analyze(store, sim, metrics)
+    analyzer.run_once(now_ns=_end(sim) + 3601 * NS)
+    assert "job-2100" not in analyzer._due and analyzer.lag_s(_end(sim) + 3601 * NS) == 0.0
+    assert 'job_id="job-2100"' not in generate_latest(metrics.registry).decode()

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -27,9 +28,12 @@ def store(tmp_path: Path) -> Iterator[Store]:
 class LiveApp:
     """The API app served over real HTTP by uvicorn in a thread of the test process."""
 
-    def __init__(self, store: Store, metrics: Metrics, token: str | None = None) -> None:
+    def __init__(self, store: Store, metrics: Metrics, token: str | None = None, **app: Any) -> None:
         config = uvicorn.Config(
-            create_app(store, metrics=metrics, token=token), host="127.0.0.1", port=0, log_level="warning"
+            create_app(store, metrics=metrics, token=token, **app),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
         )
         self.metrics = metrics
         self._server = uvicorn.Server(config)

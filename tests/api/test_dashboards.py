@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from argus.jobid import check_job_id
 from argus.metrics import Metrics
 from argus.schema import TABLES
 from argus.store import Store
@@ -99,17 +101,55 @@ def test_prometheus_dashboard_expressions_parse(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _grafana_sql(sql: str, job_id: str, from_s: int, to_s: int) -> str:
-    """Substitute the grafana-clickhouse-datasource macros and variables as Grafana would."""
+def _macros(sql: str, from_s: int, to_s: int) -> str:
+    """Substitute the grafana-clickhouse-datasource macros as Grafana would."""
     sql = re.sub(
         r"\$__timeFilter\(([^)]+)\)", rf"(\1 >= toDateTime({from_s}) AND \1 <= toDateTime({to_s}))", sql
     )
-    sql = re.sub(r"\$__timeInterval\(([^)]+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 1 second)", sql)
-    # ${var:sqlstring}: the value quoted, its quotes doubled (so a job id cannot end the string).
+    return re.sub(
+        r"\$__timeInterval\(([^)]+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 1 second)", sql
+    )
+
+
+def _grafana_sql(sql: str, job_id: str, from_s: int, to_s: int) -> str:
+    """Substitute the macros and variables as Grafana would, in each format Grafana documents:
+    ``${var:sqlstring}`` quotes the value and doubles its ``'`` (nothing else), ``${var:percentencode}``
+    percent-encodes all but ``A-Za-z0-9-_.~`` (JavaScript's strict ``encodeURIComponent``),
+    ``${var:text}`` and ``$var`` give the value as is."""
+    sql = _macros(sql, from_s, to_s)
     for name, value in (("job_id", job_id), ("phase", "forward")):
         sql = sql.replace(f"${{{name}:sqlstring}}", "'" + value.replace("'", "''") + "'")
+        sql = sql.replace(f"${{{name}:percentencode}}", urllib.parse.quote(value, safe=""))
     assert "$" not in sql, sql
     return sql
+
+
+#: A job id valid under the job-id rule that ends a ``sqlstring``-quoted string in ClickHouse
+#: (``\\'`` is an escaped quote there) and injects a query.
+HOSTILE_JOB_ID = "x\\' OR 1=1 UNION ALL SELECT name FROM system.tables -- "
+#: Where a dashboard query names a variable, in either format.
+_VARIABLE = re.compile(r"decodeURLComponent\('\$\{(\w+):percentencode\}'\)|\$\{(\w+):sqlstring\}")
+
+
+def test_a_hostile_job_id_changes_no_dashboard_query(store: Store) -> None:
+    """The newest job's id, put in each query as Grafana interpolates it, returns exactly what the
+    query returns with the id bound as a real parameter: that job's rows, nothing injected."""
+    check_job_id(HOSTILE_JOB_ID)
+    insert_direct(store, "job-d", synthetic_job(world_size=6, steps=12, slow_rank=4))
+    insert_direct(store, HOSTILE_JOB_ID, synthetic_job(world_size=3, steps=5, slow_rank=1))
+    now_s = time.time_ns() // 10**9
+    targets = _targets(_load("argus-clickhouse.json"), "grafana-clickhouse-datasource")
+    picker = next(t["rawSql"] for t in targets if "$" not in t["rawSql"] and "__value" not in t["rawSql"])
+    assert store.query(picker).column(0).to_pylist()[0] == HOSTILE_JOB_ID  # the newest job comes first
+    own_rows = 0
+    for target in targets:
+        raw = _macros(target["rawSql"], now_s - 3600, now_s + 60)
+        bound = _VARIABLE.sub(lambda m: "{" + (m.group(1) or m.group(2)) + ":String}", raw)
+        expected = store.query(bound, {"job_id": HOSTILE_JOB_ID, "phase": "forward"}).to_pylist()
+        got = store.query(_grafana_sql(target["rawSql"], HOSTILE_JOB_ID, now_s - 3600, now_s + 60))
+        assert sorted(map(repr, got.to_pylist())) == sorted(map(repr, expected)), target["rawSql"]
+        own_rows += len(expected) if "job_id" in target["rawSql"] else 0
+    assert own_rows > 0
 
 
 def test_clickhouse_dashboard_queries_run_on_the_real_schema(store: Store) -> None:

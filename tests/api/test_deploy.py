@@ -174,3 +174,39 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
         result.stdout + result.stderr
     )
+
+
+def _listens_beyond_loopback(command: list[str]) -> bool:
+    addresses = [a.split("=", 1)[1] for a in command if a.startswith(("--grpc-listen=", "--http-listen="))]
+    return any(not a.startswith(("127.0.0.1:", "localhost:", "[::1]:")) for a in addresses)
+
+
+def test_manifests_serve_tls_and_ship_no_secret_value() -> None:
+    """Every server listening beyond loopback serves TLS (and probes it over HTTPS), every agent
+    trusts a certificate, no Secret with a value ships, and no store URL, password or token
+    placeholder is in the deployment files."""
+    docs = _documents()
+    servers = 0
+    for name, doc in docs:
+        pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            command = container.get("command", []) + container.get("args", [])
+            if command[:2] == ["argus", "server"] and _listens_beyond_loopback(command):
+                servers += 1
+                assert {"--tls-cert=/etc/argus/tls/tls.crt", "--tls-key=/etc/argus/tls/tls.key"} <= set(
+                    command
+                ), name
+                for probe in ("readinessProbe", "livenessProbe"):
+                    if probe in container:
+                        assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
+            if command[:2] == ["argus", "agent"]:
+                assert any(a.startswith("--tls-cert=") for a in command), name
+    assert servers == 3
+    assert not [
+        name for name, doc in docs if doc["kind"] == "Secret" and (doc.get("data") or doc.get("stringData"))
+    ]
+    for path in DEPLOY.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "change-me" not in text, path
+            assert "clickhouse://" not in text, path  # the store over HTTPS only: clickhouses://

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from argus.agent.node import NodeAgent
 from argus.agent.sink import AgentLink
 from argus.analyzer.stacks import StackRequest, Stacks
+from argus.collector.captures import PendingCaptures
 from argus.collector.grpc_service import start_collector
 from argus.metrics import Metrics
 from argus.store import Store
@@ -69,3 +70,20 @@ def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back
     assert spin.num_rows > 0
     # Rank 3 answered; rank 6 (no agent serves it here) is still pending.
     assert [(c.capture_id, list(c.ranks)) for c in pending] == [("req-1", [6])]
+
+
+def test_pending_captures_read_only_their_jobs_stacks_rows(store: Store) -> None:
+    """100,000 stacks rows of another job: reading the pending requests of one job, through a view
+    of the store that refuses to scan more than 20,000 rows, works (before, the whole table was
+    scanned every second on the ingest side)."""
+    from tests.api.test_bounded_reads import _rows
+
+    now = time.time_ns()
+    store.insert("stacks", _rows("stacks", 100_000, "busy", time_ns=[now] * 100_000))
+    store.insert(
+        "stack_requests",
+        _rows("stack_requests", 1, "mine", request_id=["cap-1"], ranks=[[0, 1]], requested_ns=[now]),
+    )
+    store.insert("stacks", _rows("stacks", 1, "mine", capture_id=["cap-1"], rank=[0], time_ns=[now]))
+    pending = PendingCaptures(store.reading_at_most(20_000))._read()
+    assert [(c.capture_id, list(c.ranks)) for c in pending["mine"]] == [("cap-1", [1])]

@@ -6,6 +6,7 @@ import asyncio
 import threading
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from argus.collector import ingest
@@ -13,7 +14,7 @@ from argus.collector.writer import BatchWriter
 from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
-from argus.store import open_store
+from argus.store import Store, open_store
 from tests.collector.wire import batch, sample
 
 
@@ -104,4 +105,71 @@ def test_an_event_loop_gets_each_outcome_on_its_own_future(tmp_path: Path) -> No
         assert store.query("SELECT count() AS n FROM steps").column("n")[0].as_py() == 18
     finally:
         assert writer.close(60)
+        store.close()
+
+
+def _steps_batches(count: int, rows: int, poison_seq: int | None = None) -> list[ingest.Decoded]:
+    """``count`` batches of ``rows`` distinct steps each; ``poison_seq``'s last row has step 666666."""
+    out = []
+    for seq in range(count):
+        data = sample("steps", n=rows, salt=seq * rows)
+        steps = pa.array(range(seq * rows, (seq + 1) * rows), data.schema.field("step").type)
+        if seq == poison_seq:
+            steps = pa.array([*steps.to_pylist()[:-1], 666_666], steps.type)
+        data = data.set_column(data.schema.get_field_index("step"), "step", steps)
+        out.append(ingest.decode(batch("steps", data, seq=seq, agent_id="agent-g")))
+    return out
+
+
+def _step_rows(store: Store) -> tuple[int, int]:
+    """Rows of ``steps`` and distinct (rank, step) pairs among them."""
+    found = store.query("SELECT count() AS n, uniqExact(rank, step) AS u FROM steps").to_pylist()[0]
+    return int(found["n"]), int(found["u"])
+
+
+def test_a_group_insert_failing_part_way_stores_nothing_so_a_regrouped_retry_stores_once(
+    tmp_path: Path,
+) -> None:
+    """A real store error in a later block of one group insert (a CHECK constraint the last batch
+    breaks) leaves none of the group's rows stored; the same batches resent in other groups (other
+    tokens) are then stored exactly once. The store commits a block every 500 rows here, as a server
+    whose profile lowers ``min_insert_block_size_rows`` does (by default: about every million rows)."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    try:
+        store.command("SET min_insert_block_size_rows = 500")
+        store.command("ALTER TABLE steps ADD CONSTRAINT poison CHECK step != 666666")
+        group = _steps_batches(8, 400, poison_seq=7)
+        outcomes = ingest.write_group(store, group)
+        assert all(isinstance(o, StoreError) for o in outcomes), outcomes
+        assert _step_rows(store) == (0, 0)  # before: the blocks ahead of the bad one stayed stored
+        store.command("ALTER TABLE steps DROP CONSTRAINT poison")  # the store recovers
+        for regrouped in (group[:3], group[3:5], group[5:]):
+            acks = ingest.write_group(store, regrouped)
+            assert [a.status for a in acks if isinstance(a, pb.Ack)] == [pb.Ack.STORED] * len(regrouped)
+        assert _step_rows(store) == (8 * 400, 8 * 400)
+    finally:
+        store.close()
+
+
+def test_a_group_whose_record_fails_is_recorded_not_stored_again_when_resent(tmp_path: Path) -> None:
+    """The rows are in but the ``ingest_batches`` insert fails (a real constraint on it): the batches
+    are not acknowledged, and when resent in another grouping they are recorded without a second
+    data insert."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    unrecorded = ingest.Unrecorded()
+    try:
+        store.command("ALTER TABLE ingest_batches ADD CONSTRAINT down CHECK seq < 1000000")
+        store.command("ALTER TABLE ingest_batches MODIFY CONSTRAINT down CHECK agent_id != 'agent-g'")
+        group = _steps_batches(4, 50)
+        outcomes = ingest.write_group(store, group, unrecorded=unrecorded)
+        assert all(isinstance(o, StoreError) for o in outcomes), outcomes
+        assert _step_rows(store) == (4 * 50, 4 * 50) and len(unrecorded) == 4
+        store.command("ALTER TABLE ingest_batches DROP CONSTRAINT down")
+        for regrouped in (group[:1], group[1:]):
+            acks = ingest.write_group(store, regrouped, unrecorded=unrecorded)
+            assert [a.status for a in acks if isinstance(a, pb.Ack)] == [pb.Ack.STORED] * len(regrouped)
+        assert _step_rows(store) == (4 * 50, 4 * 50) and len(unrecorded) == 0
+        again = ingest.write_group(store, group)
+        assert [a.status for a in again if isinstance(a, pb.Ack)] == [pb.Ack.DUPLICATE] * 4
+    finally:
         store.close()

@@ -1,0 +1,116 @@
+"""The server-wide budget of decoded batch bytes: live gRPC streams of ZSTD batches, and its order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from argus.collector.decoded_budget import DecodedBudget, batch_cost
+from argus.collector.grpc_service import start_collector
+from argus.collector.ipc_size import declared_bytes
+from argus.metrics import Metrics
+from argus.proto import collector_pb2 as pb
+from argus.store import open_store
+from tests.collector.wire import batch, sample, stream
+
+#: The budget of the live test, bytes: a little over two of its batches.
+BUDGET_BYTES = 6 << 20
+
+
+def _zstd(data: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, data.schema, options=options) as writer:
+        writer.write_table(data)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def test_compressed_batches_of_many_streams_hold_at_most_the_budget_until_written(tmp_path: Path) -> None:
+    """Two agents stream ZSTD batches that decode to ~2.5 MiB each; the batches the server holds
+    decoded and not yet written (counted beside the writer, from each batch's Arrow table) never
+    pass the budget, and every batch is stored: the streams waited, nothing was refused."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    server = start_collector(store, Metrics(), "127.0.0.1:0", max_decoded_bytes=BUDGET_BYTES)
+    writer = server.servicer.writer
+    held = {"now": 0, "peak": 0}
+    submit = writer.submit_async
+
+    def counted(decoded: Any) -> Any:  # the real writer, with the bytes it holds counted
+        future = submit(decoded)
+        size = decoded.data.nbytes
+        held["now"] += size
+        held["peak"] = max(held["peak"], held["now"])
+        future.add_done_callback(lambda _: held.__setitem__("now", held["now"] - size))
+        return future
+
+    writer.submit_async = counted  # type: ignore[method-assign]
+    payloads = [_zstd(sample("steps", n=80_000, salt=k)) for k in range(12)]
+    assert all(len(p) * 4 < declared_bytes(p) for p in payloads)  # compressed: they inflate
+    acks: dict[str, list[pb.Ack]] = {}
+
+    def agent(name: str) -> None:
+        acks[name] = stream(
+            server.address,
+            (batch("steps", p, seq=k, agent_id=name) for k, p in enumerate(payloads)),
+            timeout_s=120,
+        )
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{n}",)) for n in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        for name, got in acks.items():
+            assert [a.status for a in got] == [pb.Ack.STORED] * len(payloads), name
+        assert len(acks) == 3
+        rows = store.query("SELECT count() AS n FROM steps").column("n")[0].as_py()
+        assert rows == 3 * 12 * 80_000
+        budget = server.servicer.decoded
+        assert held["peak"] <= budget.peak <= BUDGET_BYTES
+        assert budget.held == 0 and budget.waited > 0
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_streams_get_in_first_come_first_served_and_a_batch_over_the_budget_gets_in_alone() -> None:
+    async def scenario() -> list[str]:
+        budget = DecodedBudget(10)
+        order: list[str] = []
+
+        async def take(name: str, size: int) -> None:
+            await budget.acquire(size)
+            order.append(name)
+
+        await take("a1", 6)
+        a2 = asyncio.create_task(take("a2", 6))  # does not fit: waits
+        await asyncio.sleep(0)
+        b1 = asyncio.create_task(take("b1", 3))  # fits, but a2 came first
+        c1 = asyncio.create_task(take("c1", 4))  # will be cancelled while waiting
+        await asyncio.sleep(0)
+        assert order == ["a1"] and budget.held == 6
+        c1.cancel()
+        budget.release(6)  # a1 written: a2 and then b1 get in, c1 is gone
+        await asyncio.gather(a2, b1)
+        assert budget.held == 9
+        big = asyncio.create_task(take("big", 25))  # larger than the whole budget
+        await asyncio.sleep(0)
+        assert "big" not in order
+        budget.release(6)
+        budget.release(3)
+        await big
+        assert budget.held == 25 and budget.peak == 25
+        return order
+
+    assert asyncio.run(scenario()) == ["a1", "a2", "b1", "big"]
+
+
+def test_a_batch_costs_its_payload_plus_what_it_declares_decoded() -> None:
+    payload = _zstd(sample("steps", n=10_000))
+    assert batch_cost(payload) == len(payload) + declared_bytes(payload)
+    assert batch_cost(b"not arrow") == len(b"not arrow")
