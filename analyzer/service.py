@@ -64,6 +64,11 @@ counts as unexplained loss (nothing was said about it). A job whose last window 
 its next failing windows skipped at once (no retries) until one is analysed again, so a job that
 fails on every window keeps pace with the clock. A store error stops only its job's pass (the window
 is analysed again on the next); the other jobs go on, and the pass then raises the first such error.
+Any other exception in a window, in its read, its analysis or its L5 and write stages, is that
+job's failed window as above, never the pass's; one outside a window (listing the job's state) is
+logged and counted, and stops only that job's pass. Rows past :mod:`argus.limits` in an older store
+(ingest refuses them today) are skipped where they are read and counted
+(``argus_analysis_skipped_rows_total{table}``).
 """
 
 from __future__ import annotations
@@ -271,6 +276,10 @@ class Analyzer:
                 except ArgusError as exc:  # its store calls failed: the other jobs go on
                     log.warning("analysis of job %s stopped for this pass: %s", span.job_id, exc)
                     first_error = first_error or exc
+                except Exception:  # outside its windows (they contain their own): the others go on
+                    log.exception("analysis of job %s failed for this pass", span.job_id)
+                    if self.metrics is not None:
+                        self.metrics.analysis_failures.labels(job_id=span.job_id).inc()
             if deadline is not None and time.monotonic() >= deadline:
                 break
             turn = behind
@@ -384,7 +393,37 @@ class Analyzer:
         job.analysis.tracker.load(job.stored_open, job.stored_states)
 
     def _analyze_window(self, job: _Job, w0: int, now: int) -> list[Diagnosis] | None:
-        """The diagnoses written for window ``w0``; None when its analysis raised and is retried later."""
+        """The diagnoses written for window ``w0``; None when it failed and is retried later.
+
+        Any exception but a store error, in any stage (read, analysis, L5 and writes), is this
+        job's failed window (:meth:`_window_failed`), never the pass's.
+
+        Raises:
+            ArgusError: a store call failed (the window is analysed again on the next pass).
+        """
+        tracker = copy.deepcopy(job.analysis.tracker)  # small: the open diagnoses and streaks
+        try:
+            return self._window_stages(job, w0, now)
+        except ArgusError:
+            job.analysis.tracker = tracker  # the window is analysed again on the next pass
+            raise
+        except Exception:
+            job.analysis.tracker = tracker  # as before the attempt
+            return self._window_failed(job, w0, now)
+
+    def _window_failed(self, job: _Job, w0: int, now: int) -> list[Diagnosis] | None:
+        """A window whose analysis raised: retried with backoff, then skipped (module doc)."""
+        job.attempts += 1
+        if job.attempts < MAX_ATTEMPTS and not job.failing:
+            job.retry_at_ns = now + self.retry_backoff_ns * 2 ** (job.attempts - 1)
+            log.debug("analysis of job %s window %d failed; retried", job.analysis.job_id, w0, exc_info=True)
+            return None
+        self._failed(job, w0, w0 + self.window_ns)
+        job.attempts, job.retry_at_ns, job.failing = 0, 0, True
+        return []
+
+    def _window_stages(self, job: _Job, w0: int, now: int) -> list[Diagnosis]:
+        """Read, analyse and write window ``w0`` (:meth:`_analyze_window` contains what raises)."""
         self._stage_start = time.monotonic()
         w1 = w0 + self.window_ns
         job.live = job.live.merge(read_liveness(self.store, job.analysis.job_id, w0 - self.window_ns, w1))
@@ -398,43 +437,28 @@ class Analyzer:
             if w1 >= job.replay_to_ns:
                 self._resume(job)
             return []
-        tracker = copy.deepcopy(job.analysis.tracker)  # small: the open diagnoses and streaks
-        try:
-            result = job.analysis.analyze(window)
-        except Exception:
-            job.analysis.tracker = tracker  # as before the attempt
-            job.attempts += 1
-            if job.attempts < MAX_ATTEMPTS and not job.failing:
-                job.retry_at_ns = now + self.retry_backoff_ns * 2 ** (job.attempts - 1)
-                log.debug("analysis of job %s window %d failed; retried", job.analysis.job_id, w0)
-                return None
-            self._failed(job, w0, w1)
-            job.attempts, job.retry_at_ns, job.failing = 0, 0, True
-            return []
-        job.attempts, job.retry_at_ns, job.failing = 0, 0, False
+        result = job.analysis.analyze(window)
         self._time("analyse")
         changed = result.changed
         self._last_version = max(time.time_ns(), self._last_version + 1)
         states = {d.id: job.analysis.tracker.state(d.id) for d in changed}
-        try:
-            # L5: the stacks of flagged ranks go into the evidence; new captures are asked for.
-            requests = self.stacks.requests(
-                changed,
-                job.analysis.tracker.open,
-                list(job.live.last_seen),
-                job.analysis.roles,
-                time.time_ns(),
-                self.window_ns,
-            )
-            changed = self.stacks.with_top_frames(changed)
-            write_diagnoses(self.store, changed, self._last_version, analysed_to_ns=w1, states=states)
-            self.stacks.write(requests)
-            self._account(job, w0, result.accounting)
-            if result.roles is not None:
-                write_roles(self.store, job.analysis.job_id, result.roles, self._last_version)
-        except ArgusError:
-            job.analysis.tracker = tracker  # the window is analysed again on the next pass
-            raise
+        # L5: the stacks of flagged ranks go into the evidence; new captures are asked for.
+        requests = self.stacks.requests(
+            changed,
+            job.analysis.tracker.open,
+            list(job.live.last_seen),
+            job.analysis.roles,
+            time.time_ns(),
+            self.window_ns,
+        )
+        changed = self.stacks.with_top_frames(changed)
+        self._count_skipped(window.skipped_rows)
+        write_diagnoses(self.store, changed, self._last_version, analysed_to_ns=w1, states=states)
+        self.stacks.write(requests)
+        self._account(job, w0, result.accounting)
+        if result.roles is not None:
+            write_roles(self.store, job.analysis.job_id, result.roles, self._last_version)
+        job.attempts, job.retry_at_ns, job.failing = 0, 0, False
         self._time("write")
         job.suspects = result.suspects
         for d in changed:
@@ -459,6 +483,16 @@ class Analyzer:
                 self.window,
             )
         job.mismatched_rows += rows
+
+    def _count_skipped(self, rows: dict[str, int]) -> None:
+        """Count the rows a window's reads skipped (past :mod:`argus.limits`; an older store's)."""
+        skipped = dict(rows)
+        if self.stacks.skipped_rows:
+            skipped["stacks"] = skipped.get("stacks", 0) + self.stacks.skipped_rows
+            self.stacks.skipped_rows = 0
+        for table, n in skipped.items():
+            if n and self.metrics is not None:
+                self.metrics.analysis_skipped_rows.labels(table=table).inc(n)
 
     def _time(self, stage: str) -> None:
         """Observe the wall time since the last stage of a window's analysis ended (or its start)."""

@@ -10,26 +10,35 @@
   Collectors pass pending requests to the node agents (:mod:`argus.collector.captures`). The
   store is the only memory: what was asked last is read back, so a restarted analyzer (or
   another one) asks again only when the interval has passed.
-- **What.** :func:`top_frames` compares the flagged rank's samples with the peer's of the
-  same capture: per function (``function``, its file), the share of the rank's samples (one
-  sample: one look at every thread of the process) in which a thread's stack holds it; the
-  functions whose share most exceeds the peer's come first. Argus's own threads (``argus-…``)
-  are left out, and so are the probe's wrapper frames in the training threads (the
-  ``wait``/c10d wrappers of ``argus/agent/collectives.py``, :func:`_probe_frame`): they sit
-  between the user's collective and torch's in every stack that waits in one, so a rank
-  waiting more would show Argus's frame where the collective's belongs. Each version
-  of the diagnosis written after the stacks are stored carries them as ``evidence.top_frames``
-  (with ``evidence.stacks``: the capture, its sampler and the ranks compared).
+- **What.** :func:`compare` compares the flagged rank's samples with the peer's of the same
+  capture, **by line** and **per thread**: per ``(function, file, line)``, the share of the
+  rank's samples (one sample: one look at every thread of the process) in which one thread's
+  stack holds it, against the same thread's on the peer. The lines of the *stalling thread*
+  (the thread whose time the diagnosis is about: the training thread, the DataLoader workers of
+  a ``dataloader`` diagnosis, or a thread holding the GIL the training thread waits for; how it
+  is picked: :func:`compare`) whose share most exceeds the peer's come first. A thread only the
+  flagged rank has and that waits throughout (Lightning's launcher watcher on rank 0) never
+  leads. Argus's own threads (``argus-…``) are left out, and so are the probe's wrapper frames
+  in the training threads (the ``wait``/c10d wrappers of ``argus/agent/collectives.py``,
+  :func:`_probe_frame`): they sit between the user's collective and torch's in every stack that
+  waits in one, so a rank waiting more would show Argus's frame where the collective's belongs.
+  Each version of the diagnosis written after the stacks are stored carries them as
+  ``evidence.top_frames`` (with ``evidence.stacks``: the capture, its sampler, the ranks
+  compared, the thread, and ``why_no_frames`` when the list is empty).
+- **Bad rows.** Labels are parsed in linear time (:func:`parse_label`); a row with a label past
+  the stack limits of :mod:`argus.limits` (which ingest refuses; an older store may hold some)
+  is skipped and counted (:attr:`Stacks.skipped_rows`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -37,17 +46,26 @@ import pyarrow as pa
 from argus.analyzer.roles import Roles
 from argus.config import DEFAULT_STACK_INTERVAL_S, DEFAULT_STACK_SECONDS
 from argus.diagnosis import Cause, Diagnosis, State
+from argus.limits import MAX_FRAME_LABEL_BYTES, MAX_FRAME_LINE
 from argus.schema import wire_table
 from argus.store import Store
 
 __all__ = [
     "MAX_FLAGGED",
     "STACK_CAUSES",
+    "Comparison",
+    "Frame",
+    "Sampled",
     "StackRequest",
     "Stacks",
+    "compare",
+    "parse_label",
     "pick_peer",
+    "thread_key",
     "top_frames",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Causes whose diagnoses get stacks: the rank's host is where the time goes.
 STACK_CAUSES = frozenset(
@@ -59,7 +77,8 @@ MAX_FLAGGED = 4
 TOP_FRAMES = 5
 #: A fault whose latest window ended longer ago than this is not sampled (its rank moved on), ns.
 STALE_NS = 60 * 10**9
-_LABEL = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+#: The in-process sampler's name (``stacks.sampler``): its rows cannot tell idle samples.
+_IN_PROCESS = "in-process"
 #: The probe's module that wraps c10d calls (``argus/agent/collectives.py``; ``agent/…`` from a
 #: source checkout), and the functions of it that run in a training thread's stack.
 _PROBE_FILE = re.compile(r"(^|/)agent/collectives\.py$")
@@ -109,73 +128,127 @@ def _probe_frame(function: str, file: str) -> bool:
     return function.startswith(_PROBE_FUNCTIONS) and _PROBE_FILE.search(file) is not None
 
 
-def _function(label: str) -> tuple[str, str, int]:
-    m = _LABEL.match(label)
-    if m is None:
-        return label, "", 0
-    return m["function"], m["file"], int(m["line"])
+class Sampled(NamedTuple):
+    """Samples that found one thread in one stack (a ``stacks`` row, summed over a capture)."""
+
+    thread: str
+    #: Root to leaf, ``;``-joined ``function (file:line)``.
+    frames: str
+    count: int
+    #: The thread was not running in these samples (py-spy's; the in-process sampler cannot tell).
+    idle: bool = False
 
 
-def _samples(rows: list[tuple[str, str, int]]) -> int:
-    """Samples of a capture: those of its most sampled thread (each sample sees every thread once)."""
-    per_thread: Counter[str] = Counter()
-    for thread, _, n in rows:
-        per_thread[thread] += n
-    return max(per_thread.values(), default=0)
+#: A frame compared by line: (function, file, line); line 0 and file "" where the label has none.
+Frame = tuple[str, str, int]
 
 
-def _shares(
-    rows: list[tuple[str, str, int]],
-) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
-    """Per (function, file): share of the samples in which a stack holds it; its most sampled line.
+def parse_label(label: str) -> Frame | None:
+    """``function (file:line)`` → (function, file, line), in time linear in the label's length.
 
-    Each sample sees every thread once, so the samples are those of the most sampled thread.
+    A label without ``(file:line)`` (a native frame py-spy could not place) is ``(label, "", 0)``.
+
+    Returns:
+        None for a label past the stack limits of :mod:`argus.limits` (longer than
+        ``max_frame_label_bytes``, or a line number past ``max_frame_line``): ingest refuses such
+        rows; a store written before it did may hold some, and their rows are skipped.
     """
-    total = _samples(rows)
-    holding: Counter[tuple[str, str]] = Counter()
-    lines: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
-    for thread, frames, n in rows:
-        if thread.startswith("argus-"):
-            continue
-        seen = set()
-        for label in frames.split(";") if frames else []:
-            function, file, line = _function(label)
-            if _probe_frame(function, file):
-                continue
-            key = (function, file)
-            lines[key][line] += n
-            if key not in seen:
-                seen.add(key)
-                holding[key] += n
-    shares = {k: min(v / total, 1.0) for k, v in holding.items()} if total else {}
-    return shares, {k: c.most_common(1)[0][0] for k, c in lines.items()}
+    if len(label) > MAX_FRAME_LABEL_BYTES or len(label.encode()) > MAX_FRAME_LABEL_BYTES:
+        return None
+    if label.endswith(")"):
+        head, colon, digits = label[:-1].rpartition(":")
+        if colon and digits.isascii() and digits.isdigit():
+            function, paren, file = head.rpartition(" (")
+            if paren:
+                if len(digits) > len(str(MAX_FRAME_LINE)) or int(digits) > MAX_FRAME_LINE:
+                    return None
+                return function, file, int(digits)
+    return label, "", 0
 
 
-def _ancestors(rows: list[tuple[str, str, int]]) -> dict[tuple[str, str], set[tuple[str, str]]]:
-    """Per (function, file): the functions above it in every stack that holds it."""
-    out: dict[tuple[str, str], set[tuple[str, str]]] = {}
-    for thread, frames, _ in rows:
-        if thread.startswith("argus-"):
-            continue
-        above: set[tuple[str, str]] = set()
-        for label in frames.split(";") if frames else []:
-            function, file, _line = _function(label)
-            if _probe_frame(function, file):
-                continue
-            key = (function, file)
-            out[key] = out[key] & above if key in out else set(above)
-            above.add(key)
+def _frames(frames: str) -> list[Frame] | None:
+    """A row's frames, root to leaf, without the probe's wrappers; None when a label is past the
+    limits (:func:`parse_label`)."""
+    out = []
+    for label in frames.split(";") if frames else []:
+        frame = parse_label(label)
+        if frame is None:
+            return None
+        if not _probe_frame(frame[0], frame[1]):
+            out.append(frame)
     return out
 
 
+def _samples(rows: Sequence[Sampled]) -> int:
+    """Samples of a capture: those of its most sampled thread (each sample sees every thread once)."""
+    per_thread: Counter[str] = Counter()
+    for r in rows:
+        per_thread[r.thread] += r.count
+    return max(per_thread.values(), default=0)
+
+
+_WORKER = re.compile(r" \[pid \d+\]$")
+_NUMBER = re.compile(r"\d+")
+
+
+def thread_key(name: str) -> str:
+    """The name a thread is compared under across ranks: numbers made ``#`` (``Thread-3 (run)``
+    and ``Thread-4 (run)`` are one thread counted differently on two ranks), and a DataLoader
+    worker's ``name [pid N]`` made ``name [worker]`` (every worker process of a rank is one)."""
+    worker = _WORKER.search(name) is not None
+    base = _NUMBER.sub("#", _WORKER.sub("", name))
+    return f"{base} [worker]" if worker else base
+
+
+@dataclass(frozen=True)
+class _Thread:
+    """One thread (key) of one rank's capture: per frame, the share of the rank's samples in which
+    the thread's stack holds it, the frames above it in every such stack, its deepest position
+    (0: the root); whether the thread ran (was not idle) in any sample."""
+
+    shares: dict[Frame, float]
+    ancestors: dict[Frame, set[Frame]]
+    depth: dict[Frame, int]
+    ran: bool
+
+
+def _threads(rows: Sequence[Sampled], total: int) -> dict[str, _Thread]:
+    holding: dict[str, Counter[Frame]] = defaultdict(Counter)
+    ancestors: dict[str, dict[Frame, set[Frame]]] = defaultdict(dict)
+    depth: dict[str, dict[Frame, int]] = defaultdict(dict)
+    ran: dict[str, bool] = defaultdict(bool)
+    for r in rows:
+        if r.thread.startswith("argus-"):
+            continue
+        frames = _frames(r.frames) or []
+        key = thread_key(r.thread)
+        ran[key] |= not r.idle
+        above: set[Frame] = set()
+        out = ancestors[key]
+        for i, f in enumerate(frames):
+            out[f] = out[f] & above if f in out else set(above)
+            above.add(f)
+            depth[key][f] = max(depth[key].get(f, 0), i)
+        for f in set(frames):
+            holding[key][f] += r.count
+    return {
+        key: _Thread(
+            {f: min(n / total, 1.0) for f, n in holding[key].items()} if total else {},
+            ancestors[key],
+            depth[key],
+            ran[key],
+        )
+        for key in ran
+    }
+
+
 def _carried(
-    excess: dict[tuple[str, str], float],
-    shares: dict[tuple[str, str], float],
-    ancestors: dict[tuple[str, str], set[tuple[str, str]]],
+    excess: dict[Frame, float],
+    shares: dict[Frame, float],
+    ancestors: dict[Frame, set[Frame]],
     samples: int,
-) -> dict[tuple[str, str], float]:
-    """The functions whose excess one function below them carries: per such function, that
-    function's excess.
+) -> dict[Frame, float]:
+    """The frames whose excess one frame below them carries: per such frame, that frame's excess.
 
     A caller's share holds its callees'; a callee that holds most of the caller's excess (more
     than half of it, or all of it within the sampling error: the binomial standard error of the
@@ -184,11 +257,11 @@ def _carried(
     callees or a dump torn between two frames. A callee with less than half leaves the caller to
     lead: the caller's own time is then most of what sets the rank apart.
     """
-    below: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+    below: dict[Frame, list[Frame]] = defaultdict(list)
     for d, above in ancestors.items():
         for a in above:
             below[a].append(d)
-    carriers: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    carriers: dict[Frame, list[Frame]] = {}
     for a, callees in below.items():
         s = shares.get(a, 0.0)
         error = (s * (1 - s) / samples) ** 0.5 if samples else 0.0
@@ -207,62 +280,134 @@ def _carried(
     }
 
 
-def _depths(rows: list[tuple[str, str, int]]) -> dict[tuple[str, str], int]:
-    """Per (function, file): its deepest position in any stack (0 = the root)."""
-    out: dict[tuple[str, str], int] = {}
-    for _, frames, _ in rows:
-        for i, label in enumerate(frames.split(";") if frames else []):
-            function, file, _line = _function(label)
-            out[function, file] = max(out.get((function, file), 0), i)
-    return out
+@dataclass(frozen=True)
+class Comparison:
+    """What sets a flagged rank's stacks apart from its peer's (:func:`compare`).
+
+    Attributes:
+        frames: The top frames, ``{"function", "file", "line", "share", "peer_share"}`` each.
+        thread: The thread they are of (its :func:`thread_key`), None when none was picked.
+        why: Why ``frames`` is empty (one sentence), None when it is not.
+    """
+
+    frames: list[dict[str, Any]]
+    thread: str | None
+    why: str | None
+
+
+def _excess(mine: _Thread, theirs: _Thread | None) -> dict[Frame, float]:
+    return {f: s - (theirs.shares.get(f, 0.0) if theirs else 0.0) for f, s in mine.shares.items()}
+
+
+def compare(
+    flagged: Sequence[Sampled | tuple[str, str, int]],
+    peer: Sequence[Sampled | tuple[str, str, int]],
+    *,
+    cause: str | None = None,
+    idle_known: bool = True,
+    n: int = TOP_FRAMES,
+) -> Comparison:
+    """The lines of code that set the flagged rank's stacks apart from its peer's, in the thread
+    whose time the diagnosis is about.
+
+    Frames are compared **by line** ``(function, file, line)`` and **per thread**: the flagged
+    rank's thread against the peer's thread of the same :func:`thread_key`. The stalling thread
+    is picked thus:
+
+    1. The candidates: every thread but Argus's own (``argus-…``); for a ``dataloader``
+       diagnosis the rank's DataLoader worker processes when it has any (their time is what the
+       training thread waits for), else every thread.
+    2. A thread present on the flagged rank and not on its peer (there by construction, as
+       Lightning's launcher watcher on rank 0) has no peer to be compared with: it is a candidate
+       only if it ran in some sample (py-spy's ``active``; a thread that waits throughout is
+       idle). The in-process sampler cannot tell, so under it such a thread never is.
+    3. Of the candidates, the thread with the largest excess at one line (``share -
+       peer_share``) leads: the training thread stalled at a line its peer does not stall at,
+       or a thread that holds the GIL at a line its peer's thread does not run, while the
+       training thread waits for the GIL (the holder's excess is at one line, the waiter's is
+       spread over its whole step). Ties go to ``MainThread``, then by name.
+
+    Within that thread the lines whose excess is largest come first; a caller line whose excess
+    a frame below it carries (:func:`_carried`) comes right after that frame; ties (a hung rank's
+    one dump holds every frame of its stack in every sample) go to Python code before native
+    frames, then to the frame nearest the leaf: the deepest frame with a file and line.
+
+    Args:
+        flagged: The flagged rank's rows of one capture (:class:`Sampled`, or ``(thread, frames,
+            count)``).
+        peer: The peer's rows of the same capture (empty: no peer; shares are then the rank's own).
+        cause: The diagnosis's cause (``dataloader`` looks at the workers).
+        idle_known: The rows tell idle samples (py-spy's do; the in-process sampler's do not).
+        n: How many frames to keep.
+    """
+    mine_rows = [Sampled(*r) for r in flagged]
+    peer_rows = [Sampled(*r) for r in peer]
+    total = _samples(mine_rows)
+    mine = _threads(mine_rows, total)
+    theirs = _threads(peer_rows, _samples(peer_rows))
+    if not mine:
+        return Comparison([], None, "the capture holds no stack of the rank's threads")
+    candidates = set(mine)
+    workers = {t for t in candidates if t.endswith(" [worker]")}
+    if cause == "dataloader" and workers:
+        candidates = workers
+    if peer_rows:
+        candidates = {t for t in candidates if t in theirs or (idle_known and mine[t].ran)}
+    scored = []
+    for t in candidates:
+        excess = _excess(mine[t], theirs.get(t))
+        top = max(excess.values(), default=0.0)
+        if top > 0:
+            scored.append((-top, t != "MainThread", t))
+    if not scored:
+        versus = "its peer's" if peer_rows else "nothing"
+        return Comparison(
+            [], None, f"no line is held more often in the rank's stacks than in {versus} ({total} samples)"
+        )
+    thread = min(scored)[2]
+    me = mine[thread]
+    excess = _excess(me, theirs.get(thread))
+    carried = _carried(excess, me.shares, me.ancestors, total)
+    ranked = sorted(
+        excess,
+        key=lambda f: (
+            -carried.get(f, excess[f]),
+            not f[1].endswith(".py"),
+            f in carried,
+            -me.depth.get(f, 0),
+            f,
+        ),
+    )
+    other = theirs.get(thread)
+    frames = [
+        {
+            "function": f[0],
+            "file": f[1],
+            "line": f[2],
+            "share": round(me.shares[f], 4),
+            "peer_share": round(other.shares.get(f, 0.0) if other else 0.0, 4),
+        }
+        for f in ranked[:n]
+        if excess[f] > 0
+    ]
+    return Comparison(frames, thread, None)
 
 
 def top_frames(
-    flagged: list[tuple[str, str, int]], peer: list[tuple[str, str, int]], n: int = TOP_FRAMES
+    flagged: Sequence[Sampled | tuple[str, str, int]],
+    peer: Sequence[Sampled | tuple[str, str, int]],
+    n: int = TOP_FRAMES,
+    *,
+    cause: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The functions that set the flagged rank's stacks apart from its peer's.
-
-    Args:
-        flagged: The flagged rank's rows of one capture, ``(thread, frames, count)``: ``frames``
-            root to leaf, ``;``-joined ``function (file:line)`` (the ``stacks`` table's).
-        peer: The peer's rows of the same capture (empty: no peer; shares are then the rank's own).
-        n: How many to keep.
+    """The lines that set the flagged rank's stacks apart from its peer's: :func:`compare`'s frames.
 
     Returns:
         Up to ``n`` dicts ``{"function", "file", "line", "share", "peer_share"}``, the largest
         ``share - peer_share`` first, each > 0: ``share`` is the fraction (0-1) of the flagged
-        rank's samples in which one of its threads was in the function, ``line`` its most
-        sampled line. A caller whose excess a function below it carries (most of it,
-        :func:`_carried`) comes right after that function, not before it; ties (a hung rank's
-        one dump holds every frame of its stack in every sample) go to Python code before
-        native frames, then to the frame nearest the leaf: the most specific.
+        rank's samples in which the stalling thread was at that line.
     """
-    mine, lines = _shares(flagged)
-    theirs, _ = _shares(peer)
-    depth = _depths(flagged)
-    excess = {k: s - theirs.get(k, 0.0) for k, s in mine.items()}
-    carried = _carried(excess, mine, _ancestors(flagged), _samples(flagged))
-    ranked = sorted(
-        excess,
-        key=lambda k: (
-            -carried.get(k, excess[k]),
-            not k[1].endswith(".py"),
-            k in carried,
-            -depth.get(k, 0),
-            k,
-        ),
-    )
-    return [
-        {
-            "function": k[0],
-            "file": k[1],
-            "line": lines[k],
-            "share": round(mine[k], 4),
-            "peer_share": round(theirs.get(k, 0.0), 4),
-        }
-        for k in ranked[:n]
-        if excess[k] > 0
-    ]
+    return compare(flagged, peer, cause=cause, n=n).frames
 
 
 class Stacks:
@@ -283,6 +428,9 @@ class Stacks:
         self.store = store
         self.interval_ns = int(interval_s * 1e9)
         self.duration_ms = int(seconds * 1000)
+        #: ``stacks`` rows read and skipped so far (a frame past the limits; a store written
+        #: before ingest refused them).
+        self.skipped_rows = 0
 
     def requests(
         self,
@@ -390,12 +538,16 @@ class Stacks:
         if not captures:
             return list(diagnoses)
         rows = self.store.query(
-            "SELECT capture_id, rank, sampler, time_ns, thread, frames, sum(count) AS n FROM stacks "
+            "SELECT capture_id, rank, sampler, time_ns, thread, frames, idle, sum(count) AS n FROM stacks "
             "WHERE job_id = {job:String} AND capture_id IN {ids:Array(String)} "
-            "GROUP BY capture_id, rank, sampler, time_ns, thread, frames",
+            "GROUP BY capture_id, rank, sampler, time_ns, thread, frames, idle",
             {"job": job_id, "ids": [c["request_id"] for c in captures]},
         )
-        return _attach(diagnoses, captures, rows)
+        out, skipped = _attach(diagnoses, captures, rows)
+        if skipped:
+            log.warning("job %s: %d stacks row(s) past the stack limits skipped", job_id, skipped)
+            self.skipped_rows += skipped
+        return out
 
     def _last_requests(self, job_id: str, ids: list[str]) -> dict[str, tuple[str, int]]:
         got = self.store.query(
@@ -409,13 +561,19 @@ class Stacks:
 
 def _attach(
     diagnoses: Sequence[Diagnosis], captures: list[dict[str, Any]], rows: pa.Table
-) -> list[Diagnosis]:
-    by_capture: dict[str, dict[int, list[tuple[str, str, int]]]] = defaultdict(lambda: defaultdict(list))
+) -> tuple[list[Diagnosis], int]:
+    """The diagnoses with their captures' comparison in the evidence, and the rows skipped (a
+    frame past the stack limits: :func:`parse_label`)."""
+    by_capture: dict[str, dict[int, list[Sampled]]] = defaultdict(lambda: defaultdict(list))
     sampler: dict[tuple[str, int], str] = {}
     started: dict[str, int] = {}
+    skipped = 0
     for r in rows.to_pylist():
-        cid, rank = str(r["capture_id"]), int(r["rank"])
-        by_capture[cid][rank].append((str(r["thread"]), str(r["frames"]), int(r["n"])))
+        cid, rank, frames = str(r["capture_id"]), int(r["rank"]), str(r["frames"])
+        if _frames(frames) is None:
+            skipped += 1
+            continue
+        by_capture[cid][rank].append(Sampled(str(r["thread"]), frames, int(r["n"]), bool(r["idle"])))
         sampler[(cid, rank)] = str(r["sampler"])
         started[cid] = min(started.get(cid, int(r["time_ns"])), int(r["time_ns"]))
     latest = {str(c["diagnosis_id"]): c for c in captures}
@@ -433,15 +591,20 @@ def _attach(
             continue
         rank = d.rank if d.rank in flagged else flagged[0]
         peer_rows = per_rank.get(peer, [])
+        kind = sampler[(cid, rank)]
+        got = compare(per_rank[rank], peer_rows, cause=d.cause, idle_known=kind != _IN_PROCESS)
         evidence = dict(d.evidence)
-        evidence["top_frames"] = top_frames(per_rank[rank], peer_rows)
+        evidence["top_frames"] = got.frames
         evidence["stacks"] = {
             "capture_id": cid,
             "time_ns": started.get(cid, 0),
             "rank": rank,
             "peer": peer if peer_rows else None,
-            "sampler": sampler[(cid, rank)],
+            "sampler": kind,
             "samples": _samples(per_rank[rank]),
+            "thread": got.thread,
         }
+        if got.why is not None:
+            evidence["stacks"]["why_no_frames"] = got.why
         out.append(replace(d, evidence=evidence))
-    return out
+    return out, skipped

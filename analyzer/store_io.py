@@ -40,6 +40,7 @@ from argus.analyzer.window import (
     Steps,
     Window,
 )
+from argus.limits import LIMITS
 from argus.schema import PHASES, wire_table
 from argus.store import Store
 
@@ -408,6 +409,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     st = store.query(
         f"SELECT toInt64(rank) AS rank, toInt64(step) AS step, start_ns, dur_ns FROM steps WHERE {f}", p
     )
+    skipped: dict[str, int] = {}
+    st = _within_limits(st, ("step",), skipped, "steps")
     steps = Steps(_col(st, "rank"), _col(st, "step"), _col(st, "start_ns"), _col(st, "dur_ns"))
     in_steps = f"(rank, step) IN (SELECT rank, step FROM steps WHERE {f})"
     ph = store.query(
@@ -416,6 +419,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         + _AS_DICTIONARY,
         p,
     )
+    ph = _within_limits(ph, ("step",), skipped, "phases")
     phase_code = {name: i for i, name in enumerate(PHASES)}
     indices, names = _encoded(ph, "phase")
     pc = np.array([phase_code.get(n, -1) for n in names], np.int64)[indices]
@@ -435,6 +439,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         + _AS_DICTIONARY,
         p,
     )
+    co = _within_limits(co, ("step", "seq"), skipped, "collectives")
     group, group_names = _codes(co, "process_group")
     op, op_names = _codes(co, "op")
     c_rank, c_step = _col(co, "rank"), _col(co, "step")
@@ -506,7 +511,25 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     rt = _rank_table(store, job_id, w1)
     status = _status(rt, live, host_gpu, _group_members(store, job_id, w1))
     links = _links(store, p, rt)
-    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, links, mismatched)
+    return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, links, mismatched, skipped)
+
+
+def _within_limits(t: pa.Table, columns: tuple[str, ...], skipped: dict[str, int], table: str) -> pa.Table:
+    """``t`` without its rows whose ``columns`` (read ``toInt64``: past 2**63 they are negative) lie
+    outside ``[0, LIMITS[max_<column>]]``; the rows dropped are added to ``skipped[table]``. Ingest
+    refuses such rows (:mod:`argus.limits`); a store written before it did may hold some, and one
+    of them would fail every window of its job (a step of 2**64-1 reads -1)."""
+    if t.num_rows == 0:
+        return t
+    ok = np.ones(t.num_rows, bool)
+    for name in columns:
+        values = _col(t, name)
+        ok &= (values >= 0) & (values <= LIMITS[f"max_{name}"])
+    bad = int(ok.size - np.count_nonzero(ok))
+    if not bad:
+        return t
+    skipped[table] = skipped.get(table, 0) + bad
+    return t.filter(pa.array(ok))
 
 
 def _links(store: Store, p: dict[str, Any], rt: pa.Table) -> LinkSamples:

@@ -230,6 +230,8 @@ class Window:
     #: ``kernel_summaries`` rows starting in the window whose ``window_ns`` is not its length (summarised
     #: with another ``--window-s``): left out of ``kernels``, counted here to be reported.
     mismatched_kernel_rows: int = 0
+    #: Rows read and skipped, by table: a value past :mod:`argus.limits` (an older store's).
+    skipped_rows: dict[str, int] = field(default_factory=dict)
 
 
 def progress_position(step: NDArray[np.int64], phase: NDArray[np.int64] | None = None) -> I64:

@@ -19,6 +19,12 @@ lists these with their defaults and flags.
     max_elements          2**48             (none)                a collective's element count (trace)
     max_stream            2**32-1           (none)                a kernel's stream id (trace)
     max_device            2**31-1           (none)                a kernel's device index (trace)
+    max_step              2**40-1           (none)                a step number (wire rows, ProfilerStep#N):
+                                                                  the analyzer packs rank << 40 | step
+    max_seq               2**40-1           (none)                a collective's seq (and pending_seq): the
+                                                                  analyzer packs group << 40 | seq
+    max_frame_label_bytes 8,192             (none)                one frame of a stack, 'function (file:line)'
+    max_frame_line        2**31-1           (none)                a frame's line number (CPython's is a C int)
     max_message_bytes     16 MiB            (none)                one gRPC message (argus.config)
     max_batch_decoded_bytes 256 MiB         (none)                an Arrow IPC batch's buffers once
                                                                   decompressed (LZ4/ZSTD bodies)
@@ -29,6 +35,9 @@ lists these with their defaults and flags.
     max_read_rows         1,000,000,000     --max-read-rows       rows one REST read may scan (422)
     max_execution_time    60 s              (none)                every store call (argus.store)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
+
+A stored row past one of these (a store written before a limit existed) is skipped by the
+analyzer where it reads it, and counted (``argus_analysis_skipped_rows_total``).
 
 A trace upload past ``max_upload_bytes``, ``max_inflate_ratio`` or ``max_upload_parse_s`` is
 refused with 413 (:class:`TooLarge`) and writes nothing; gzip is inflated in chunks of at most
@@ -63,8 +72,12 @@ __all__ = [
     "INFLATE_SLACK_BYTES",
     "LIMITS",
     "MAX_ELEMENTS",
+    "MAX_FRAME_LABEL_BYTES",
+    "MAX_FRAME_LINE",
     "MAX_GROUP_RANKS",
     "MAX_RANK",
+    "MAX_SEQ",
+    "MAX_STEP",
     "MAX_WORLD_SIZE",
     "WIRE_COLUMN_LIMITS",
     "WIRE_LENGTH_LIMITS",
@@ -82,6 +95,15 @@ MAX_RANK = MAX_WORLD_SIZE - 1
 MAX_GROUP_RANKS = MAX_WORLD_SIZE
 #: Largest element count of one collective (2**48 elements: 256 TiB of bytes).
 MAX_ELEMENTS = 1 << 48
+#: Largest step number: the analyzer packs ``rank << 40 | step`` into one int64 (ranks need 20 bits).
+MAX_STEP = (1 << 40) - 1
+#: Largest collective sequence number: the analyzer packs ``group << 40 | seq`` into one int64.
+MAX_SEQ = (1 << 40) - 1
+#: Longest frame label of a stack, ``function (file:line)``, bytes: twice Linux's PATH_MAX (a path
+#: and a qualified name); the analyzer parses every label of a capture.
+MAX_FRAME_LABEL_BYTES = 8192
+#: Largest line number of a frame (CPython keeps line numbers in a C int).
+MAX_FRAME_LINE = 2**31 - 1
 #: Most decompressed bytes produced per inflate call.
 INFLATE_CHUNK_BYTES = 1 << 16
 #: JSON text a gzipped file may inflate to beyond ``max_inflate_ratio`` times its bytes read (a
@@ -99,6 +121,10 @@ LIMITS: dict[str, int] = {
     "max_elements": MAX_ELEMENTS,
     "max_stream": 2**32 - 1,
     "max_device": 2**31 - 1,
+    "max_step": MAX_STEP,
+    "max_seq": MAX_SEQ,
+    "max_frame_label_bytes": MAX_FRAME_LABEL_BYTES,
+    "max_frame_line": MAX_FRAME_LINE,
     "max_message_bytes": MAX_MESSAGE_BYTES,
     "max_batch_decoded_bytes": 16 * MAX_MESSAGE_BYTES,
     "max_decoded_bytes": DEFAULT_MAX_DECODED_BYTES,
@@ -112,6 +138,10 @@ WIRE_COLUMN_LIMITS: dict[str, str] = {
     "world_size": "max_world_size",
     "rank": "max_rank",
     "group_ranks": "max_rank",
+    "peer": "max_rank",
+    "step": "max_step",
+    "seq": "max_seq",
+    "pending_seq": "max_seq",
 }
 #: Wire list columns whose length (members per row) is checked against a limit.
 WIRE_LENGTH_LIMITS: dict[str, str] = {"group_ranks": "max_group_ranks"}

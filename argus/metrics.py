@@ -100,6 +100,13 @@ class Metrics:
             ["job_id"],
             registry=r,
         )
+        self.analysis_skipped_rows = Counter(
+            "argus_analysis_skipped_rows",
+            "Stored rows the analyzer skipped where it read them, by table: values past the limits "
+            "ingest applies (argus.limits), in a store written before it applied them.",
+            ["table"],
+            registry=r,
+        )
         self.analysis_window_seconds = Histogram(
             "argus_analysis_window_seconds",
             "Wall time of one job window's analysis, seconds, by stage: read (its rows from the store), "

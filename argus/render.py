@@ -146,15 +146,22 @@ def lost(d: Diagnosis) -> str:
 
 
 def top_frames(d: Diagnosis) -> list[str]:
-    """Lines naming the functions that set the rank's stacks apart from its peer's
-    (``evidence.top_frames``, :mod:`argus.analyzer.stacks`); none without stacks."""
+    """Lines naming the lines of code that set the rank's stacks apart from its peer's
+    (``evidence.top_frames``, :mod:`argus.analyzer.stacks`), or one line saying why there are
+    none (``evidence.stacks.why_no_frames``); nothing without stacks."""
     frames = d.evidence.get("top_frames")
     about = d.evidence.get("stacks")
-    if not isinstance(frames, list) or not frames or not isinstance(about, Mapping):
+    if not isinstance(frames, list) or not isinstance(about, Mapping):
         return []
     peer = about.get("peer")
     versus = f" against rank {peer}" if peer is not None else ""
-    out = [f"    top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}, share of samples):"]
+    thread = f", thread {about['thread']}" if about.get("thread") else ""
+    if not frames:
+        why = about.get("why_no_frames") or "no line is held more often than in the peer's stacks"
+        return [f"    no top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}): {why}"]
+    out = [
+        f"    top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}{thread}, share of samples):"
+    ]
     for f in frames:
         out.append(
             f"      {100 * float(f['share']):5.1f} %  {f['function']} ({f['file']}:{f['line']})"

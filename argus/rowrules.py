@@ -2,7 +2,9 @@
 
 A row breaks a rule when it holds a null (also a null member of a list column), a
 declared size past its limit in :mod:`argus.limits` (:data:`~argus.limits.WIRE_COLUMN_LIMITS`,
-:data:`~argus.limits.WIRE_LENGTH_LIMITS`), or a negative duration (``dur_ns``).
+:data:`~argus.limits.WIRE_LENGTH_LIMITS`: ranks, and steps and sequence numbers the analyzer
+can pack), a stack frame past the frame limits (label bytes, line number), or a negative
+duration (``dur_ns``).
 
 The collector refuses a batch holding any such row (:func:`check_values`, called by
 :func:`argus.collector.ingest.validate_columns` and on every group of batches it stores).
@@ -96,6 +98,7 @@ def faults(table: str, data: pa.Table) -> Iterator[Fault]:
     nulls per column, declared sizes (members per list, then values), negative durations."""
     yield from _null_faults(table, data)
     yield from _limit_faults(table, data)
+    yield from _frame_faults(table, data)
     yield from _negative_faults(table, data)
 
 
@@ -124,6 +127,50 @@ def _limit_faults(table: str, data: pa.Table) -> Iterator[Fault]:
             message = _past(table, name, values, limit)
             if message is not None:
                 yield Fault(message, partial(_above_rows, column, LIMITS[limit]))
+
+
+#: A frame label's line number: the digits between its last ``:`` and its closing parenthesis.
+_FRAME_LINE = r":(?P<line>[0-9]+)\)$"
+#: Digits of the largest line number allowed.
+_LINE_DIGITS = len(str(LIMITS["max_frame_line"]))
+
+
+def _line_rows(stacks: pa.Array[Any], digits: pa.Array[Any]) -> _Mask:
+    width = pc.binary_length(digits)
+    wide = pc.greater(width, pa.scalar(_LINE_DIGITS))
+    short = pc.if_else(wide, pa.scalar("0"), digits)
+    big = _mask(pc.greater(pc.cast(short, pa.int64()), pa.scalar(LIMITS["max_frame_line"])))
+    return _member_rows(stacks, _mask(wide) | big)
+
+
+def _frame_faults(table: str, data: pa.Table) -> Iterator[Fault]:
+    """Every frame of a ``frames`` column (``;``-joined ``function (file:line)``) at most
+    ``max_frame_label_bytes`` long, with a line number at most ``max_frame_line``: the analyzer
+    parses each label of a capture (:mod:`argus.analyzer.stacks`). Linear in the bytes checked
+    (Arrow's RE2 regular expressions)."""
+    if "frames" not in data.schema.names or data.num_rows == 0:
+        return
+    stacks = cast("pa.Array[Any]", pc.split_pattern(_array(data.column("frames")), ";"))
+    # One label per element (the stubs type list_flatten's result as a list array).
+    labels = cast("pa.StringArray", pc.list_flatten(stacks))
+    lengths = pc.binary_length(labels)
+    message = _past(table, "frames (label bytes)", lengths, "max_frame_label_bytes")
+    if message is not None:
+        top = LIMITS["max_frame_label_bytes"]
+        yield Fault(message, lambda: _member_rows(stacks, _mask(pc.greater(lengths, pa.scalar(top)))))
+    digits = cast("pa.Array[Any]", pc.struct_field(pc.extract_regex(labels, _FRAME_LINE), [0]))
+    widest = pc.max(pc.binary_length(digits)).as_py()
+    if widest is None:
+        return
+    if widest > _LINE_DIGITS:
+        message = (
+            f"{table}.frames (line): a {widest}-digit line number is larger than the limit "
+            f"max_frame_line = {LIMITS['max_frame_line']}"
+        )
+    else:
+        message = _past(table, "frames (line)", pc.cast(digits, pa.int64()), "max_frame_line")
+    if message is not None:
+        yield Fault(message, partial(_line_rows, stacks, digits))
 
 
 def _negative_faults(table: str, data: pa.Table) -> Iterator[Fault]:

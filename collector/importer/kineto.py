@@ -343,7 +343,7 @@ class _Builder:
         elif cat in _STEP_CATEGORIES:
             name = event.get("name")
             if isinstance(name, str) and name.startswith(_STEP_PREFIX):
-                self.step.append(int(name[len(_STEP_PREFIX) :]))
+                self.step.append(check_declared("ProfilerStep#N", int(name[len(_STEP_PREFIX) :]), "max_step"))
                 self.step_start.append(_ns(ts))
                 self.step_dur.append(_ns(dur))
                 if not self.pid and type(event.get("pid")) is int:

@@ -305,9 +305,16 @@ function stacksSection(d) {
     top.append(el("li", {}, `${(100 * f.share).toFixed(1)} % `, el("code", {}, f.function), ` (${f.file}:${f.line})`,
       s.peer != null ? `, peer ${(100 * f.peer_share).toFixed(1)} %` : ""));
   }
+  const frames = d.evidence.top_frames || [];
+  const thread = s.thread ? `, thread ${s.thread}` : "";
+  // Never an empty heading: without frames, the analyzer's reason takes the list's place.
+  const heading = frames.length
+    ? el("h5", {}, `Top frames of rank ${s.rank}${versus} (${s.sampler}${thread}, ${s.samples} samples; share of samples)`)
+    : el("p", { class: "muted no-frames" }, `No top frames of rank ${s.rank}${versus} (${s.sampler}, ${s.samples} samples): `
+      + (s.why_no_frames || "no line is held more often than in the peer's stacks"));
   const section = el("div", { class: "stacks", "data-capture": s.capture_id },
-    el("h5", {}, `Top frames of rank ${s.rank}${versus} (${s.sampler}, ${s.samples} samples; share of samples)`),
-    top,
+    heading,
+    ...(frames.length ? [top] : []),
     el("div", { class: "flame-head" }, "flame graph (root on top) of ", ...buttons),
     box);
   return [section, choose(shown)];
