@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from prometheus_client import generate_latest
 
-from argus.analyzer import pipeline
+from argus.analyzer import pipeline, service
 from argus.analyzer.service import MAX_ATTEMPTS, SLICE_WINDOWS, TRAILING_WINDOWS, Analyzer
 from argus.diagnosis import read_diagnoses
 from argus.errors import StoreError
@@ -201,3 +201,74 @@ def test_an_import_whose_parts_lie_twenty_years_apart_delays_nothing(store: Stor
     # Only the windows near its rows were analysed (each part's and the trailing ones), not the
     # 315 million 2 s windows between them.
     assert 2 <= _statuses(store, "a-import")["analysed"] <= 2 * (2 + TRAILING_WINDOWS)
+
+
+def _rows_past_the_limits(store: Store, sim) -> None:  # type: ignore[no-untyped-def]
+    """Issue 39: a step of 2**64-1 (one steps row and the collective of that step), written
+    straight into the store as one written before ingest refused such rows would hold: after
+    ``toInt64`` it reads -1 and ``np.bincount`` raised in the roles, failing every window."""
+    tables = sim.tables()
+    co = tables["collectives"].slice(0, 1).to_pylist()[0]
+    st = tables["steps"].filter(pa.compute.equal(tables["steps"].column("rank"), co["rank"])).to_pylist()
+    step = next(s for s in st if s["start_ns"] <= co["issue_ns"] < s["start_ns"] + s["dur_ns"])
+    bad = {**step, "step": 2**64 - 1}
+    store.insert("steps", pa.Table.from_pylist([bad], schema=tables["steps"].schema))
+    store.insert("collectives", pa.Table.from_pylist([{**co, "step": 2**64 - 1}], schema=tables["collectives"].schema))
+
+
+def test_rows_past_the_limits_in_an_older_store_are_skipped_and_counted(store: Store) -> None:
+    slow, broken = _sims()
+    load(store, slow)
+    _rows_past_the_limits(store, slow)
+    metrics = Metrics()
+    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=0.0)
+    now = int(slow.windows[-1].end_ns) + 10 * NS
+    for _ in range(MAX_ATTEMPTS):
+        a.run_once(now_ns=now)
+    assert "failed" not in _statuses(store, "job-slow")
+    (d,) = read_diagnoses(store, "job-slow")
+    assert (d.rank, d.cause) == (5, "compute")
+    text = generate_latest(metrics.registry).decode()
+    assert 'argus_analysis_skipped_rows_total{table="steps"} 1.0' in text
+    assert 'argus_analysis_skipped_rows_total{table="collectives"}' in text
+
+
+@pytest.mark.parametrize("stage", ["read", "write"])
+def test_any_exception_in_a_window_is_that_job_s_failed_window_never_the_pass_s(
+    store: Store, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> None:
+    """Issue 39: the read and the L5/write stages were contained only for store errors, so a
+    ValueError there (a 5,000-digit line number in ``with_top_frames``) stopped the pass on
+    every pass, and the jobs sorted after it were never analysed."""
+    slow, broken = _sims()
+    load(store, broken)  # listed first (jobs go in id order)
+    load(store, slow)
+    if stage == "read":
+        real_read = service.read_window
+
+        def read(store, job_id, *args):  # type: ignore[no-untyped-def]
+            if job_id == "job-broken":
+                raise ValueError("a row the analyzer cannot represent")
+            return real_read(store, job_id, *args)
+
+        monkeypatch.setattr(service, "read_window", read)
+    else:
+        real_write = service.write_window
+
+        def write(store, job_id, *args, status, **kw):  # type: ignore[no-untyped-def]
+            if job_id == "job-broken" and status == "analysed":
+                raise ValueError("invalid literal for int() with base 10")
+            return real_write(store, job_id, *args, status=status, **kw)
+
+        monkeypatch.setattr(service, "write_window", write)
+    metrics = Metrics()
+    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=0.0)
+    now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
+    for _ in range(MAX_ATTEMPTS):
+        a.run_once(now_ns=now)
+    (d,) = read_diagnoses(store, "job-slow")
+    assert (d.rank, d.cause) == (5, "compute")
+    assert "failed" not in _statuses(store, "job-slow")
+    assert _statuses(store, "job-broken").get("failed", 0) >= len(broken.windows) - 1
+    text = generate_latest(metrics.registry).decode()
+    assert 'argus_analysis_failures_total{job_id="job-broken"}' in text
