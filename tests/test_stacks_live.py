@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,6 +123,51 @@ def test_the_stalling_rank_s_top_frames_name_the_function(
         assert diagnose.returncode == 0 and "stall_job.py:" in diagnose.stdout.partition(f"{STALL} (")[2], (
             diagnose.stdout
         )
+
+
+def _line_of(marker: str) -> int:
+    text = Path("tests/agent/stall_job.py").read_text().splitlines()
+    return next(i for i, line in enumerate(text, 1) if marker in line and "time.sleep" in line)
+
+
+@pytest.mark.parametrize("layout", ["sleep-in-main", "function-beside-a-watcher"])
+def test_the_stalling_line_leads_in_the_evidence_the_terminal_and_the_page(
+    argus_server_factory: Callable[..., ArgusServer], layout: str, tmp_path: Path
+) -> None:
+    """Issue 42, must show 1: a flagged rank stalled at one line of a function every rank runs
+    (``time.sleep`` in ``main``), and one stalled in a named function while a thread only it has
+    waits (Lightning's launcher watcher), each get that line first in ``evidence.top_frames``,
+    in `argus diagnose` and on the page (headless Chromium)."""
+    from tests.api.prom import CHROMIUM, chromium
+
+    if layout == "sleep-in-main":
+        stall, function, line = ["--stall-in=main"], "main", _line_of("STALL-IN-MAIN")
+    else:
+        stall, function, line = ["--watcher"], STALL, _line_of("time.sleep(seconds)")
+    server = argus_server_factory("--window-s", "2")
+    with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
+        found = _run_until_frames(server, http, work, [*stall, "--stall-s=0.1", "--stall-after-s=4"], {}, None)
+        top = found["evidence"]["top_frames"]
+        assert found["rank"] == 3 and found["evidence"]["stacks"]["thread"] == "MainThread", found["evidence"]
+        assert (top[0]["function"], top[0]["line"]) == (function, line), top
+        assert top[0]["file"].endswith("stall_job.py") and top[0]["peer_share"] == 0, top
+        assert all("watcher" not in f["function"] for f in top), top
+        diagnose = subprocess.run(
+            [sys.executable, "-m", "argus.cli", "diagnose", "--job", JOB, "--server", server.http_url],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        print(diagnose.stdout)
+        shown = diagnose.stdout.partition("top frames of rank 3")[2].splitlines()
+        assert diagnose.returncode == 0 and f"{function} (" in shown[1] and f"stall_job.py:{line})" in shown[1], (
+            diagnose.stdout
+        )
+        if not Path(CHROMIUM).exists():
+            pytest.skip("chromium not installed (Debian package chromium; .ci/run installs it)")
+        dom = chromium(tmp_path / "profile", f"{server.http_url}/#job={JOB}", "--dump-dom")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        first = re.search(r'<ol class="top-frames"><li>(.*?)</li>', dom.stdout, re.S)
+        assert first is not None, dom.stdout[-4000:]
+        assert f"<code>{function}</code> (" in first.group(1) and f"stall_job.py:{line})" in first.group(1)
 
 
 HANG = "very_distinctive_hang"

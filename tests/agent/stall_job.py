@@ -7,12 +7,17 @@ until ``--stop-file`` exists (or ``--max-s``), every rank stopping at the same s
 ``--stall-for-s`` ends the stall after that long (the job then trains healthily again).
 ``--hang`` makes the stall one that lasts until the stop file exists (in
 :func:`very_distinctive_hang`): the other ranks wait in the next step's all-reduce meanwhile.
+``--stall-in main`` sleeps at one line of :func:`main` (every rank runs ``main``; the line is
+marked ``STALL-IN-MAIN``) instead. ``--watcher`` starts, on the stalling rank only, a thread that
+polls in a sleep (as Lightning's launcher watcher does on rank 0): present there by
+construction, idle throughout.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import torch
@@ -33,6 +38,12 @@ def very_distinctive_hang(stop_file: str, max_s: float) -> None:
         time.sleep(0.05)
 
 
+def very_distinctive_watcher(done: threading.Event) -> None:
+    """Stands for Lightning's ``_ChildProcessObserver.run``: polls in a sleep until the job ends."""
+    while not done.is_set():
+        time.sleep(0.1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--stall-rank", type=int, default=-1)
@@ -40,6 +51,8 @@ def main() -> None:
     p.add_argument("--stall-after-s", type=float, default=6.0)
     p.add_argument("--stall-for-s", type=float, default=float("inf"))
     p.add_argument("--hang", action="store_true", help="stall once, until the stop file exists")
+    p.add_argument("--stall-in", choices=("function", "main"), default="function")
+    p.add_argument("--watcher", action="store_true", help="the stalling rank alone runs a waiting thread")
     p.add_argument("--stop-file", default="")
     p.add_argument("--max-s", type=float, default=120.0)
     args = p.parse_args()
@@ -51,6 +64,9 @@ def main() -> None:
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     x, y = torch.randn(64, 32), torch.randint(0, 4, (64,))
+    finished = threading.Event()
+    if args.watcher and rank == args.stall_rank:
+        threading.Thread(target=very_distinctive_watcher, args=(finished,), name="watcher", daemon=True).start()
     start = time.monotonic()
     stop = torch.zeros(1)
     step = 0
@@ -63,6 +79,8 @@ def main() -> None:
             if args.hang:
                 very_distinctive_hang(args.stop_file, args.max_s)
                 args.stall_rank = -1
+            elif args.stall_in == "main":
+                time.sleep(args.stall_s)  # STALL-IN-MAIN
             else:
                 very_distinctive_checkpoint_stall(args.stall_s)
         time.sleep(0.02)  # the rest of a step: logging, metrics
@@ -76,6 +94,7 @@ def main() -> None:
             dist.broadcast(stop, 0)
             if stop.item():
                 break
+    finished.set()
     if rank == 0:
         print(f"stopped after {step} steps", flush=True)
     dist.destroy_process_group()
