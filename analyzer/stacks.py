@@ -134,7 +134,8 @@ class Sampled(NamedTuple):
     thread: str
     #: Root to leaf, ``;``-joined ``function (file:line)``.
     frames: str
-    count: int
+    #: Samples that found it so.
+    samples: int
     #: The thread was not running in these samples (py-spy's; the in-process sampler cannot tell).
     idle: bool = False
 
@@ -183,7 +184,7 @@ def _samples(rows: Sequence[Sampled]) -> int:
     """Samples of a capture: those of its most sampled thread (each sample sees every thread once)."""
     per_thread: Counter[str] = Counter()
     for r in rows:
-        per_thread[r.thread] += r.count
+        per_thread[r.thread] += r.samples
     return max(per_thread.values(), default=0)
 
 
@@ -230,7 +231,7 @@ def _threads(rows: Sequence[Sampled], total: int) -> dict[str, _Thread]:
             above.add(f)
             depth[key][f] = max(depth[key].get(f, 0), i)
         for f in set(frames):
-            holding[key][f] += r.count
+            holding[key][f] += r.samples
     return {
         key: _Thread(
             {f: min(n / total, 1.0) for f, n in holding[key].items()} if total else {},

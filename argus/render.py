@@ -159,9 +159,10 @@ def top_frames(d: Diagnosis) -> list[str]:
     if not frames:
         why = about.get("why_no_frames") or "no line is held more often than in the peer's stacks"
         return [f"    no top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}): {why}"]
-    out = [
-        f"    top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}{thread}, share of samples):"
-    ]
+    head = (
+        f"top frames of rank {about.get('rank')}{versus} ({about.get('sampler')}{thread}, share of samples)"
+    )
+    out = [f"    {head}:"]
     for f in frames:
         out.append(
             f"      {100 * float(f['share']):5.1f} %  {f['function']} ({f['file']}:{f['line']})"

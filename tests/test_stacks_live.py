@@ -146,7 +146,9 @@ def test_the_stalling_line_leads_in_the_evidence_the_terminal_and_the_page(
         stall, function, line = ["--watcher"], STALL, _line_of("time.sleep(seconds)")
     server = argus_server_factory("--window-s", "2")
     with short_dir() as work, httpx.Client(base_url=server.http_url, timeout=10) as http:
-        found = _run_until_frames(server, http, work, [*stall, "--stall-s=0.1", "--stall-after-s=4"], {}, None)
+        found = _run_until_frames(
+            server, http, work, [*stall, "--stall-s=0.1", "--stall-after-s=4"], {}, None
+        )
         top = found["evidence"]["top_frames"]
         assert found["rank"] == 3 and found["evidence"]["stacks"]["thread"] == "MainThread", found["evidence"]
         assert (top[0]["function"], top[0]["line"]) == (function, line), top
@@ -158,9 +160,9 @@ def test_the_stalling_line_leads_in_the_evidence_the_terminal_and_the_page(
         )  # fmt: skip
         print(diagnose.stdout)
         shown = diagnose.stdout.partition("top frames of rank 3")[2].splitlines()
-        assert diagnose.returncode == 0 and f"{function} (" in shown[1] and f"stall_job.py:{line})" in shown[1], (
-            diagnose.stdout
-        )
+        assert (
+            diagnose.returncode == 0 and f"{function} (" in shown[1] and f"stall_job.py:{line})" in shown[1]
+        ), diagnose.stdout
         if not Path(CHROMIUM).exists():
             pytest.skip("chromium not installed (Debian package chromium; .ci/run installs it)")
         dom = chromium(tmp_path / "profile", f"{server.http_url}/#job={JOB}", "--dump-dom")

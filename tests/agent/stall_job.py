@@ -66,7 +66,9 @@ def main() -> None:
     x, y = torch.randn(64, 32), torch.randint(0, 4, (64,))
     finished = threading.Event()
     if args.watcher and rank == args.stall_rank:
-        threading.Thread(target=very_distinctive_watcher, args=(finished,), name="watcher", daemon=True).start()
+        threading.Thread(
+            target=very_distinctive_watcher, args=(finished,), name="watcher", daemon=True
+        ).start()
     start = time.monotonic()
     stop = torch.zeros(1)
     step = 0

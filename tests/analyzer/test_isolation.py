@@ -213,11 +213,13 @@ def _rows_past_the_limits(store: Store, sim) -> None:  # type: ignore[no-untyped
     step = next(s for s in st if s["start_ns"] <= co["issue_ns"] < s["start_ns"] + s["dur_ns"])
     bad = {**step, "step": 2**64 - 1}
     store.insert("steps", pa.Table.from_pylist([bad], schema=tables["steps"].schema))
-    store.insert("collectives", pa.Table.from_pylist([{**co, "step": 2**64 - 1}], schema=tables["collectives"].schema))
+    store.insert(
+        "collectives", pa.Table.from_pylist([{**co, "step": 2**64 - 1}], schema=tables["collectives"].schema)
+    )
 
 
 def test_rows_past_the_limits_in_an_older_store_are_skipped_and_counted(store: Store) -> None:
-    slow, broken = _sims()
+    slow, _ = _sims()
     load(store, slow)
     _rows_past_the_limits(store, slow)
     metrics = Metrics()

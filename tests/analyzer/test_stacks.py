@@ -48,7 +48,11 @@ def test_top_frames_name_what_the_rank_does_and_its_peer_does_not() -> None:
     top = top_frames(flagged, peer)
     # Argus's own thread is left out; lines are compared: save_shard's line 88 calls write (30
     # samples), so write leads and that line follows it; its line 91 (10 samples) comes last.
-    assert [(t["function"], t["line"]) for t in top] == [("write", 12), ("save_shard", 88), ("save_shard", 91)]
+    assert [(t["function"], t["line"]) for t in top] == [
+        ("write", 12),
+        ("save_shard", 88),
+        ("save_shard", 91),
+    ]
     # Shares are of the 80 samples (each sees every thread once), not of the 240 thread-samples.
     assert top[1] == {
         "function": "save_shard",
@@ -182,7 +186,13 @@ def test_a_stall_at_one_line_of_a_function_every_rank_runs_is_that_line() -> Non
         ("MainThread", root.format(21) + ";all_reduce (c10d.py:9)", 10),
     ]
     top = top_frames(flagged, peer)
-    assert top[0] == {"function": "main", "file": "train_slow.py", "line": 25, "share": 0.7667, "peer_share": 0.0}
+    assert top[0] == {
+        "function": "main",
+        "file": "train_slow.py",
+        "line": 25,
+        "share": 0.7667,
+        "peer_share": 0.0,
+    }
     assert all(f["function"] != "<module>" for f in top)  # every rank is there all the time
 
 
