@@ -150,8 +150,8 @@ def test_the_stalling_line_leads_in_the_evidence_the_terminal_and_the_page(
             server, http, work, [*stall, "--stall-s=0.1", "--stall-after-s=4"], {}, None
         )
         top = found["evidence"]["top_frames"]
-        assert found["rank"] == 3 and found["evidence"]["stacks"]["thread"] == "MainThread", found["evidence"]
         assert (top[0]["function"], top[0]["line"]) == (function, line), top
+        assert found["rank"] == 3 and found["evidence"]["stacks"]["thread"] == "MainThread", found["evidence"]
         assert top[0]["file"].endswith("stall_job.py") and top[0]["peer_share"] == 0, top
         assert all("watcher" not in f["function"] for f in top), top
         diagnose = subprocess.run(

@@ -256,6 +256,23 @@ def test_a_diagnosis_with_stacks_shows_the_flagged_ranks_flame_graph(
     assert not shown & {"peer_only_allreduce_wait", "an_older_capture_only", "Shipper._run", "argus-probe"}
     assert "<code>very_distinctive_page_stall</code> (train.py:12), peer 0.0 %" in body
     assert 'data-rank="2">rank 2 (peer)</button>' in body
+    # Issue 42: a capture that sets nothing apart says why, in place of an empty heading.
+    why = "no line is held more often in the rank's stacks than in its peer's (30 samples)"
+    empty = {**evidence, "top_frames": [], "stacks": {**evidence["stacks"], "why_no_frames": why}}  # type: ignore[dict-item]
+    store.insert(
+        "diagnoses",
+        diagnosis_row(
+            job_id, "diag-stall", state="open", updated_ns=now + 1, first_ns=now - 10**10, rank=3, ranks=[3],
+            cause="host_stall", phase=None, evidence=json.dumps(empty),
+        ),
+    )  # fmt: skip
+    dom = chromium(tmp_path / "profile-empty", f"{live_app.url}/#job={job_id}", "--dump-dom")
+    html = dom.stdout
+    assert 'data-loaded="true"' in html, html[-3000:]
+    section = re.search(r'<div class="stacks" data-capture="cap-1">(.*?)</article>', html, re.S)
+    assert section is not None, html[-4000:]
+    assert "Top frames of" not in section.group(1) and '<ol class="top-frames">' not in section.group(1)
+    assert f"No top frames of rank 3 against rank 2 (py-spy, 30 samples): {why}" in section.group(1)
 
 
 def test_docs_work_offline(store: Store, live_app: LiveApp, tmp_path: Path) -> None:

@@ -109,3 +109,20 @@ def test_diagnose_prints_the_top_frames_under_the_diagnosis() -> None:
     console = Console(width=200, record=True)
     console.print(render.table(job, [d]))
     assert "stall (t.py:9)" in console.export_text()
+
+
+def test_diagnose_says_why_when_there_are_no_top_frames() -> None:
+    """Issue 42: never a heading with nothing under it: the analyzer's reason is printed."""
+    why = "no line is held more often in the rank's stacks than in its peer's (30 samples)"
+    d = Diagnosis(
+        id="d", job_id="j", rank=3, ranks=[3], group=None, cause="host_stall", phase=None, kernel=None,
+        score=2.0, slowdown_pct=20.0, first_window_ns=S, last_window_ns=2 * S, state="open",
+        evidence={
+            "top_frames": [],
+            "stacks": {
+                "capture_id": "a", "time_ns": S, "rank": 3, "peer": 2, "sampler": "py-spy", "samples": 30,
+                "thread": None, "why_no_frames": why,
+            },
+        },
+    )  # fmt: skip
+    assert render.top_frames(d) == [f"    no top frames of rank 3 against rank 2 (py-spy): {why}"]
