@@ -361,9 +361,10 @@ def compare(
         if top > 0:
             scored.append((-top, t != "MainThread", t))
     if not scored:
-        versus = "its peer's" if peer_rows else "nothing"
+        if not peer_rows:
+            return Comparison([], None, f"the rank's stacks hold no frame ({total} samples, no peer sampled)")
         return Comparison(
-            [], None, f"no line is held more often in the rank's stacks than in {versus} ({total} samples)"
+            [], None, f"no line is held more often in the rank's stacks than in its peer's ({total} samples)"
         )
     thread = min(scored)[2]
     me = mine[thread]

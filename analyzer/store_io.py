@@ -443,7 +443,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     group, group_names = _codes(co, "process_group")
     op, op_names = _codes(co, "op")
     c_rank, c_step = _col(co, "rank"), _col(co, "step")
-    in_window = np.isin((c_rank << 32) + c_step, (steps.rank << 32) + steps.step)
+    # One key per (rank, step): ranks < 2**20 and steps < 2**40 (argus.limits) fit an int64.
+    in_window = np.isin((c_rank << 40) + c_step, (steps.rank << 40) + steps.step)
     coll = Collectives(
         c_rank,
         c_step,
