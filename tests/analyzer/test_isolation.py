@@ -223,7 +223,9 @@ def test_rows_past_the_limits_in_an_older_store_are_skipped_and_counted(store: S
     load(store, slow)
     _rows_past_the_limits(store, slow)
     metrics = Metrics()
-    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=0.0)
+    a = Analyzer(
+        store, window=WindowGrid.from_seconds(W), metrics=metrics, backlog_s=None, retry_backoff_s=0.0
+    )
     now = int(slow.windows[-1].end_ns) + 10 * NS
     for _ in range(MAX_ATTEMPTS):
         a.run_once(now_ns=now)
@@ -264,7 +266,9 @@ def test_any_exception_in_a_window_is_that_job_s_failed_window_never_the_pass_s(
 
         monkeypatch.setattr(service, "write_window", write)
     metrics = Metrics()
-    a = Analyzer(store, window_s=W, metrics=metrics, backlog_s=None, retry_backoff_s=0.0)
+    a = Analyzer(
+        store, window=WindowGrid.from_seconds(W), metrics=metrics, backlog_s=None, retry_backoff_s=0.0
+    )
     now = max(int(slow.windows[-1].end_ns), int(broken.windows[-1].end_ns)) + 10 * NS
     for _ in range(MAX_ATTEMPTS):
         a.run_once(now_ns=now)
