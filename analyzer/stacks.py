@@ -205,25 +205,25 @@ def thread_key(name: str) -> str:
 class _Thread:
     """One thread (key) of one rank's capture: per frame, the share of the rank's samples in which
     the thread's stack holds it, the frames above it in every such stack, its deepest position
-    (0: the root); whether the thread ran (was not idle) in any sample."""
+    (0: the root); ``running``: the shares counting only the samples in which it ran (not idle)."""
 
     shares: dict[Frame, float]
     ancestors: dict[Frame, set[Frame]]
     depth: dict[Frame, int]
-    ran: bool
+    running: dict[Frame, float]
 
 
 def _threads(rows: Sequence[Sampled], total: int) -> dict[str, _Thread]:
     holding: dict[str, Counter[Frame]] = defaultdict(Counter)
     ancestors: dict[str, dict[Frame, set[Frame]]] = defaultdict(dict)
     depth: dict[str, dict[Frame, int]] = defaultdict(dict)
-    ran: dict[str, bool] = defaultdict(bool)
+    running: dict[str, Counter[Frame]] = defaultdict(Counter)
     for r in rows:
         if r.thread.startswith("argus-"):
             continue
         frames = _frames(r.frames) or []
         key = thread_key(r.thread)
-        ran[key] |= not r.idle
+        holding.setdefault(key, Counter())  # every thread seen has an entry, even one with no frame
         above: set[Frame] = set()
         out = ancestors[key]
         for i, f in enumerate(frames):
@@ -232,14 +232,16 @@ def _threads(rows: Sequence[Sampled], total: int) -> dict[str, _Thread]:
             depth[key][f] = max(depth[key].get(f, 0), i)
         for f in set(frames):
             holding[key][f] += r.samples
+            if not r.idle:
+                running[key][f] += r.samples
     return {
         key: _Thread(
             {f: min(n / total, 1.0) for f, n in holding[key].items()} if total else {},
             ancestors[key],
             depth[key],
-            ran[key],
+            {f: min(n / total, 1.0) for f, n in running[key].items()} if total else {},
         )
-        for key in ran
+        for key in holding
     }
 
 
@@ -320,8 +322,10 @@ def compare(
        training thread waits for), else every thread.
     2. A thread present on the flagged rank and not on its peer (there by construction, as
        Lightning's launcher watcher on rank 0) has no peer to be compared with: it is a candidate
-       only if it ran in some sample (py-spy's ``active``; a thread that waits throughout is
-       idle). The in-process sampler cannot tell, so under it such a thread never is.
+       only by what it holds while it runs (py-spy's ``active``): its idle samples cost the
+       training thread nothing, so a thread that waits (polling now and then) scores its few
+       running samples only. The in-process sampler cannot tell idle samples, so under it such a
+       thread is no candidate.
     3. Of the candidates, the thread with the largest excess at one line (``share -
        peer_share``) leads: the training thread stalled at a line its peer does not stall at,
        or a thread that holds the GIL at a line its peer's thread does not run, while the
@@ -352,8 +356,11 @@ def compare(
     workers = {t for t in candidates if t.endswith(" [worker]")}
     if cause == "dataloader" and workers:
         candidates = workers
-    if peer_rows:
-        candidates = {t for t in candidates if t in theirs or (idle_known and mine[t].ran)}
+    lone = {t for t in candidates if peer_rows and t not in theirs}
+    if not idle_known:
+        candidates -= lone
+    # A lone thread (no peer thread to compare with) counts what it holds while it runs.
+    mine = {t: replace(m, shares=m.running) if t in lone else m for t, m in mine.items()}
     scored = []
     for t in candidates:
         excess = _excess(mine[t], theirs.get(t))

@@ -198,14 +198,16 @@ def test_a_stall_at_one_line_of_a_function_every_rank_runs_is_that_line() -> Non
 
 def test_a_thread_only_the_flagged_rank_has_and_that_waits_never_leads() -> None:
     """Lightning's launcher watcher on rank 0: 100 % against 0 % only because the peer has no
-    such thread; idle throughout (py-spy), so the training thread's stall leads, and the list
-    holds the training thread's lines only."""
+    such thread; idle but for a few polls (py-spy), so the training thread's stall leads, and the
+    list holds the training thread's lines only."""
     loop = "<module> (job.py:90);main (job.py:{})"
     watcher = "Thread.run (threading.py:982);_ChildProcessObserver.run (launcher.py:{})"
     flagged = [
         Sampled("MainThread", loop.format(65) + ";stall (job.py:24)", 9),
         Sampled("MainThread", loop.format(60) + ";forward (model.py:3)", 21),
-        Sampled("Thread-2 (run)", watcher.format(77), 30, idle=True),
+        Sampled("Thread-2 (run)", watcher.format(77), 27, idle=True),
+        # Polling, it is caught running now and then: those samples alone are its to explain.
+        Sampled("Thread-2 (run)", watcher.format(78), 3, idle=False),
     ]
     peer = [Sampled("MainThread", loop.format(60) + ";forward (model.py:3)", 30)]
     got = compare(flagged, peer, cause="host_stall")
