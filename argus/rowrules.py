@@ -135,11 +135,13 @@ _FRAME_LINE = r":(?P<line>[0-9]+)\)$"
 _LINE_DIGITS = len(str(LIMITS["max_frame_line"]))
 
 
-def _line_rows(stacks: pa.Array[Any], digits: pa.Array[Any]) -> _Mask:
+def _line_rows(stacks: pa.Array[Any], digits: pa.StringArray) -> _Mask:
     width = pc.binary_length(digits)
-    wide = pc.greater(width, pa.scalar(_LINE_DIGITS))
+    wide = cast("pa.Array[Any]", pc.greater(width, pa.scalar(_LINE_DIGITS)))
     short = pc.if_else(wide, pa.scalar("0"), digits)
-    big = _mask(pc.greater(pc.cast(short, pa.int64()), pa.scalar(LIMITS["max_frame_line"])))
+    big = _mask(
+        cast("pa.Array[Any]", pc.greater(pc.cast(short, pa.int64()), pa.scalar(LIMITS["max_frame_line"])))
+    )
     return _member_rows(stacks, _mask(wide) | big)
 
 
@@ -158,7 +160,7 @@ def _frame_faults(table: str, data: pa.Table) -> Iterator[Fault]:
     if message is not None:
         top = LIMITS["max_frame_label_bytes"]
         yield Fault(message, lambda: _member_rows(stacks, _mask(pc.greater(lengths, pa.scalar(top)))))
-    digits = cast("pa.Array[Any]", pc.struct_field(pc.extract_regex(labels, _FRAME_LINE), [0]))
+    digits = cast("pa.StringArray", pc.struct_field(pc.extract_regex(labels, _FRAME_LINE), [0]))
     widest = pc.max(pc.binary_length(digits)).as_py()
     if widest is None:
         return
