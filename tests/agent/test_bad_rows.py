@@ -96,7 +96,7 @@ def test_the_agent_drops_negative_durations_a_probe_sent_and_stores_the_rest_of_
             bad.enqueue("steps", rows.set_column(rows.schema.get_field_index("dur_ns"), "dur_ns", durations))
             for link in (good, bad):
                 link.pump()
-            wait_for(lambda: agent.bad_rows == 1)
+            wait_for(lambda: agent.intake.bad_rows == 1)
             agent.uploader.flush()  # one batch of steps for the node: both ranks
             assert good.flush(10.0) and bad.flush(10.0)
             wait_for(lambda: collector.rows("SELECT count() FROM steps") == [(7,)])
@@ -142,7 +142,7 @@ def test_rows_the_collector_would_refuse_cost_only_themselves_not_the_nodes_batc
             bad.enqueue("steps", crafted)
             for link in (good, bad):
                 link.pump()
-            wait_for(lambda: agent.bad_rows == 2)
+            wait_for(lambda: agent.intake.bad_rows == 2)
             agent.uploader.flush()  # one batch of steps for the node: both ranks
             assert good.flush(10.0) and bad.flush(10.0)
             wait_for(lambda: collector.rows("SELECT count() FROM steps") == [(6,)])

@@ -4,7 +4,6 @@ a poison batch is set aside, the batches behind it are stored."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -165,13 +164,12 @@ def test_a_probe_connection_dropped_before_its_ack_and_resumed_stores_each_step_
             link.enqueue("steps", steps(0, 5, rank=3))
             link.pump()
             wait_for(lambda: "steps" in {table for _, table, _ in agent.uploader._queued})
-            with agent._lock:
-                conns = list(agent._conns)
-            for conn in conns:  # taken, not yet spooled nor acknowledged: the connection drops
-                conn.shutdown(socket.SHUT_RDWR)
+            agent.probes.shutdown()  # taken, not yet spooled nor acknowledged: the connection drops
             wait_for(lambda: (link.pump(), not link.connected)[1])
             link.enqueue("steps", steps(5, 5, rank=3))
-            assert not link.flush(0.5) and agent.connections == 2  # resent on the new connection, unacked
+            assert (
+                not link.flush(0.5) and agent.probes.connections == 2
+            )  # resent on the new connection, unacked
             agent.uploader.flush()
             assert link.flush(10.0) and link.acked_rows == 10
             wait_for(lambda: sink.table("steps").num_rows >= 10)

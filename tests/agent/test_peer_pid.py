@@ -30,7 +30,7 @@ SPIN = "very_distinctive_spin_for_stacks"
 
 def _capture(agent: NodeAgent, sink: Sink, capture_id: str) -> pa.Table:
     """Ask for a 600 ms capture of rank 3 of job-s; the stacks rows it ships."""
-    wait_for(lambda: agent._rank_process("job-s", 3) is not None)
+    wait_for(lambda: agent.probes.rank_process("job-s", 3) is not None)
     sink.servicer.stack_captures = [
         collector_pb2.StackCapture(capture_id=capture_id, job_id="job-s", ranks=[3], duration_ms=600)
     ]
@@ -46,7 +46,7 @@ def test_a_probe_naming_another_process_gets_its_own_process_sampled(
     victim = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     try:
         assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
-        with short_dir() as work, caplog.at_level(logging.WARNING, logger="argus.agent.node"):
+        with short_dir() as work, caplog.at_level(logging.WARNING, logger="argus.agent.connections"):
             agent = NodeAgent(
                 str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
             )
@@ -70,7 +70,7 @@ def test_a_probe_in_a_pid_namespace_is_sampled_by_its_pid_here(caplog: pytest.Lo
     """A rank in a container numbers itself 1; the kernel names its socket's peer in the agent's
     namespace, and that process is sampled (not this namespace's pid 1)."""
     sink = Sink()
-    with short_dir() as work, caplog.at_level(logging.WARNING, logger="argus.agent.node"):
+    with short_dir() as work, caplog.at_level(logging.WARNING, logger="argus.agent.connections"):
         agent = NodeAgent(
             str(work / "a.sock"), sink.address, str(work / "spool"), 1 << 30, WindowGrid.from_seconds(1.0)
         )
@@ -91,7 +91,7 @@ def test_a_probe_in_a_pid_namespace_is_sampled_by_its_pid_here(caplog: pytest.Lo
             (rank,) = psutil.Process(box.pid).children()  # the rank: pid 1 in its namespace
             assert rank.pid != 1
             stacks = _capture(agent, sink, "cap-ns")
-            assert agent._hellos and next(iter(agent._hellos.values())).pid == 1
+            assert [h.pid for h in agent.probes.hellos()] == [1]
         finally:
             agent.stop(drain_s=2)
             box.kill()  # --kill-child: the rank goes with it

@@ -81,7 +81,7 @@ def test_agent_samples_a_registered_rank_with_pyspy_and_ships_rows() -> None:
         try:
             assert child.stdout is not None and child.stdout.readline().strip() == "ready"
             try:
-                wait_for(lambda: agent._rank_process("job-s", 3) is not None)
+                wait_for(lambda: agent.probes.rank_process("job-s", 3) is not None)
                 capture = collector_pb2.StackCapture(
                     capture_id="cap-1", job_id="job-s", ranks=[3, 5], duration_ms=800
                 )
@@ -119,7 +119,7 @@ def test_agent_asks_the_probe_when_pyspy_cannot_attach() -> None:
                 link._sock = conn
                 asked: list[Sample] = []
                 link.on_sample = asked.append
-                wait_for(lambda: agent._rank_process("job-s", 3) is not None)
+                wait_for(lambda: agent.probes.rank_process("job-s", 3) is not None)
                 sink.servicer.stack_captures = [
                     collector_pb2.StackCapture(capture_id="cap-2", job_id="job-s", ranks=[3], duration_ms=300)
                 ]

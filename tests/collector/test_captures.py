@@ -42,7 +42,7 @@ def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back
             try:
                 link = AgentLink(str(work / "a.sock"), {**HELLO, "job_id": "job-c", "pid": child.pid})
                 link.pump()
-                wait_for(lambda: agent._rank_process("job-c", 3) is not None)
+                wait_for(lambda: agent.probes.rank_process("job-c", 3) is not None)
                 request = StackRequest(
                     request_id="req-1", job_id="job-c", diagnosis_id="d", cause="host_stall", flagged=(3,),
                     peer=6, duration_ms=600, blocking=False, requested_ns=time.time_ns(),
