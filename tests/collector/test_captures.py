@@ -1,7 +1,8 @@
 """Capture requests through the store: the analyzer's row → a collector's Ack → a node agent → stacks rows.
 
 Real chDB store, real collector over gRPC, real node agent, a real child process registered on the
-agent's socket.
+agent's socket by itself (the agent samples the process on the other end of a socket, never a pid a
+HELLO names).
 """
 
 from __future__ import annotations
@@ -24,23 +25,36 @@ from tests.agent.jobs import short_dir
 from tests.agent.test_node_agent import HELLO, wait_for
 from tests.agent.test_stacks import CHILD
 
+#: Rank 3 of job-c: connects to the agent's socket (argv[1]) as its own probe, then spins.
+PROBED_CHILD = (
+    "import os, sys\n"
+    "from argus.agent.sink import AgentLink\n"
+    "from tests.agent.test_node_agent import HELLO\n"
+    "link = AgentLink(sys.argv[1], {**HELLO, 'job_id': 'job-c', 'pid': os.getpid()})\n"
+    "link.pump()\n"
+    "assert link.connected\n" + CHILD
+)
+
 
 def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back(store: Store) -> None:
     collector = start_collector(store, Metrics(), "127.0.0.1:0")
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        with short_dir() as work:
-            agent = NodeAgent(
-                str(work / "a.sock"),
-                collector.address,
-                str(work / "spool"),
-                1 << 30,
-                WindowGrid.from_seconds(1.0),
-            )
-            agent.start()
+    with short_dir() as work:
+        agent = NodeAgent(
+            str(work / "a.sock"),
+            collector.address,
+            str(work / "spool"),
+            1 << 30,
+            WindowGrid.from_seconds(1.0),
+        )
+        agent.start()
+        child = subprocess.Popen(
+            [sys.executable, "-c", PROBED_CHILD, str(work / "a.sock")], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
             try:
-                link = AgentLink(str(work / "a.sock"), {**HELLO, "job_id": "job-c", "pid": child.pid})
+                # Rank 2 of the same job, this process: its heartbeats make batches, so acks flow.
+                link = AgentLink(str(work / "a.sock"), {**HELLO, "job_id": "job-c", "rank": 2})
                 link.pump()
                 wait_for(lambda: agent.probes.rank_process("job-c", 3) is not None)
                 request = StackRequest(
@@ -60,10 +74,10 @@ def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back
                 pending = collector.servicer.captures.for_job("job-c")
             finally:
                 agent.stop(drain_s=2)
-    finally:
-        child.kill()
-        child.wait()
-        collector.stop(1.0)
+        finally:
+            child.kill()
+            child.wait()
+            collector.stop(1.0)
     assert set(rows["capture_id"].to_pylist()) == {"req-1"}
     assert set(rows["rank"].to_pylist()) == {3}
     spin = rows.filter(pc.match_substring(rows["frames"], "very_distinctive_spin_for_stacks"))
