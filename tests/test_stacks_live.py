@@ -138,7 +138,7 @@ def test_the_stalling_line_leads_in_the_evidence_the_terminal_and_the_page(
     (``time.sleep`` in ``main``), and one stalled in a named function while a thread only it has
     waits (Lightning's launcher watcher), each get that line first in ``evidence.top_frames``,
     in `argus diagnose` and on the page (headless Chromium)."""
-    from tests.api.prom import CHROMIUM, chromium
+    from tests.collector.api.prom import CHROMIUM, chromium
 
     if layout == "sleep-in-main":
         stall, function, line = ["--stall-in=main"], "main", _line_of("STALL-IN-MAIN")

@@ -22,8 +22,8 @@ from argus.agent.sink import AgentLink
 from argus.schema import wire_table
 from argus.store import open_store
 from tests.agent.jobs import job_env, short_dir
+from tests.collector.importer.traces import kernel, write_trace
 from tests.conftest import ArgusServer
-from tests.importer.traces import kernel, write_trace
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from argus.collector.importer import import_traces
 from argus.metrics import Metrics
 from argus.store import Store
 from argus.window_grid import WindowGrid
-from tests.importer.traces import T0_US, kernel, write_trace
+from tests.collector.importer.traces import T0_US, kernel, write_trace
 
 #: Kernels every half second for 20 s: summaries in five 4.1 s windows.
 KERNELS = [kernel(T0_US + i * 500_000, 50 + i) for i in range(40)]

@@ -90,7 +90,7 @@ def test_pending_captures_read_only_their_jobs_stacks_rows(store: Store) -> None
     """100,000 stacks rows of another job: reading the pending requests of one job, through a view
     of the store that refuses to scan more than 20,000 rows, works (before, the whole table was
     scanned every second on the ingest side)."""
-    from tests.api.test_bounded_reads import _rows
+    from tests.collector.api.test_bounded_reads import _rows
 
     now = time.time_ns()
     store.insert("stacks", _rows("stacks", 100_000, "busy", time_ns=[now] * 100_000))

@@ -28,9 +28,9 @@ from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.limits import MAX_WORLD_SIZE, Gunzip
 from argus.proto import collector_pb2 as pb
 from argus.store import open_store
+from tests.collector.importer.traces import simple_events, write_trace
 from tests.collector.wire import batch, sample, stream
 from tests.conftest import ArgusServer
-from tests.importer.traces import simple_events, write_trace
 
 GOOD_IDS = ["jöb ü 名前", 'a "quoted" id', "sp ace's; x=1%20?#&\\", "x" * 256, "é" * 128]
 BAD_IDS = {

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from synthetic.wire import LiveFeed
+from tests.collector.importer.traces import T0_US, simple_events, write_trace
 from tests.conftest import ArgusServer
-from tests.importer.traces import T0_US, simple_events, write_trace
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from argus.schema import TABLES
 from argus.store import Store
 from synthetic.wire import insert_direct, synthetic_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARDS = ROOT / "dashboards"
 FILES = ("argus-prometheus.json", "argus-clickhouse.json")
 

@@ -16,7 +16,7 @@ import yaml
 
 from argus.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 PROMETHEUS = DEPLOY / "prometheus"
 KUBERNETES_VERSION = "1.30.0"

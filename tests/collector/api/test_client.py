@@ -17,7 +17,7 @@ from argus.diagnosis import Diagnosis
 from argus.schema import wire_table
 from argus.store import Store
 from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
-from tests.api.conftest import LiveApp
+from tests.collector.api.conftest import LiveApp
 from tests.collector.test_auth_tls import self_signed
 from tests.conftest import ArgusServer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import LiveApp
-from tests.api.prom import PROMETHEUS, Prometheus, fast_rules
+from tests.collector.api.conftest import LiveApp
+from tests.collector.api.prom import PROMETHEUS, Prometheus, fast_rules
 
 pytestmark = [
     pytest.mark.slow,

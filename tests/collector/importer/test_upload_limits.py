@@ -14,7 +14,7 @@ from argus.errors import TooLarge
 from argus.limits import INFLATE_SLACK_BYTES, LIMITS, ByteBudget, SharedBytes
 from argus.metrics import Metrics
 from argus.store import Store
-from tests.api.conftest import LiveApp
+from tests.collector.api.conftest import LiveApp
 
 from .traces import simple_events, write_trace
 

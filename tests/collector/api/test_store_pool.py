@@ -10,7 +10,7 @@ import httpx
 from argus.metrics import Metrics
 from argus.store import open_store
 from argus.store_pool import StorePool
-from tests.api.conftest import LiveApp
+from tests.collector.api.conftest import LiveApp
 
 #: A query that runs for about 4 s inside the engine (40 rows, 0.1 s each).
 SLOW_SQL = "SELECT sum(sleepEachRow(0.1)) AS s FROM numbers(40) SETTINGS max_block_size = 1"

@@ -12,7 +12,7 @@ import pytest
 from argus.collector.api.serve import HttpServer, start_http
 from argus.metrics import Metrics
 from argus.store import Store
-from tests.importer.traces import simple_events, write_trace
+from tests.collector.importer.traces import simple_events, write_trace
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 from argus.render import printable
 from argus.store import Store
 from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
-from tests.api.conftest import LiveApp
+from tests.collector.api.conftest import LiveApp
 
 #: A window title (OSC), a clear screen and cursor home (CSI), a hyperlink (OSC 8), a bell, an
 #: 8-bit CSI, a carriage return that would overwrite the line.

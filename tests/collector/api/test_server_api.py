@@ -33,13 +33,13 @@ from tests.conftest import ArgusServer
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXCLUDED = [positive_data_acceptance, negative_data_rejection]
-#: The real Kineto traces of shared/data (as tests/importer finds them; override with $ARGUS_KINETO_DIR).
+#: The real Kineto traces of shared/data (as tests/collector/importer finds them; $ARGUS_KINETO_DIR).
 KINETO = next(
     (
         p
         for p in (
             Path(os.environ.get("ARGUS_KINETO_DIR", "/work/shared/data/kineto")),
-            Path(__file__).resolve().parents[3] / "shared" / "data" / "kineto",
+            Path(__file__).resolve().parents[4] / "shared" / "data" / "kineto",
         )
         if (p / "README.md").exists()
     ),

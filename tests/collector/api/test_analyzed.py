@@ -25,7 +25,7 @@ import pytest
 
 from argus.diagnosis import Diagnosis
 from synthetic.wire import LiveFeed
-from tests.api.prom import CHROMIUM, PROMETHEUS, Prometheus, chromium, fast_rules
+from tests.collector.api.prom import CHROMIUM, PROMETHEUS, Prometheus, chromium, fast_rules
 from tests.conftest import ArgusServer
 
 JOB = "job-straggler"

@@ -25,7 +25,7 @@ from argus.store import Store
 from argus.window_grid import WindowGrid
 from synthetic.wire import insert_direct, synthetic_job
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "argus-rules.yml"
+RULES = Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "argus-rules.yml"
 MIN = 60 * 10**9
 pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool not installed (Debian package `prometheus`)"

@@ -14,7 +14,7 @@ import yaml
 
 __all__ = ["CHROMIUM", "PROMETHEUS", "Prometheus", "chromium", "fast_rules"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS = shutil.which("prometheus")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -21,8 +21,8 @@ import pytest
 from argus.schema import wire_table
 from argus.store import Store
 from synthetic.wire import diagnosis_row, insert_direct, synthetic_job
-from tests.api.conftest import LiveApp
-from tests.api.prom import CHROMIUM, chromium
+from tests.collector.api.conftest import LiveApp
+from tests.collector.api.prom import CHROMIUM, chromium
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,7 +14,7 @@ from argus.collector.api.jobs import MAX_SUGGESTION_IDS
 from argus.collector.api.stacks import MAX_FOLDED_STACKS
 from argus.metrics import Metrics
 from argus.store import Store
-from tests.api.conftest import LiveApp
+from tests.collector.api.conftest import LiveApp
 from tests.collector.wire import sample
 
 
