@@ -4,10 +4,11 @@
 fault's onset (the demo's ``compute`` fault), and beside them one thread that, twice a
 second, sends the node agent a corrupt Arrow frame and a frame of bad rows
 (a null, a rank past the limit, an end before its start) and sends the collector, over gRPC, a
-batch of garbage bytes, a batch under an invalid job id and valid steps of 20 junk job ids.
+batch of garbage bytes, a batch under an invalid job id, crafted stack frames and steps past what
+the analyzer represents, and valid steps of 20 junk job ids.
 
 Each bad input costs only itself: the corrupt frames are refused (REFUSED), the bad rows dropped
-and counted (``argus_agent_dropped_events_total``), the bad batches rejected (REJECTED), the junk
+and counted (``argus_agent_dropped_events_total``), the bad and crafted batches rejected (REJECTED), the junk
 jobs stored as jobs of their own; the agent process lives on, and the analyzer names rank 1 and
 its cause by the analysis of the second whole window after the fault began (what a thin
 reference of three peers allows: two windows running).
@@ -43,6 +44,7 @@ from synthetic.wire import synthetic_job
 from tests.agent.jobs import short_dir
 from tests.agent.test_corrupt_frames import corrupt_kernel_events
 from tests.agent.test_node_agent import HELLO
+from tests.collector.bad_batches import _past_what_the_analyzer_represents
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +85,17 @@ def _batch(job_id: str, table: str, payload: bytes, seq: int) -> collector_pb2.B
     )
 
 
+#: Batches past what the analyzer can represent (issue 39 item 2 and 3: a 5,000-digit line
+#: number, a 40 kB frame label, a step of 2**64-1, ...), each refused at ingest.
+CRAFTED = [b for _, b, _ in _past_what_the_analyzer_represents()]
+
+
+def _crafted(b: collector_pb2.Batch, seq: int) -> collector_pb2.Batch:
+    return collector_pb2.Batch(
+        agent_id="bad-input-side", seq=seq, job_id="junk-crafted", table=b.table, arrow_ipc=b.arrow_ipc
+    )
+
+
 def _send_bad_inputs(service: Service, stop: threading.Event, counts: Counter[str]) -> None:
     """Until ``stop``, twice a second: one corrupt frame and one frame of bad rows into the node
     agent (a fresh probe link each, as a crash-looping rank would open), and over gRPC a garbage
@@ -108,6 +121,9 @@ def _send_bad_inputs(service: Service, stop: threading.Event, counts: Counter[st
             for job_id, payload in batches:
                 seq += 1
                 requests.append(_batch(job_id, "steps", payload, seq))
+            for crafted in CRAFTED:  # stack frames and steps past what the analyzer represents
+                seq += 1
+                requests.append(_crafted(crafted, seq))
             for ack in stub.Stream(iter(requests), timeout=30):
                 counts[collector_pb2.Ack.Status.Name(ack.status)] += 1
 
@@ -209,7 +225,8 @@ def test_the_slow_rank_is_diagnosed_within_two_windows_while_bad_inputs_arrive()
         assert counts["refused_rows"] == 4 * rounds, context  # every corrupt frame, whole
         assert counts["acked_rows"] == 4 * rounds, context  # the bad rows' frame: answered, 3 dropped
         assert _metric(service.http, "argus_agent_dropped_events_total") >= 3 * rounds, context
-        assert counts["REJECTED"] == 2 * rounds, context  # the garbage batch and the invalid job id
+        # The garbage batch, the invalid job id and each crafted batch.
+        assert counts["REJECTED"] == (2 + len(CRAFTED)) * rounds, context
         assert counts["STORED"] == JUNK_JOBS * rounds, context
         print("CTX", context)
         assert b"refused frame" in (service.logs / "agent.log").read_bytes()
