@@ -471,7 +471,7 @@ class Analyzer:
         if rows == 0:
             return
         if self.metrics is not None:
-            self.metrics.window_mismatch_rows.labels(job.analysis.job_id).inc(rows)
+            self.metrics.window_mismatch_rows.inc(rows)
         if job.mismatched_rows == 0:
             log.warning(
                 "job %s: %d kernel_summaries rows of window %d were summarised in another window than "

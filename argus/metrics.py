@@ -96,8 +96,8 @@ class Metrics:
         self.window_mismatch_rows = Counter(
             "argus_window_mismatch_rows",
             "kernel_summaries rows the analyzer left out because their window_ns is not its window "
-            "(an agent, or an import, with another --window-s), by job.",
-            ["job_id"],
+            "(an agent, or an import, with another --window-s); server-wide, so it outlives the job "
+            "(the log line names the job).",
             registry=r,
         )
         self.analysis_skipped_rows = Counter(
@@ -176,7 +176,6 @@ class Metrics:
                 self.lost_time,
                 self.unexplained_loss,
                 self.analysis_failures,
-                self.window_mismatch_rows,
                 self.step_time,
             ):
                 with contextlib.suppress(KeyError):  # never set for this job
