@@ -155,4 +155,6 @@ def test_argus_run_says_at_once_when_the_collector_is_unreachable_and_why_it_wai
     line = next((s for s in said if "unreachable" in s), "")
     assert line.startswith(f"argus: collector {target} unreachable: spooling to {spool}/"), said
     assert line.endswith("run `argus server` or pass --collector"), said
-    assert any("stopping the node agent: up to" in s for s in said), said
+    # It says why it may wait at exit (only for a collector reached meanwhile) and where rows stay.
+    stop = next((s for s in said if s.startswith("argus: stopping the node agent:")), "")
+    assert "only if it reached it meanwhile" in stop and str(spool) in stop, said
