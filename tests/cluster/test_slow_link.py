@@ -47,6 +47,10 @@ def test_a_rate_limited_link_on_node_1_opens_a_diagnosis(slow_link_demo: dict[st
     assert any(d["state"] == "open" for d in found), json.dumps(slow_link_demo, indent=1)
 
 
+# Failed once in the fresh-clone CI of 0024baa (a job-level loss instead of `communication` on rank 1)
+# and once in four runs on 2026-12-06 20:07-20:13 (quiet machine; passed in that day's fresh-clone CI
+# of 3ddf006 and twice alone): the link's own history is built from healthy warm-up windows only.
+@LOAD_DEPENDENT_VERDICT
 def test_the_limited_link_alone_is_named_communication_with_its_evidence(
     slow_link_demo: dict[str, Any],
 ) -> None:
