@@ -53,6 +53,7 @@ from numpy.typing import NDArray
 from scipy.stats import norm
 
 from argus.analyzer.collectives import Decomposition
+from argus.analyzer.host import host_signals
 from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
 from argus.analyzer.roles import Roles, one_role
 from argus.analyzer.waits import COMPONENTS, StepTimes, step_times
@@ -587,21 +588,18 @@ def _expected_max(n: int) -> float:
 
 
 def _run_queue_per_step(w: Window, ranks: NDArray[np.int64], step_ns: F64) -> tuple[F64, F64]:
-    """Per rank, its run-queue delay and its CPU time per step, ns (host samples: the share of the
-    window's wall time, times the rank's mean step); 0 where unknown."""
-    h = w.host
+    """Per rank, its run-queue delay and its CPU time per step, ns: its share of wall time
+    (:func:`~argus.analyzer.host.host_signals`, the one owner of these shares) times its mean
+    step; 0 where its run-queue delay is unknown."""
     rq, cpu = np.zeros(ranks.size), np.zeros(ranks.size)
-    if h.rank.size == 0:
-        return rq, cpu
-    delay = h.run_delays
-    known = (delay >= 0) & np.isin(h.rank, ranks)
+    host = host_signals(w.host)
+    known = np.isin(host.rank, ranks) & np.isfinite(host.wait_frac)
     if not np.any(known):
         return rq, cpu
-    idx = np.searchsorted(ranks, h.rank[known])
-    wall = np.maximum(np.bincount(idx, h.interval_ns[known].astype(np.float64), ranks.size), 1.0)
+    idx = np.searchsorted(ranks, host.rank[known])
     step = np.nan_to_num(np.nanmean(step_ns, axis=1), nan=0.0)
-    rq = np.bincount(idx, delay[known].astype(np.float64), ranks.size) / wall * step
-    cpu = np.bincount(idx, h.proc_cpu_ns[known].astype(np.float64), ranks.size) / wall * step
+    rq[idx] = host.wait_frac[known] * step[idx]
+    cpu[idx] = host.cpu_frac[known] * step[idx]
     return rq, cpu
 
 
