@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from argus.errors import ConfigError
@@ -55,8 +55,10 @@ __all__ = [
     "ENV_STORE",
     "ENV_TOKEN",
     "MAX_MESSAGE_BYTES",
+    "MIN_HEARTBEAT_TIMEOUT_NS",
     "SYSTEM_SOCKET",
     "AgentConfig",
+    "ApiSettings",
     "ServerConfig",
     "TlsFiles",
     "default_spool_dir",
@@ -120,6 +122,9 @@ DEFAULT_MAX_DECODED_BYTES = 1 << 30
 #: is answered 422 (:class:`argus.errors.TooManyRows`). A day of a 10,000-rank job's steps at two
 #: steps a second is 1.7 billion rows; a billion is a few seconds of a ClickHouse server's scan.
 DEFAULT_MAX_READ_ROWS = 1_000_000_000
+#: A rank whose heartbeats are this old is no longer ``running`` whatever the window (the REST
+#: API waits three windows, and at least this long: :attr:`ApiSettings.heartbeat_timeout_ns`), ns.
+MIN_HEARTBEAT_TIMEOUT_NS = 3 * DEFAULT_WINDOW.length_ns
 #: gRPC message size limit, both directions; larger batches are split by the agent.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: ClickHouse database holding the tables of argus.schema.
@@ -237,6 +242,11 @@ def _positive(option: str, value: float) -> None:
         raise ConfigError(f"{option} must be > 0, got {value}")
 
 
+def _at_least(option: str, value: float, least: int) -> None:
+    if value < least:
+        raise ConfigError(f"{option} must be >= {least}, got {value}")
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """A server's TLS certificate and private key, PEM files (both or neither: ``--tls-cert/--tls-key``)."""
@@ -254,6 +264,41 @@ class TlsFiles:
         if (cert is None) != (key is None):
             raise ConfigError("--tls-cert and --tls-key go together")
         return cls(cert, key) if cert is not None and key is not None else None
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """What the REST API of a server needs (:func:`argus.collector.api.create_app`); checked when built.
+
+    Built once by :class:`ServerConfig` (its ``api``) and passed whole to the app and its routes.
+
+    Attributes:
+        token: Bearer token every endpoint but ``/healthz`` requires, or None.
+        window: The analysis window; uploaded traces are summarised in it.
+        max_upload_bytes: Cap on a request body and on an upload's decompressed text, bytes (>= 1; 413).
+        max_read_rows: Rows of the store one request may scan (>= 1; 422 past it, naming the limit).
+        max_upload_parse_s: CPU seconds parsing one trace upload may take (> 0; 413 past it).
+
+    Raises:
+        ConfigError: a limit out of range (the message names its flag).
+    """
+
+    token: str | None = None
+    window: WindowGrid = DEFAULT_WINDOW
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    max_read_rows: int = DEFAULT_MAX_READ_ROWS
+    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S
+
+    def __post_init__(self) -> None:
+        _at_least("--max-upload-bytes", self.max_upload_bytes, 1)
+        _at_least("--max-read-rows", self.max_read_rows, 1)
+        _positive("--max-upload-parse-s", self.max_upload_parse_s)
+
+    @property
+    def heartbeat_timeout_ns(self) -> int:
+        """A rank whose newest heartbeat is older than this is not ``running``: three windows, and at
+        least :data:`MIN_HEARTBEAT_TIMEOUT_NS`, ns."""
+        return max(MIN_HEARTBEAT_TIMEOUT_NS, 3 * self.window.length_ns)
 
 
 @dataclass(frozen=True)
@@ -277,6 +322,7 @@ class ServerConfig:
         max_read_rows: Rows of the store one REST read may scan (>= 1; 422 past it).
         max_decoded_bytes: Bytes of batches held from read to written, all streams (>= 1; waits past it).
         max_upload_parse_s: CPU seconds parsing one trace upload may take (> 0; 413 past it).
+        api: The REST API's part of these (:class:`ApiSettings`), built with them.
     """
 
     store: str = DEFAULT_STORE_URL
@@ -295,24 +341,24 @@ class ServerConfig:
     max_read_rows: int = DEFAULT_MAX_READ_ROWS
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
     max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S
+    api: ApiSettings = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parse_listen(self.grpc_listen, "--grpc-listen")
         _positive("--stack-interval-s", self.stack_interval_s)
         parse_listen(self.http_listen, "--http-listen")
-        if self.min_loss_pct < 0:
-            raise ConfigError(f"--min-loss-pct must be >= 0, got {self.min_loss_pct}")
-        if self.retention_days < 1:
-            raise ConfigError(f"--retention-days must be >= 1, got {self.retention_days}")
-        if self.max_upload_bytes < 1:
-            raise ConfigError(f"--max-upload-bytes must be >= 1, got {self.max_upload_bytes}")
-        if self.max_streams < 1:
-            raise ConfigError(f"--max-streams must be >= 1, got {self.max_streams}")
-        if self.max_read_rows < 1:
-            raise ConfigError(f"--max-read-rows must be >= 1, got {self.max_read_rows}")
-        _positive("--max-upload-parse-s", self.max_upload_parse_s)
-        if self.max_decoded_bytes < 1:
-            raise ConfigError(f"--max-decoded-bytes must be >= 1, got {self.max_decoded_bytes}")
+        _at_least("--min-loss-pct", self.min_loss_pct, 0)
+        _at_least("--retention-days", self.retention_days, 1)
+        _at_least("--max-streams", self.max_streams, 1)
+        _at_least("--max-decoded-bytes", self.max_decoded_bytes, 1)
+        api = ApiSettings(
+            token=self.token,
+            window=self.window,
+            max_upload_bytes=self.max_upload_bytes,
+            max_read_rows=self.max_read_rows,
+            max_upload_parse_s=self.max_upload_parse_s,
+        )
+        object.__setattr__(self, "api", api)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from argus.errors import StoreError
 from argus.schema import TABLES
+from argus.store import given_conditions
 
 if TYPE_CHECKING:
     from argus.store import Store
@@ -318,17 +319,10 @@ def read_diagnoses(
     Raises:
         StoreError: the query failed, or a row is not a diagnosis.
     """
-    where = ["1 = 1"]
-    params: dict[str, Any] = {}
-    if job_id is not None:
-        where.append("job_id = {job:String}")
-        params["job"] = job_id
-    if state is not None:
-        where.append("state = {state:String}")
-        params["state"] = state
-    if cause is not None:
-        where.append("cause = {cause:String}")
-        params["cause"] = cause
+    where, params = given_conditions(
+        {"job_id = {job:String}": job_id, "state = {state:String}": state, "cause = {cause:String}": cause}
+    )
+    where.insert(0, "1 = 1")
     if after is not None:
         before = "<" if newest_first else ">"
         where.append(

@@ -79,15 +79,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
     http: HttpServer | None = None
     analyzer: tuple[Analyzer, threading.Thread] | None = None
     try:
-        collector = start_collector(
-            store,
-            metrics,
-            config.grpc_listen,
-            token=config.token,
-            tls=config.tls,
-            max_streams=config.max_streams,
-            max_decoded_bytes=config.max_decoded_bytes,
-        )
+        collector = start_collector(store, metrics, config)
         if config.analyzer:
             besides.append(store.beside())
             service = Analyzer(
@@ -102,17 +94,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             analyzer = service, thread
         # A pool: one slow read (a trace export) holds back no other request, /metrics included.
         besides.append(StorePool.opened_beside(store))
-        http = start_http(
-            besides[-1],
-            metrics,
-            config.http_listen,
-            token=config.token,
-            tls=config.tls,
-            window=config.window,
-            max_upload_bytes=config.max_upload_bytes,
-            max_read_rows=config.max_read_rows,
-            max_upload_parse_s=config.max_upload_parse_s,
-        )
+        http = start_http(besides[-1], metrics, config)
         notes = [" (TLS)" if collector.tls else "", ", token required" if config.token else ""]
         print(
             f"argus server: gRPC on {collector.address}{notes[0]}, HTTP on {http.url}, "

@@ -75,6 +75,7 @@ __all__ = [
     "ClickHouseStore",
     "Store",
     "apply_retention",
+    "given_conditions",
     "open_store",
     "retention_statements",
 ]
@@ -434,3 +435,27 @@ def open_store(
             store.close()
             raise
     return store
+
+
+def given_conditions(terms: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The conditions of ``terms`` whose value is given (not None), and their query parameters.
+
+    Each key is one condition with one parameter in ClickHouse's ``{name:Type}`` syntax
+    (``"rank = {rank:UInt32}"``), each value what that parameter binds to; None leaves the
+    condition out. For the filters of a read (:func:`argus.diagnosis.read_diagnoses`, the REST
+    API's stack rows).
+
+    Raises:
+        ValueError: a key holds no ``{name:Type}`` parameter.
+    """
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    for condition, value in terms.items():
+        if value is None:
+            continue
+        named = re.search(r"\{(\w+):", condition)
+        if named is None:
+            raise ValueError(f"no {{name:Type}} parameter in the condition {condition!r}")
+        where.append(condition)
+        params[named.group(1)] = value
+    return where, params

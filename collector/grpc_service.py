@@ -53,7 +53,7 @@ from argus.collector import ingest
 from argus.collector.captures import PendingCaptures
 from argus.collector.decoded_budget import DEFAULT_MAX_DECODED_BYTES, DecodedBudget, batch_cost
 from argus.collector.writer import SHUTTING_DOWN, BatchWriter
-from argus.config import DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES, TlsFiles
+from argus.config import DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES, ServerConfig
 from argus.errors import (
     ArgusError,
     ConfigError,
@@ -406,37 +406,30 @@ class CollectorServer:
             log.warning("batches still being stored after %.1f s", 2 * grace_s)
 
 
-def start_collector(
-    store: Store,
-    metrics: Metrics,
-    listen: str,
-    *,
-    token: str | None = None,
-    tls: TlsFiles | None = None,
-    max_streams: int = DEFAULT_MAX_STREAMS,
-    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
-) -> CollectorServer:
-    """Start serving ``argus.v1.Collector`` on ``listen`` (``host:port``; port 0 picks a free one).
+def start_collector(store: Store, metrics: Metrics, config: ServerConfig) -> CollectorServer:
+    """Start serving ``argus.v1.Collector`` on ``config.grpc_listen`` (``host:port``; port 0: a free one).
 
-    Serves TLS with ``tls``; with ``token``, every call needs ``authorization: Bearer TOKEN``.
-    At most ``max_streams`` agent streams are open at once (module docstring), holding at most
-    ``max_decoded_bytes`` of batches until written (:mod:`argus.collector.decoded_budget`). The server runs
-    on an event loop in a thread of its own (``argus-grpc``), started here.
+    Serves TLS with ``config.tls``; with ``config.token``, every call needs ``authorization: Bearer
+    TOKEN``. At most ``config.max_streams`` agent streams are open at once (module docstring),
+    holding at most ``config.max_decoded_bytes`` of batches until written
+    (:mod:`argus.collector.decoded_budget`). The server runs on an event loop in a thread of its own
+    (``argus-grpc``), started here.
 
     Raises:
         ConfigError: an unreadable TLS file, or the address cannot be bound (in use, bad host).
     """
+    listen, tls = config.grpc_listen, config.tls
     host, _, _ = listen.rpartition(":")
     credentials = None
     if tls is not None:
         credentials = grpc.ssl_server_credentials([(_read(tls.key, "key"), _read(tls.cert, "certificate"))])
-    servicer = CollectorServicer(store, metrics, max_streams, max_decoded_bytes)
+    servicer = CollectorServicer(store, metrics, config.max_streams, config.max_decoded_bytes)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="argus-grpc", daemon=True)
     thread.start()
     try:
         server, port = asyncio.run_coroutine_threadsafe(
-            _serve(servicer, listen, token, credentials), loop
+            _serve(servicer, listen, config.token, credentials), loop
         ).result(60)
     except BaseException:
         servicer.drain(1.0)

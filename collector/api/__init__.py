@@ -8,6 +8,6 @@ reader — :mod:`~argus.collector.api.jobs` (jobs, ranks, status), :mod:`~argus.
 Argus errors mapped to HTTP statuses once, in :mod:`~argus.collector.api.errors`.
 """
 
-from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
+from argus.collector.api.app import create_app
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "create_app"]
+__all__ = ["create_app"]

@@ -31,24 +31,15 @@ from argus.collector.api.jobs import recent_job_status_counts
 from argus.collector.api.models import Health
 from argus.collector.api.origin import SameOrigin
 from argus.collector.api.routes import build_router
-from argus.config import (
-    DEFAULT_MAX_READ_ROWS,
-    DEFAULT_MAX_UPLOAD_BYTES,
-    DEFAULT_MAX_UPLOAD_PARSE_S,
-    DEFAULT_WINDOW,
-    DEFAULT_WINDOW_S,
-)
+from argus.config import ApiSettings
 from argus.errors import StoreError, TooLarge, TooManyRows, Unauthenticated
 from argus.metrics import Metrics
 from argus.store import Store
-from argus.window_grid import WindowGrid
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_S", "BodyLimit", "create_app"]
+__all__ = ["BodyLimit", "create_app"]
 
 log = logging.getLogger(__name__)
 
-#: A job whose ranks sent nothing for this long is no longer `running` (three windows).
-DEFAULT_HEARTBEAT_TIMEOUT_S = 3 * DEFAULT_WINDOW_S
 #: `argus_jobs` counts jobs active within this many seconds.
 _RECENT_S = 3600
 _AUTH_RESPONSE: dict[int | str, dict[str, Any]] = {401: ERROR_RESPONSES[401]}
@@ -107,12 +98,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     store: Store,
     *,
     metrics: Metrics,
-    token: str | None = None,
-    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
-    window: WindowGrid = DEFAULT_WINDOW,
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
-    max_read_rows: int = DEFAULT_MAX_READ_ROWS,
-    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
+    settings: ApiSettings | None = None,
     allowed_hosts: Collection[str] | None = None,
 ) -> FastAPI:
     """The FastAPI app of an `argus server` over ``store``.
@@ -120,17 +106,15 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     Args:
         store: The server's store (the process owns it; the app never closes it).
         metrics: The server's metrics; ``/metrics`` exposes ``metrics.registry``.
-        token: When set, every endpoint but ``/healthz`` requires ``Authorization: Bearer TOKEN``.
-        heartbeat_timeout_s: A rank silent this long (no host sample) is not ``running``.
-        window: The analysis window; uploaded traces are summarised in it.
-        max_upload_bytes: Cap on a request body and on an upload's decompressed text (413 past it).
-        max_read_rows: Rows of the store one request may scan (422 past it, naming the limit).
-        max_upload_parse_s: CPU seconds parsing one trace upload may take (413 past it).
+        settings: Token, window and limits (:class:`~argus.config.ApiSettings`; None: its defaults).
+            With a token, every endpoint but ``/healthz`` requires ``Authorization: Bearer TOKEN``;
+            a rank silent past ``settings.heartbeat_timeout_ns`` (no host sample) is not ``running``.
         allowed_hosts: The ``Host`` names it answers to (None: any); writes from another
             site's page are refused whatever it is (:mod:`argus.collector.api.origin`).
     """
-    timeout_ns = int(heartbeat_timeout_s * 1e9)
-    reads = store.reading_at_most(max_read_rows)
+    settings = settings if settings is not None else ApiSettings()
+    token = settings.token
+    reads = store.reading_at_most(settings.max_read_rows)
     # Declares the scheme in the OpenAPI document; the check itself is the middleware below.
     bearer = HTTPBearer(auto_error=False, description="Only when the server runs with --token")
     secured = [Security(bearer)] if token else []
@@ -138,7 +122,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     # they work without internet, where FastAPI's own pages load them from a CDN.
     app = FastAPIOffline(title="Argus", version=__version__, description=_DESCRIPTION)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=max_upload_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_upload_bytes)
 
     if token:
         expected = f"Bearer {token}".encode()
@@ -157,16 +141,7 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
     # Added last, so it runs first: a rebound name or a forged write is refused before anything else.
     app.add_middleware(SameOrigin, hosts=allowed_hosts)
 
-    app.include_router(
-        build_router(
-            reads,
-            heartbeat_timeout_ns=timeout_ns,
-            window=window,
-            max_upload_bytes=max_upload_bytes,
-            max_upload_parse_s=max_upload_parse_s,
-        ),
-        dependencies=secured,
-    )
+    app.include_router(build_router(reads, settings), dependencies=secured)
 
     @app.get("/healthz", response_model=Health, summary="Liveness (no token needed)")
     def healthz() -> dict[str, str]:
@@ -186,7 +161,10 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
         now = time.time_ns()
         try:
             counts = recent_job_status_counts(
-                reads, since_ns=now - _RECENT_S * 1_000_000_000, now_ns=now, timeout_ns=timeout_ns
+                reads,
+                since_ns=now - _RECENT_S * 1_000_000_000,
+                now_ns=now,
+                timeout_ns=settings.heartbeat_timeout_ns,
             )
             for status in ("running", "finished", "unknown"):
                 metrics.jobs.labels(status).set(counts.get(status, 0))

@@ -24,15 +24,14 @@ from argus.collector.api.models import (
     TraceDocument,
 )
 from argus.collector.api.params import BadParameter, RankSet, parse_ranks, parse_time_ns
-from argus.collector.api.stacks import stacks_answer
+from argus.collector.api.stacks import StackQuery, stacks_answer
 from argus.collector.api.trace import chrome_trace
 from argus.collector.importer import import_traces
-from argus.config import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_UPLOAD_PARSE_S
+from argus.config import ApiSettings
 from argus.diagnosis import Cause, State
 from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.limits import ByteBudget, SharedBytes
 from argus.store import Store
-from argus.window_grid import WindowGrid
 
 __all__ = ["build_router"]
 
@@ -71,21 +70,17 @@ def _range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def build_router(
-    store: Store,
-    *,
-    heartbeat_timeout_ns: int,
-    window: WindowGrid,
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
-    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
-) -> APIRouter:
+def build_router(store: Store, settings: ApiSettings) -> APIRouter:
     """The ``/api/v1`` router over ``store``; errors are raised, mapped by errors.
 
-    ``max_upload_bytes`` caps the decompressed JSON text of one trace upload and of all uploads
-    parsed at once; ``max_upload_parse_s`` the CPU seconds of parsing one (413 past either, as
-    past ``max_inflate_ratio``: :class:`argus.limits.ByteBudget`).
+    A job's rank is ``running`` while its heartbeats are at most ``settings.heartbeat_timeout_ns``
+    old. ``settings.max_upload_bytes`` caps the decompressed JSON text of one trace upload and of all
+    uploads parsed at once; ``settings.max_upload_parse_s`` the CPU seconds of parsing one (413 past
+    either, as past ``max_inflate_ratio``: :class:`argus.limits.ByteBudget`); uploads are summarised
+    in ``settings.window``.
     """
-    uploads = SharedBytes(max_upload_bytes)
+    heartbeat_timeout_ns = settings.heartbeat_timeout_ns
+    uploads = SharedBytes(settings.max_upload_bytes)
     router = APIRouter(prefix="/api/v1", responses={**ERROR_RESPONSES, **_BAD})
 
     @router.get("/jobs", response_model=JobPage, summary="List jobs, newest first")
@@ -173,17 +168,8 @@ def build_router(
         """Stack rows of captures overlapping [start, end] (argus.agent.stacks): thread, frames (root
         to leaf), samples, idle, GIL, and the sampler that took them."""
         lo, hi = _range(start, end)
-        return stacks_answer(
-            store,
-            job_id,
-            rank,
-            lo,
-            hi,
-            collapsed=format == "collapsed",
-            limit=limit,
-            cursor=cursor,
-            capture=capture,
-        )
+        query = StackQuery(job_id, rank, lo, hi, capture)
+        return stacks_answer(store, query, collapsed=format == "collapsed", limit=limit, cursor=cursor)
 
     @router.get(
         "/jobs/{job_id}/trace",
@@ -252,7 +238,9 @@ def build_router(
     ) -> Any:
         """Loads the traces into the same tables as live capture, under `job_id`."""
         names = [f.filename or f"upload {i}" for i, f in enumerate(file)]
-        budget = ByteBudget(max_upload_bytes, "the upload", max_parse_s=max_upload_parse_s, shared=uploads)
+        budget = ByteBudget(
+            settings.max_upload_bytes, "the upload", max_parse_s=settings.max_upload_parse_s, shared=uploads
+        )
         try:
             result = import_traces(
                 store,
@@ -260,7 +248,7 @@ def build_router(
                 job_id=job_id,
                 rank=rank,
                 names=names,
-                window=window,
+                window=settings.window,
                 budget=budget,
             )
         finally:

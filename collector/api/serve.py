@@ -8,20 +8,12 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from argus.collector.api.app import DEFAULT_HEARTBEAT_TIMEOUT_S, create_app
+from argus.collector.api.app import create_app
 from argus.collector.api.origin import loopback_hosts
-from argus.config import (
-    DEFAULT_MAX_READ_ROWS,
-    DEFAULT_MAX_UPLOAD_BYTES,
-    DEFAULT_MAX_UPLOAD_PARSE_S,
-    DEFAULT_WINDOW,
-    TlsFiles,
-    parse_listen,
-)
+from argus.config import ServerConfig, parse_listen
 from argus.errors import ConfigError
 from argus.metrics import Metrics
 from argus.store import Store
-from argus.window_grid import WindowGrid
 
 __all__ = ["GRACE_S", "HttpServer", "start_http"]
 
@@ -46,27 +38,17 @@ class HttpServer:
             self.thread.join(grace_s)
 
 
-def start_http(
-    store: Store,
-    metrics: Metrics,
-    listen: str,
-    *,
-    token: str | None = None,
-    tls: TlsFiles | None = None,
-    window: WindowGrid = DEFAULT_WINDOW,
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
-    max_read_rows: int = DEFAULT_MAX_READ_ROWS,
-    max_upload_parse_s: float = DEFAULT_MAX_UPLOAD_PARSE_S,
-) -> HttpServer:
-    """Serve :func:`~argus.collector.api.app.create_app` on ``listen`` (port 0 picks a free one).
+def start_http(store: Store, metrics: Metrics, config: ServerConfig) -> HttpServer:
+    """Serve :func:`~argus.collector.api.app.create_app` with ``config.api`` on ``config.http_listen``
+    (port 0 picks a free one).
 
-    Serves HTTPS with ``tls``. On a loopback address it answers only loopback ``Host`` names
-    (DNS rebinding; :mod:`argus.collector.api.origin`). A rank is ``running`` while its
-    heartbeats are at most three windows (and at least 30 s) old. Returns once it accepts requests.
+    Serves HTTPS with ``config.tls``. On a loopback address it answers only loopback ``Host`` names
+    (DNS rebinding; :mod:`argus.collector.api.origin`). Returns once it accepts requests.
 
     Raises:
         ConfigError: the address cannot be bound, or uvicorn failed to start.
     """
+    listen, tls = config.http_listen, config.tls
     host, port = parse_listen(listen, "--http-listen")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -78,18 +60,8 @@ def start_http(
         raise ConfigError(f"cannot listen for HTTP on {listen}: {exc}") from exc
     sock.listen(1024)
     port = sock.getsockname()[1]
-    app = create_app(
-        store,
-        metrics=metrics,
-        token=token,
-        window=window,
-        max_upload_bytes=max_upload_bytes,
-        max_read_rows=max_read_rows,
-        max_upload_parse_s=max_upload_parse_s,
-        heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * window.seconds),
-        allowed_hosts=loopback_hosts(host),
-    )
-    config = uvicorn.Config(
+    app = create_app(store, metrics=metrics, settings=config.api, allowed_hosts=loopback_hosts(host))
+    served = uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
@@ -97,7 +69,7 @@ def start_http(
         ssl_keyfile=tls.key if tls else None,
         timeout_graceful_shutdown=int(GRACE_S),
     )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(served)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="argus-http", daemon=True)
     thread.start()
     while not server.started:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from argus.collector.grpc_service import CollectorServer, start_collector
+from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import Store, open_store
 
@@ -36,7 +37,7 @@ def chdb_collector(folder: Path) -> Iterator[Collector]:
     """``argus.v1.Collector`` on 127.0.0.1 (a free port) storing into ``chdb://folder/store``."""
     store = open_store(f"chdb://{folder / 'store'}")
     metrics = Metrics()
-    server = start_collector(store, metrics, "127.0.0.1:0")
+    server = start_collector(store, metrics, ServerConfig(grpc_listen="127.0.0.1:0"))
     try:
         yield Collector(server, store, metrics)
     finally:

@@ -18,6 +18,7 @@ from argus.agent.sink import AgentLink
 from argus.analyzer.stacks import StackRequest, Stacks
 from argus.collector.captures import PendingCaptures
 from argus.collector.grpc_service import start_collector
+from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import Store
 from argus.window_grid import WindowGrid
@@ -37,7 +38,7 @@ PROBED_CHILD = (
 
 
 def test_a_stored_request_reaches_the_agent_of_its_rank_and_its_stacks_come_back(store: Store) -> None:
-    collector = start_collector(store, Metrics(), "127.0.0.1:0")
+    collector = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
     with short_dir() as work:
         agent = NodeAgent(
             str(work / "a.sock"),

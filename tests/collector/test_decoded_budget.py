@@ -12,6 +12,7 @@ import pyarrow as pa
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
 from argus.collector.grpc_service import start_collector
 from argus.collector.ipc_size import declared_bytes
+from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.store import open_store
@@ -34,7 +35,9 @@ def test_compressed_batches_of_many_streams_hold_at_most_the_budget_until_writte
     decoded and not yet written (counted beside the writer, from each batch's Arrow table) never
     pass the budget, and every batch is stored: the streams waited, nothing was refused."""
     store = open_store(f"chdb://{tmp_path / 'store'}")
-    server = start_collector(store, Metrics(), "127.0.0.1:0", max_decoded_bytes=BUDGET_BYTES)
+    server = start_collector(
+        store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0", max_decoded_bytes=BUDGET_BYTES)
+    )
     writer = server.servicer.writer
     held = {"now": 0, "peak": 0}
     submit = writer.submit_async

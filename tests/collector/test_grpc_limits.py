@@ -30,7 +30,7 @@ def _steps(store, job_id: str) -> int:  # type: ignore[no-untyped-def]
 
 def test_streams_past_the_limit_are_refused_with_unavailable_and_the_agent_retries(tmp_path: Path) -> None:
     store = open_store(f"chdb://{tmp_path / 'store'}")
-    server = start_collector(store, Metrics(), "127.0.0.1:0", max_streams=2)
+    server = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0", max_streams=2))
     release = threading.Event()
     acks: list[pb.Ack] = []
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from argus.collector.grpc_service import start_collector
+from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import open_store
 
@@ -31,7 +32,7 @@ LINE = re.compile(
 
 def test_four_agents_stream_two_windows_and_lose_nothing(tmp_path: Path) -> None:
     store = open_store(f"chdb://{tmp_path / 'store'}")
-    collector = start_collector(store, Metrics(), "127.0.0.1:0")
+    collector = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
     try:
         job = scale.Job(agents=4, ranks_per_agent=8, window_ns=scale.NS, windows=2, slow_rank=5, drain_s=20)
         ready: queue.Queue[int] = queue.Queue()

@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 
 from argus.collector.api import create_app
+from argus.config import ApiSettings
 from argus.metrics import Metrics
 from argus.store import Store, open_store
 
@@ -30,7 +31,7 @@ class LiveApp:
 
     def __init__(self, store: Store, metrics: Metrics, token: str | None = None, **app: Any) -> None:
         config = uvicorn.Config(
-            create_app(store, metrics=metrics, token=token, **app),
+            create_app(store, metrics=metrics, settings=ApiSettings(token=token, **app)),
             host="127.0.0.1",
             port=0,
             log_level="warning",

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from argus.collector.api.serve import HttpServer, start_http
+from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import Store
 from tests.collector.importer.traces import simple_events, write_trace
@@ -17,7 +18,7 @@ from tests.collector.importer.traces import simple_events, write_trace
 
 @pytest.fixture
 def http(store: Store) -> Iterator[HttpServer]:
-    server = start_http(store, Metrics(), "127.0.0.1:0")
+    server = start_http(store, Metrics(), ServerConfig(http_listen="127.0.0.1:0"))
     yield server
     server.stop()
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from argus.cli import build_parser
 from argus.collector.api import create_app
-from argus.config import DEFAULT_MAX_READ_ROWS, ServerConfig
+from argus.config import DEFAULT_MAX_READ_ROWS, ApiSettings, ServerConfig
 from argus.errors import ConfigError, TooManyRows
 from argus.metrics import Metrics
 from argus.store import Store
@@ -28,7 +28,7 @@ LIMIT = 40_000
 def client(store: Store) -> Iterator[TestClient]:
     insert_direct(store, "big", synthetic_job(world_size=64, steps=400))
     insert_direct(store, "small", synthetic_job(world_size=4, steps=10))
-    with TestClient(create_app(store, metrics=Metrics(), max_read_rows=LIMIT)) as c:
+    with TestClient(create_app(store, metrics=Metrics(), settings=ApiSettings(max_read_rows=LIMIT))) as c:
         yield c
 
 

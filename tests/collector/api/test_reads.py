@@ -24,7 +24,7 @@ MINUTE_NS = 60 * 10**9
 
 @pytest.fixture
 def client(store: Store) -> Iterator[TestClient]:
-    with TestClient(create_app(store, metrics=Metrics(), heartbeat_timeout_s=30)) as c:
+    with TestClient(create_app(store, metrics=Metrics())) as c:
         yield c
 
 
