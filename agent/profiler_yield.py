@@ -28,6 +28,16 @@ def wants_gpu(prof: Any) -> bool:
     return ProfilerActivity.CUDA in (getattr(prof, "kineto_activities", None) or ())
 
 
+def _switch(action: Callable[[], None], done: str, failed: str) -> None:
+    """Run ``action`` (release or resume CUPTI), logging ``done``; a failure is logged, never raised:
+    the user's profiler goes on either way."""
+    try:
+        action()
+        log.info("argus: torch.profiler %s", done)
+    except Exception:
+        log.warning("argus: could not %s", failed, exc_info=True)
+
+
 def install(
     release: Callable[[], None], resume: Callable[[], None], needs: Callable[[Any], bool] = wants_gpu
 ) -> None:
@@ -52,11 +62,7 @@ def install(
                 first = not active
                 active.add(id(self))
             if first:
-                try:
-                    release()
-                    log.info("argus: torch.profiler started: GPU kernel capture paused")
-                except Exception:
-                    log.warning("argus: could not release CUPTI for torch.profiler", exc_info=True)
+                _switch(release, "started: GPU kernel capture paused", "release CUPTI for torch.profiler")
         return orig_prepare(self)
 
     def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807  (replaces the method of that name)
@@ -68,11 +74,7 @@ def install(
                 active.discard(id(self))
                 last = was and not active
             if last:
-                try:
-                    resume()
-                    log.info("argus: torch.profiler stopped: GPU kernel capture resumed")
-                except Exception:
-                    log.warning("argus: could not take CUPTI back after torch.profiler", exc_info=True)
+                _switch(resume, "stopped: GPU kernel capture resumed", "take CUPTI back after torch.profiler")
 
     cls._prepare_trace = _prepare_trace  # type: ignore[method-assign]
     cls.__exit__ = __exit__  # type: ignore[method-assign]
