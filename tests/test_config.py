@@ -55,3 +55,23 @@ def test_agent_settings_take_the_drain_time_from_the_environment(tmp_path: Path)
     assert (settings.drain_s, settings.spool_dir) == (2.5, str(tmp_path))
     with pytest.raises(ConfigError, match=config.ENV_AGENT_DRAIN_S):
         config.AgentConfig.from_args(args, {config.ENV_AGENT_DRAIN_S: "soon"})
+
+
+def test_the_rest_api_settings_are_built_once_and_follow_the_window() -> None:
+    from argus.cli import build_parser
+    from argus.errors import ConfigError
+    from argus.window_grid import WindowGrid
+
+    built = config.ServerConfig.from_args(
+        build_parser().parse_args(["server", "--window-s", "20", "--token", "t"])
+    )
+    assert (built.api.token, built.api.window, built.api.max_read_rows) == (
+        "t",
+        built.window,
+        built.max_read_rows,
+    )
+    # A rank is `running` for three windows of heartbeats, and never less than 30 s.
+    assert built.api.heartbeat_timeout_ns == 60 * 10**9
+    assert config.ApiSettings(window=WindowGrid.from_seconds(2)).heartbeat_timeout_ns == 30 * 10**9
+    with pytest.raises(ConfigError, match="--max-upload-parse-s must be > 0"):
+        config.ServerConfig(max_upload_parse_s=0)

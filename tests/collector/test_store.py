@@ -9,7 +9,7 @@ import pytest
 
 from argus.errors import ConfigError, StoreError, StoreLocked
 from argus.schema import TABLES, WIRE_TABLES, wire_schema
-from argus.store import Store, apply_retention, open_store, retention_statements
+from argus.store import Store, apply_retention, given_conditions, open_store, retention_statements
 from tests.collector.wire import sample
 
 
@@ -200,3 +200,10 @@ def test_a_slow_read_beside_the_store_holds_back_none_of_its_calls(store: Store)
     finally:
         reads.close()
     assert store.query("SELECT 1 AS one").column("one")[0].as_py() == 1, "closing the other closed the store"
+
+
+def test_given_conditions_keep_only_the_filters_given() -> None:
+    where, params = given_conditions({"rank = {rank:UInt32}": 0, "capture_id = {capture:String}": None})
+    assert (where, params) == (["rank = {rank:UInt32}"], {"rank": 0})
+    with pytest.raises(ValueError, match="no \\{name:Type\\} parameter"):
+        given_conditions({"rank = 1": 1})
