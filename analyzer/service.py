@@ -101,7 +101,7 @@ from argus.analyzer.store_io import (
     write_roles,
     write_window,
 )
-from argus.config import DEFAULT_STACK_INTERVAL_S
+from argus.config import DEFAULT_STACK_INTERVAL_S, check_min_loss_pct
 from argus.diagnosis import (
     Diagnosis,
     State,
@@ -209,11 +209,9 @@ class Analyzer:
         stack_interval_s: float = DEFAULT_STACK_INTERVAL_S,
         retry_backoff_s: float | None = None,
     ) -> None:
-        if not 0 < min_loss_pct < 100:
-            raise ConfigError(f"--min-loss-pct must be in (0, 100), got {min_loss_pct}")
         if not stack_interval_s > 0:
             raise ConfigError(f"--stack-interval-s must be > 0, got {stack_interval_s}")
-        self.min_loss_pct = min_loss_pct
+        self.min_loss_pct = check_min_loss_pct(min_loss_pct)
         self.store = store
         self.stacks = Stacks(store, stack_interval_s)
         self.window = window

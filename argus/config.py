@@ -61,6 +61,7 @@ __all__ = [
     "ApiSettings",
     "ServerConfig",
     "TlsFiles",
+    "check_min_loss_pct",
     "default_spool_dir",
     "env_flag",
     "parse_listen",
@@ -247,6 +248,17 @@ def _at_least(option: str, value: float, least: int) -> None:
         raise ConfigError(f"{option} must be >= {least}, got {value}")
 
 
+def check_min_loss_pct(value: float) -> float:
+    """The loss threshold ``--min-loss-pct``, a percent of wall time strictly between 0 and 100.
+
+    Raises:
+        ConfigError: ``value`` is outside (0, 100).
+    """
+    if not 0 < value < 100:
+        raise ConfigError(f"--min-loss-pct must be in (0, 100), got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """A server's TLS certificate and private key, PEM files (both or neither: ``--tls-cert/--tls-key``)."""
@@ -310,7 +322,7 @@ class ServerConfig:
         grpc_listen: gRPC ingest address, ``HOST:PORT`` (port 0: a free one).
         http_listen: REST API and /metrics address, ``HOST:PORT``.
         window: Analysis window (``--window-s``, :meth:`WindowGrid.from_seconds`).
-        min_loss_pct: A fault opens only when it costs the job at least this share of its time (>= 0).
+        min_loss_pct: A fault opens only when it costs the job at least this share of its time (0–100 %).
         retention_days: Rows are dropped this many days after storing them (>= 1).
         cluster: ClickHouse cluster name (replicated and distributed tables), or None.
         token: Bearer token clients must send, or None.
@@ -347,7 +359,7 @@ class ServerConfig:
         parse_listen(self.grpc_listen, "--grpc-listen")
         _positive("--stack-interval-s", self.stack_interval_s)
         parse_listen(self.http_listen, "--http-listen")
-        _at_least("--min-loss-pct", self.min_loss_pct, 0)
+        check_min_loss_pct(self.min_loss_pct)
         _at_least("--retention-days", self.retention_days, 1)
         _at_least("--max-streams", self.max_streams, 1)
         _at_least("--max-decoded-bytes", self.max_decoded_bytes, 1)

@@ -75,3 +75,11 @@ def test_the_rest_api_settings_are_built_once_and_follow_the_window() -> None:
     assert config.ApiSettings(window=WindowGrid.from_seconds(2)).heartbeat_timeout_ns == 30 * 10**9
     with pytest.raises(ConfigError, match="--max-upload-parse-s must be > 0"):
         config.ServerConfig(max_upload_parse_s=0)
+
+
+@pytest.mark.parametrize("value", [0.0, 100.0, 150.0, -1.0])
+def test_a_server_config_refuses_a_loss_threshold_its_analyzer_would_refuse(value: float) -> None:
+    from argus.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--min-loss-pct must be in"):
+        config.ServerConfig(min_loss_pct=value)
