@@ -42,6 +42,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from argus.collector.ipc_size import read_stream
+from argus.limits import check_declared
 from argus.proto import collector_pb2
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 
@@ -152,17 +154,29 @@ def decode_batch(payload: bytes) -> tuple[str, pa.Table]:
     Columns added to a table later (they carry a default, :mod:`argus.schema`) may be
     absent, as in a batch of an older probe: they are filled with their default.
 
-    Every buffer is checked (``validate(full=True)``: offsets, lengths, UTF-8) before any
-    compute kernel reads it: a crafted batch is refused here, never read past a buffer's end.
+    What its record batches declare decoded (LZ4/ZSTD bodies) is checked against
+    ``max_batch_decoded_bytes`` (:mod:`argus.limits`, as at the collector) from the IPC
+    metadata before Arrow allocates it (:func:`argus.collector.ipc_size.read_stream`): a
+    frame of a few kilobytes that inflates to gigabytes is refused, never inflated. Every
+    buffer is checked (``validate(full=True)``: offsets, lengths, UTF-8) before any compute
+    kernel reads it: a crafted batch is refused here, never read past a buffer's end.
 
     Raises:
-        ProtocolError: unknown table, unreadable or invalid Arrow data or a different schema.
+        ProtocolError: unknown table, unreadable or invalid Arrow data, a declared decoded
+            size past the limit, or a different schema.
     """
     if not payload:
         raise ProtocolError("empty BATCH payload")
     name = table_name(payload[0])
+
+    def within_limit(decoded: int) -> None:
+        try:
+            check_declared(f"{name} batch: decoded size", decoded, "max_batch_decoded_bytes")
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+
     try:
-        data = pa.ipc.open_stream(payload[1:]).read_all()
+        data = read_stream(payload[1:], within_limit)
         data.validate(full=True)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise ProtocolError(f"bad Arrow IPC in {name} batch: {exc}") from exc
