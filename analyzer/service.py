@@ -43,6 +43,16 @@ rows to analyse: once its last rows and the :data:`TRAILING_WINDOWS` after them 
 ended, or fell silent; an import once analysed), they are removed, so no alert fires for an ended
 job. A job that reports again gets them back (its counters start again from 0).
 
+Which jobs: ``argus server`` (a backlog limit, no ``--job``) lists in a pass only the jobs with a
+batch stored in the last ``idle_s`` (default :data:`DEFAULT_IDLE_S`; ``ingest_batches``, read through
+its ``stored_at`` index) and those whose import was stored in the last :data:`IMPORT_IDLE_S`
+(their ``jobs`` row), at most ``max_active_jobs`` of each, reading at most ``max_job_list_rows``
+(:mod:`argus.limits`), plus those with windows still due; each live job's span is read from its
+rows since the backlog limit, an import's once. What the store held before does not cost a pass
+anything. The state of a job no longer listed is dropped (its open diagnoses stay open in the
+store, as they would without new windows); if it reports again it resumes as after a restart.
+``argus analyze`` (``--once`` or ``--job``) lists every job of the store.
+
 Analysis lag counts only jobs with data waiting: per job, the time since its oldest unanalysed
 window became complete (its end plus the grace for late rows; for data met all at once, an import or
 a backlog, the pass that first saw it), read when scraped, so a stuck analyzer shows a growing lag.
@@ -93,6 +103,7 @@ from argus.analyzer.stacks import Stacks
 from argus.analyzer.store_io import (
     JobSpan,
     Liveness,
+    active_job_ids,
     list_jobs,
     read_data_windows,
     read_liveness,
@@ -133,6 +144,11 @@ MAX_ATTEMPTS = 3
 #: Windows one job is analysed in a row before every other job has had its turn (a *slice*;
 #: see the module doc, "Isolation").
 SLICE_WINDOWS = 4
+#: A live job with no batch stored for this long is no longer listed, and its state is dropped
+#: (module doc, "Which jobs"); longer with long windows (its trailing windows must fit), seconds.
+DEFAULT_IDLE_S = 600
+#: How long an imported job is listed after its import was stored, seconds.
+IMPORT_IDLE_S = 86_400
 
 
 @dataclass
@@ -191,6 +207,9 @@ class Analyzer:
         retry_backoff_s: Wait before the first retry of a window whose analysis raised, seconds
             (doubled for each further attempt); default the polling interval of
             :meth:`run_forever`.
+        idle_s: With a backlog limit and no ``job`` (the server): a job without a batch stored
+            for this long is no longer listed and its state is dropped, seconds; default
+            :data:`DEFAULT_IDLE_S`, at least the job's trailing and waiting windows and the grace.
 
     Raises:
         ConfigError: ``min_loss_pct`` or ``stack_interval_s`` is out of range.
@@ -208,6 +227,7 @@ class Analyzer:
         min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
         stack_interval_s: float = DEFAULT_STACK_INTERVAL_S,
         retry_backoff_s: float | None = None,
+        idle_s: float | None = None,
     ) -> None:
         if not stack_interval_s > 0:
             raise ConfigError(f"--stack-interval-s must be > 0, got {stack_interval_s}")
@@ -223,6 +243,12 @@ class Analyzer:
         backoff = self._poll_s() if retry_backoff_s is None else retry_backoff_s
         self.retry_backoff_ns = int(max(backoff, 0.0) * 1e9)
         self._jobs: dict[str, _Job] = {}
+        reach_s = (TRAILING_WINDOWS + WAIT_WINDOWS + 2) * window.seconds + self.grace_ns / 1e9
+        self.idle_s = int(max(DEFAULT_IDLE_S if idle_s is None else idle_s, reach_s))
+        #: Each job's span as last listed (kept while its state is).
+        self._spans: dict[str, JobSpan] = {}
+        #: Imported jobs' spans (fixed once the import is stored), with when it was stored.
+        self._imports: dict[str, tuple[int, JobSpan]] = {}
         self._stop = threading.Event()
         self._last_version = 0
         self._stage_start = 0.0  # time.monotonic() at the end of a window's last stage (_time)
@@ -261,7 +287,7 @@ class Analyzer:
         now = time.time_ns() if now_ns is None else int(now_ns)
         deadline = None if budget_s is None else time.monotonic() + budget_s
         written: list[Diagnosis] = []
-        spans = list_jobs(self.store, self.job, until_ns=now + FUTURE_SLACK_NS)
+        spans = self._list(now)
         first_error: ArgusError | None = None
         turn = spans
         behind: list[JobSpan] = []  # jobs with more windows due than their turn took
@@ -282,11 +308,54 @@ class Analyzer:
                 break
             turn = behind
         self._backlog = bool(behind)
-        for gone in self._due.keys() - {span.job_id for span in spans}:
-            del self._due[gone]
+        self._forget({span.job_id for span in spans})
         if first_error is not None:
             raise first_error
         return written
+
+    def held(self) -> list[str]:
+        """Ids of the jobs whose analysis state this analyzer holds, sorted."""
+        return sorted(self._jobs)
+
+    def _list(self, now: int) -> list[JobSpan]:
+        """The jobs of this pass, with their spans, in job-id order (module doc, "Which jobs").
+
+        Raises:
+            StoreError: a query failed (the store's).
+        """
+        until = now + FUTURE_SLACK_NS
+        if self.job is not None or self.backlog_ns is None:
+            return list_jobs(self.store, self.job, until_ns=until)
+        active = active_job_ids(self.store, self.idle_s, IMPORT_IDLE_S)
+        imports = active.imported
+        # A job this analyzer still has windows of to analyse (it is behind) stays listed.
+        waiting = set(self._due) | {j for j, job in self._jobs.items() if job.attempts}
+        live = sorted((set(active.live) | waiting) - imports.keys() - self._imports.keys())
+        lo = now - self.backlog_ns - self.window_ns
+        for span in list_jobs(self.store, until_ns=until, jobs=live, from_ns=lo):
+            self._spans[span.job_id] = span
+        fresh = [j for j, seen in imports.items() if self._imports.get(j, (None,))[0] != seen]
+        for span in list_jobs(self.store, until_ns=until, jobs=fresh):
+            self._imports[span.job_id] = (imports[span.job_id], span)
+        spans = [self._spans[j] for j in live if j in self._spans]
+        spans += [span for j, (_, span) in self._imports.items() if j in imports]
+        return sorted(spans, key=lambda span: span.job_id)
+
+    def _forget(self, listed: set[str]) -> None:
+        """Drop what is held of the jobs not ``listed`` in this pass (idle past the horizon, nothing
+        of them due): their state, spans and metric series. Their open diagnoses stay open in the
+        store, as the tracker would keep them without new windows; a job that reports again
+        resumes from what its diagnoses recorded, as after a restart (module doc)."""
+        for gone in self._due.keys() - listed:
+            del self._due[gone]
+        for gone in self._jobs.keys() - listed:
+            del self._jobs[gone]
+            if self.metrics is not None and gone in self._exported:
+                self.metrics.forget_job(gone)
+            self._exported.discard(gone)
+        for held in (self._spans, self._imports):
+            for gone in held.keys() - listed:
+                del held[gone]
 
     def retrying(self) -> bool:
         """Whether a window of some job waits to be retried (its analysis raised; see the module doc)."""

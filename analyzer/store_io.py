@@ -22,6 +22,7 @@ Which rows belong to a window ``[w0, w1)``:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +46,10 @@ from argus.schema import PHASES, wire_table
 from argus.store import Store
 
 __all__ = [
+    "ActiveJobs",
     "JobSpan",
     "Liveness",
+    "active_job_ids",
     "list_jobs",
     "read_data_windows",
     "read_liveness",
@@ -113,17 +116,34 @@ class JobSpan:
     imported: bool = False
 
 
-def list_jobs(store: Store, job: str | None = None, until_ns: int | None = None) -> list[JobSpan]:
-    """Every job with data (or only ``job``), with the span of its timestamps.
+def list_jobs(
+    store: Store,
+    job: str | None = None,
+    until_ns: int | None = None,
+    *,
+    jobs: Sequence[str] | None = None,
+    from_ns: int | None = None,
+) -> list[JobSpan]:
+    """Every job with data (or only ``job``, or only those of ``jobs``), with the span of its timestamps.
 
     With ``until_ns``, rows that begin after it are left out: a row stamped decades ahead (a
     clock far off, a crafted batch) does not keep its job due for analysis every window forever.
+    With ``from_ns``, rows that begin before it are left out too (``first_ns`` is then the first
+    at or after it). Without ``job`` or ``jobs`` this reads four whole tables: the live analyzer
+    asks for the ids of :func:`active_job_ids` only.
+
+    Raises:
+        StoreError: the query failed.
     """
-    job_only = "job_id = {job:String}" if job is not None else "1"
+    if jobs is not None:
+        job_only = "job_id IN {jobs:Array(String)}"
+    else:
+        job_only = "job_id = {job:String}" if job is not None else "1"
     until = "{until:Int64}" if until_ns is not None else str(2**63 - 1)
+    since = "{since:Int64}" if from_ns is not None else str(-(2**63))
 
     def where(begin: str) -> str:
-        return f"WHERE {job_only} AND {begin} <= {until}"
+        return f"WHERE {job_only} AND {begin} <= {until} AND {begin} >= {since}"
 
     sql = f"""
         SELECT job_id, min(t0) AS first_ns, max(t1) AS last_ns FROM (
@@ -141,14 +161,20 @@ def list_jobs(store: Store, job: str | None = None, until_ns: int | None = None)
     """
     sql = f"""
         SELECT job_id, first_ns, last_ns,
-               job_id IN (SELECT job_id FROM jobs WHERE source = 'import') AS imported
+               job_id IN (SELECT job_id FROM jobs WHERE {job_only} AND source = 'import') AS imported
         FROM ({sql})
     """
     params: dict[str, Any] = {}
-    if job is not None:
+    if jobs is not None:
+        if not jobs:
+            return []
+        params["jobs"] = list(jobs)
+    elif job is not None:
         params["job"] = job
     if until_ns is not None:
         params["until"] = until_ns
+    if from_ns is not None:
+        params["since"] = from_ns
     t = store.query(sql, params)
     return [
         JobSpan(str(j), int(a), int(b), bool(i))
@@ -160,6 +186,58 @@ def list_jobs(store: Store, job: str | None = None, until_ns: int | None = None)
             strict=True,
         )
     ]
+
+
+@dataclass(frozen=True)
+class ActiveJobs:
+    """What :func:`active_job_ids` found: ids, newest first."""
+
+    #: Jobs with a batch stored lately (``ingest_batches``).
+    live: list[str]
+    #: Jobs whose trace import was stored lately (their ``jobs`` row, ``source = 'import'``) → when
+    #: it was stored, s since the epoch (a later import into the same job changes it).
+    imported: dict[str, int]
+
+
+def active_job_ids(store: Store, idle_s: int, import_idle_s: int) -> ActiveJobs:
+    """The jobs the live analyzer looks at in a pass: those with a batch stored in the last
+    ``idle_s`` seconds, and those whose import was stored in the last ``import_idle_s`` seconds.
+
+    Bounded whatever the store holds (README "Limits"): at most ``max_active_jobs`` ids of each
+    kind (the most lately stored first), and at most ``max_job_list_rows`` rows of
+    ``ingest_batches`` read (past it, the ids found in the rows read). Parts and granules stored
+    before the horizon are skipped through the ``stored_at`` minmax index
+    (:data:`argus.schema.STORED_AT_INDEX`), so the rows read are about those stored within it.
+    The horizon is the store's clock (``now()``), which stamped ``stored_at``.
+
+    Raises:
+        StoreError: a query failed.
+    """
+    most = LIMITS["max_active_jobs"]
+    live = store.query(
+        f"""
+        SELECT job_id, max(stored_at) AS seen FROM ingest_batches
+        WHERE stored_at >= now() - toIntervalSecond({{idle:UInt32}})
+        GROUP BY job_id ORDER BY seen DESC, job_id LIMIT {most}
+        SETTINGS max_rows_to_read = {LIMITS["max_job_list_rows"]}, read_overflow_mode = 'break'
+        """,
+        {"idle": int(idle_s)},
+    )
+    imported = store.query(
+        f"""
+        SELECT job_id, toInt64(max(stored_at)) AS seen FROM jobs
+        WHERE source = 'import' AND stored_at >= now() - toIntervalSecond({{idle:UInt32}})
+        GROUP BY job_id ORDER BY seen DESC, job_id LIMIT {most}
+        """,
+        {"idle": int(import_idle_s)},
+    )
+    return ActiveJobs(
+        [str(j) for j in live.column("job_id").to_pylist()],
+        {
+            str(j): int(t)
+            for j, t in zip(imported.column("job_id").to_pylist(), _col(imported, "seen"), strict=True)
+        },
+    )
 
 
 def read_data_windows(store: Store, job_id: str, window_ns: int) -> NDArray[np.int64]:

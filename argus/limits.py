@@ -34,6 +34,10 @@ lists these with their defaults and flags.
                                                                   (past it a stream waits)
     max_read_rows         1,000,000,000     --max-read-rows       rows one REST read may scan (422)
     max_execution_time    60 s              (none)                every store call (argus.store)
+    max_active_jobs       10,000            (none)                jobs the analyzer lists per pass (those
+                                                                  with batches stored most lately first)
+    max_job_list_rows     10,000,000        (none)                ingest_batches rows read per pass to list
+                                                                  them (after the stored_at index)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
 
 A stored row past one of these (a store written before a limit existed) is skipped by the
@@ -130,6 +134,8 @@ LIMITS: dict[str, int] = {
     "max_decoded_bytes": DEFAULT_MAX_DECODED_BYTES,
     "max_execution_time": DEFAULT_STORE_TIMEOUT_S,
     "max_memory_usage": DEFAULT_STORE_MEMORY_BYTES,
+    "max_active_jobs": 10_000,
+    "max_job_list_rows": 10_000_000,
 }
 
 

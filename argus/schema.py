@@ -101,6 +101,8 @@ class TableDef:
     engine: str = "MergeTree"
     #: True when node agents fill it through gRPC batches.
     wire: bool = True
+    #: Data-skipping indexes, ``name expression TYPE type GRANULARITY n`` each.
+    indexes: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -125,6 +127,10 @@ _STEP = _c("step", "UInt64", pa.uint64(), "training step number, per rank from 0
 _START = _c("start_ns", "Int64", pa.int64(), "start, ns since the epoch", epoch=True)
 _DUR = _c("dur_ns", "Int64", pa.int64(), "duration, ns (>= 0)")
 
+#: The minmax index on ``stored_at`` of the tables read by when rows were stored (the analyzer's job
+#: list): parts and granules stored before the horizon are skipped, not read.
+STORED_AT_INDEX = "stored_at_minmax stored_at TYPE minmax GRANULARITY 1"
+
 JOBS = TableDef(
     "jobs",
     (
@@ -135,6 +141,7 @@ JOBS = TableDef(
     ),
     ("job_id",),
     "One row per job per reporting node; queries aggregate by job_id.",
+    indexes=(STORED_AT_INDEX,),
 )
 
 RANKS = TableDef(
@@ -523,8 +530,10 @@ INGEST_BATCHES = TableDef(
         _c("part", "UInt64", pa.uint64(), "part of a re-split batch (collector.ingest; 0: whole)", 0),
     ),
     ("agent_id", "seq"),
-    "Every stored batch, so a retried one is acknowledged as a duplicate.",
+    "Every stored batch, so a retried one is acknowledged as a duplicate; the analyzer lists the jobs "
+    "with batches stored lately from it (``stored_at``, a minmax index: old parts are skipped).",
     wire=False,
+    indexes=(STORED_AT_INDEX,),
 )
 
 TABLES: dict[str, TableDef] = {
@@ -648,6 +657,7 @@ def create_statements(
             ["job_id LowCardinality(String)"]
             + [c.ddl for c in table.columns]
             + ["stored_at DateTime DEFAULT now()"]
+            + [f"INDEX {index}" for index in table.indexes]
         )
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {database}.{local}{on_cluster} (\n    {columns}\n)\n"
@@ -666,11 +676,13 @@ def create_statements(
 
 
 def migration_statements(*, database: str = DATABASE, cluster: str | None = None) -> list[str]:
-    """``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` for every column with a default, in table order.
+    """``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` for every column with a default, in table order,
+    then ``ADD INDEX IF NOT EXISTS`` for every index.
 
     Idempotent: run on every start, they add to a store created before a column existed
-    what it lacks (ClickHouse fills old parts with the default on read). With ``cluster``,
-    both the ``<name>_local`` table and its ``Distributed`` table get the column.
+    what it lacks (ClickHouse fills old parts with the default on read; an index added so covers
+    the parts written after it). With ``cluster``, both the ``<name>_local`` table and its
+    ``Distributed`` table get the column, the ``<name>_local`` table the index.
     """
     on_cluster = f" ON CLUSTER {cluster}" if cluster else ""
     statements = []
@@ -685,4 +697,7 @@ def migration_statements(*, database: str = DATABASE, cluster: str | None = None
                     f"ALTER TABLE {database}.{target}{on_cluster} "
                     f"ADD COLUMN IF NOT EXISTS {column.ddl} AFTER `{after}`"
                 )
+        local = f"{table.name}_local" if cluster else table.name
+        for index in table.indexes:
+            statements.append(f"ALTER TABLE {database}.{local}{on_cluster} ADD INDEX IF NOT EXISTS {index}")
     return statements

@@ -8,7 +8,8 @@ CREATE TABLE IF NOT EXISTS argus.jobs_local ON CLUSTER argus (
     `start_ns` Int64,
     `command` String,
     `source` LowCardinality(String),
-    stored_at DateTime DEFAULT now()
+    stored_at DateTime DEFAULT now(),
+    INDEX stored_at_minmax stored_at TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id)
@@ -292,7 +293,8 @@ CREATE TABLE IF NOT EXISTS argus.ingest_batches_local ON CLUSTER argus (
     `table_name` LowCardinality(String),
     `rows` UInt64,
     `part` UInt64 DEFAULT 0,
-    stored_at DateTime DEFAULT now()
+    stored_at DateTime DEFAULT now(),
+    INDEX stored_at_minmax stored_at TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (agent_id, seq)
