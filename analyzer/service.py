@@ -64,10 +64,7 @@ most :data:`SLICE_WINDOWS` of a job's windows; a job with more due (a backlog, a
 next turn after every other job has had one, so a live job's new window waits for at most one turn
 of each other job. :meth:`Analyzer.run_forever` ends a pass after the first round of turns that
 ends past its polling interval (the rest waits for the next pass, which sees the new windows of
-live jobs first). Jobs met before take their turns first; past the budget, a job not met yet (its
-stored diagnoses read, its first windows analysed) waits for the next pass once one new job was met
-in this one: a flood of new job ids (a batch each) delays a known job's window by a pass, not by
-every new job's first turn. An imported job is analysed only where it has data (each window with a row, and
+live jobs first). An imported job is analysed only where it has data (each window with a row, and
 the :data:`TRAILING_WINDOWS` after it): a trace whose parts lie years apart is not years of empty
 windows. A window whose analysis fails on its data (anything but a store error) is retried on later
 passes with backoff (``retry_backoff_s``, doubling: at most :data:`MAX_ATTEMPTS` attempts; the job's
@@ -246,7 +243,6 @@ class Analyzer:
         backoff = self._poll_s() if retry_backoff_s is None else retry_backoff_s
         self.retry_backoff_ns = int(max(backoff, 0.0) * 1e9)
         self._jobs: dict[str, _Job] = {}
-        self._met = 0  # jobs met for the first time in the current pass
         reach_s = (TRAILING_WINDOWS + WAIT_WINDOWS + 2) * window.seconds + self.grace_ns / 1e9
         self.idle_s = int(max(DEFAULT_IDLE_S if idle_s is None else idle_s, reach_s))
         #: Each job's span as last listed (kept while its state is).
@@ -293,17 +289,11 @@ class Analyzer:
         written: list[Diagnosis] = []
         spans = self._list(now)
         first_error: ArgusError | None = None
-        # Jobs met before go first; past the budget, a job not met yet waits for the next pass once
-        # one was met in this one (module doc, "Isolation"): new job ids delay a known job by a pass.
-        turn = sorted(spans, key=lambda span: span.job_id not in self._jobs)
-        self._met, unmet = 0, False
+        turn = spans
         behind: list[JobSpan] = []  # jobs with more windows due than their turn took
         while turn:
             behind = []
             for span in turn:
-                if self._waits(span, deadline):
-                    unmet = True
-                    continue
                 try:
                     if self._run_job(span, now, written):
                         behind.append(span)
@@ -317,21 +307,11 @@ class Analyzer:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             turn = behind
-        self._backlog = bool(behind) or unmet
+        self._backlog = bool(behind)
         self._forget({span.job_id for span in spans})
         if first_error is not None:
             raise first_error
         return written
-
-    def _waits(self, span: JobSpan, deadline: float | None) -> bool:
-        """Whether ``span``'s job, not met yet, waits for the next pass: past the pass's ``deadline``
-        (``time.monotonic()``) once a new job was met in it (module doc, "Isolation")."""
-        if span.job_id in self._jobs:
-            return False
-        if self._met and deadline is not None and time.monotonic() >= deadline:
-            return True
-        self._met += 1
-        return False
 
     def held(self) -> list[str]:
         """Ids of the jobs whose analysis state this analyzer holds, sorted."""

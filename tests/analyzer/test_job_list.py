@@ -128,25 +128,3 @@ def test_an_idle_job_s_state_is_dropped_and_it_resumes_without_a_second_diagnosi
     a.run_once(now_ns=now + 2 * NS)
     assert a.held() == ["job-sick", "job-well"]
     assert [(d.id, d.state) for d in read_diagnoses(store, "job-sick")] == [(opened.id, "open")]
-
-
-def test_past_its_budget_a_pass_meets_one_new_job_and_known_jobs_go_first(store: Store) -> None:
-    """A flood of new job ids (a batch each) must not hold back a known job's window: past the pass's
-    budget, one new job is met per pass and the known ones take their turns first. Before, every new
-    job listed had its first turn (its stored diagnoses read, its windows analysed) in the first round
-    of the pass, whatever the budget: 20 new ids every half second kept a real job undiagnosed."""
-    sim = simulate(_spec(faults=(Fault("compute", (5,), 0.3, 9.0),)), "a-live")
-    load(store, sim)
-    _record(store, ["a-live"])
-    a = Analyzer(store, window=WindowGrid.from_seconds(W))
-    now = _end(sim) + 60 * NS
-    a.run_once(now_ns=now, budget_s=0.0)
-    assert a.held() == ["a-live"]
-    junk = simulate(_spec(world=2, windows=2), "junk")
-    for i in range(5):
-        for name, table in junk.tables().items():
-            store.insert(name, table.set_column(0, "job_id", pa.array([f"junk-{i}"] * table.num_rows)))
-    _record(store, [f"junk-{i}" for i in range(5)], agent="agent-junk")
-    for passes in range(1, 6):
-        a.run_once(now_ns=now + passes, budget_s=0.0)
-        assert a.held() == ["a-live", *(f"junk-{i}" for i in range(passes))]
