@@ -10,7 +10,13 @@ Definitions (one of each, used everywhere):
   (means, so that rare long steps count) — and at least the time the job waited
   per step for the ranks behind (what it would have saved without them, even
   when a rank was slow from the start and the pace never saw it healthy); once
-  a pace is known, only for a finding repeated from the previous window.
+  a pace is known, only for a finding repeated from the previous window. A
+  finding that dips below the opening score but stays at the keep score on a rank
+  still *held* (a rank a finding named at the opening score in the previous window,
+  or held then and kept since) makes the loss too, pace or not: the hysteresis of
+  the lifecycle (:mod:`argus.analyzer.lifecycle`), applied to lost time: one
+  weaker window of a fault from the job's first step must not count as lossless,
+  and so become the healthy pace that hides the fault.
 * The findings of the window **share** it: each claims the time the job waited
   for it (``Finding.waited_ns``, per step: the slowest of its ranks, as the job
   waits for the slowest); a fault without per-step evidence (a slow link, a
@@ -46,13 +52,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from argus.analyzer.causes import HIDDEN_SHARE
-from argus.analyzer.findings import JOB_SUBJECT, STRAGGLER_CAUSES, Finding
+from argus.analyzer.findings import JOB_SUBJECT, KEEP_SCORE, STRAGGLER_CAUSES, Finding
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.phase import COMPONENTS, PhaseResult, fell_behind
 from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
-__all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "job_profile"]
+__all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "continues", "job_profile"]
 
 #: A component explains the job's loss when its growth covers at least this share of it.
 GROWTH_SHARE = 1 / 3
@@ -114,6 +120,13 @@ class Accounting:
         return max(self.lost_ns - self.explained_ns, 0.0)
 
 
+def continues(f: Finding, held: frozenset[int]) -> bool:
+    """Whether ``f`` keeps a fault of the held ranks going: at the keep score, on a rank of ``held``
+    (the ranks a finding named at the opening score in the previous window, or held then and kept
+    since: :meth:`argus.analyzer.pipeline.JobAnalysis.analyze`)."""
+    return f.score >= KEEP_SCORE and not held.isdisjoint(f.ranks)
+
+
 def _claim(f: Finding, wall_ns: float) -> float:
     if f.waited_ns:
         return float(np.sum(f.waited_ns))
@@ -131,6 +144,7 @@ def account(
     healthy_profile: JobProfile | None,
     min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
     repeated: frozenset[str] = frozenset(),
+    held: frozenset[int] = frozenset(),
 ) -> tuple[list[Finding], Accounting]:
     """Share the window's lost time among ``findings`` and add the job-level finding (module doc).
 
@@ -144,6 +158,8 @@ def account(
         healthy_profile: The job's profile in recent healthy windows (None before one is known).
         min_loss_pct: The loss threshold (percent of wall time) of a job-level finding's score.
         repeated: Subjects of the previous window's findings at the opening score.
+        held: Ranks held after the previous window (:func:`continues`): a finding at the keep
+            score on one of them makes the loss.
 
     Returns:
         ``(findings with lost_ns and wall_ns set, plus the job-level finding if any; accounting)``.
@@ -154,11 +170,13 @@ def account(
     # them: a window's mean step time is noisier than that). Sub-threshold findings share the loss
     # but do not make it: a healthy job waits each step for whichever rank is slowest by noise,
     # and that is part of its pace; once a pace is known, only a finding repeated from the
-    # previous window makes it (noise does not pick the same rank twice).
+    # previous window makes it (noise does not pick the same rank twice); a finding that only dipped to
+    # the keep score on a rank held from the previous window makes it too (module doc).
     waited = [
         np.asarray(f.waited_ns)
         for f in findings
-        if f.waited_ns and f.score >= 1.0 and (pace_ns is None or f.subject in repeated)
+        if f.waited_ns
+        and ((f.score >= 1.0 and (pace_ns is None or f.subject in repeated)) or continues(f, held))
     ]
     waited_union = float(np.sum(np.max(np.stack(waited), axis=0))) if waited else 0.0
     lost = max(wall - n * pace_ns if pace_ns is not None else 0.0, waited_union, 0.0)

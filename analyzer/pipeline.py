@@ -27,7 +27,14 @@ from argus.analyzer.kernels import score_kernels
 from argus.analyzer.lifecycle import OPEN_SCORE, Tracker
 from argus.analyzer.links import locate_slow_links
 from argus.analyzer.liveness import find_unresponsive, silence_threshold_ns
-from argus.analyzer.loss import DEFAULT_MIN_LOSS_PCT, Accounting, JobProfile, account, job_profile
+from argus.analyzer.loss import (
+    DEFAULT_MIN_LOSS_PCT,
+    Accounting,
+    JobProfile,
+    account,
+    continues,
+    job_profile,
+)
 from argus.analyzer.phase import (
     COMPONENTS,
     CONFIDENT_STEPS,
@@ -118,6 +125,9 @@ class JobAnalysis:
         self._suspects: list[tuple[int, float]] = []
         #: Subjects of the last window's findings at the opening score.
         self._strong: frozenset[str] = frozenset()
+        #: Ranks held after the last window: named by a finding at the opening score then, or
+        #: held before and kept by one at the keep score (:func:`~argus.analyzer.loss.continues`).
+        self._held: frozenset[int] = frozenset()
         self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
         self._last_end: tuple[int, int] | None = None
@@ -260,10 +270,16 @@ class JobAnalysis:
             healthy_profile=self._healthy_profile(),
             min_loss_pct=self.min_loss_pct,
             repeated=self._strong,
+            held=self._held,
         )
         strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
-        repeated = bool(self._strong & strong)
+        kept = [f for f in findings if continues(f, self._held)]
+        # A fault kept at the keep score (nothing repeated at the opening score) is still one.
+        repeated = bool(self._strong & strong) or bool(kept)
         self._strong = strong
+        self._held = frozenset(r for f in findings if f.score >= OPEN_SCORE for r in f.ranks) | {
+            r for f in kept for r in f.ranks if r in self._held
+        }
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
@@ -290,8 +306,9 @@ class JobAnalysis:
         """Keep what later windows compare with: only a healthy window's numbers become references.
 
         Healthy: nothing open, no loss at the threshold (a loss nobody explained yet must not
-        become the pace that hides it) and no finding at the opening score repeated from the
-        previous window. A rank with a finding at the opening score keeps its window out of its
+        become the pace that hides it), no finding at the opening score repeated from the
+        previous window and none at the keep score on a held rank (a fault from the job's first
+        step that dips below the opening score for a window is still there). A rank with a finding at the opening score keeps its window out of its
         own past; the others' references grow (one rank's noise in one window must not keep
         every reference from growing).
         """

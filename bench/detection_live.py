@@ -73,7 +73,13 @@ diagnosis *names* ``{rank}`` when ``rank`` is set, else its ``ranks``.
   diagnosis accounts for. A diagnosis that is not an FP accounts for its
   ``evidence.lost_s`` when present, else ``slowdown_pct`` × its span (first
   window to the end of its last); per job, at most the job's lost time. A job
-  with no diagnoses is all unexplained.
+  with no diagnoses is all unexplained. The table shows, per job, ``lost_s`` (the twin-based
+  loss), ``argus_s`` (the analyzer's own lost time over the job's analysed windows, against its
+  healthy pace or, without one, the time it waited for the ranks behind: the job summary's
+  ``lost_s``) and ``expl_s`` (what the diagnoses account for): ``argus_s`` well below ``lost_s``
+  with ``expl_s`` ≈ ``argus_s`` is a loss the analyzer did not measure (or a twin that ran at a
+  quieter moment: compare the ``load`` of the two runs); ``expl_s`` below ``argus_s`` is a loss
+  measured but not attributed. ``load`` is the 1-minute load average when the run ended training.
 
 A job that exits with a non-zero status is reported (``failed_jobs``) and kept:
 no retry.
@@ -219,6 +225,10 @@ class Run:
     timeline: dict[str, Any] | None = None
     #: The faulty run's clean twin (its run name); "" for a twin.
     twin: str = ""
+    #: The 1-minute load average when it ended training (NaN in recordings made before it was kept).
+    load: float = math.nan
+    #: The analyzer's own lost time of the job, s (the job summary's ``lost_s``; NaN unknown).
+    argus_lost_s: float = math.nan
 
 
 def schedule(cases: tuple[Case, ...], tag: str, warmup_s: float, train_s: float) -> list[Run]:
@@ -278,7 +288,8 @@ def record(
             while proc.poll() is None and not tl.exists():
                 time.sleep(0.5)
             previous = (run, proc, time.monotonic())
-            console.print(f"[{i + 1}/{len(runs)}] {run.name} trained, load {os.getloadavg()[0]:.1f}")
+            run.load = os.getloadavg()[0]
+            console.print(f"[{i + 1}/{len(runs)}] {run.name} trained, load {run.load:.1f}")
         if previous is not None:
             _finish(*previous, timelines, console)
         # The analyzer analyses a job's windows up to 3 past its last row, each once it is complete.
@@ -288,6 +299,7 @@ def record(
             for r in runs:
                 try:
                     found[r.job_id] = list(client.items(f"/api/v1/jobs/{r.job_id}/diagnoses"))
+                    r.argus_lost_s = float(client.job(r.job_id).get("lost_s", math.nan))
                 except NotFound:  # the job never reported (it failed to start)
                     found[r.job_id] = []
     return runs, found
@@ -331,9 +343,21 @@ def reanalyse(kept: Path, runs: list[Run], window_s: float) -> dict[str, list[di
             analyzer = Analyzer(store, window=WindowGrid.from_seconds(window_s), backlog_s=None)
             analyzer.run_once(now_ns=time.time_ns() + 3600 * 10**9)
             out = {run.job_id: [d.to_dict() for d in read_diagnoses(store, run.job_id)] for run in runs}
+            for run in runs:
+                run.argus_lost_s = _analysed_lost_s(store, run.job_id)
         finally:
             store.close()
     return out
+
+
+def _analysed_lost_s(store: Any, job_id: str) -> float:
+    """The analyzer's lost time of ``job_id`` over its analysed windows, s (as the job summary's)."""
+    rows = store.query(
+        "SELECT sum(lost_ns) AS lost FROM analysis_windows FINAL WHERE job_id = {job:String}",
+        {"job": job_id},
+    )
+    lost = rows["lost"].to_pylist()
+    return float(lost[0] or 0) / 1e9 if lost else math.nan
 
 
 # --- ground truth and scoring ---------------------------------------------------------------------
@@ -435,6 +459,11 @@ class Row:
     #: (1 - (twin fault / twin warm-up) / (fault / warm-up)), less sensitive to load between runs.
     cost_vs_warmup: float = math.nan
     lost_s: float = math.nan
+    #: The analyzer's own lost time of the job (its accounting, before any diagnosis), s.
+    argus_lost_s: float = math.nan
+    #: The load average when the run (and its twin) ended training.
+    load: float = math.nan
+    twin_load: float = math.nan
     explained_s: float = 0.0
     tp: int = 0
     fp: int = 0
@@ -466,6 +495,8 @@ def score(
             run.scenario if faulty else "clean",
             ",".join(map(str, run.ranks)) or "-",
             run.returncode,
+            argus_lost_s=run.argus_lost_s,
+            load=run.load,
         )
         start = run.timeline["fault_start_ns"] if run.timeline else None
         diagnoses = found.get(run.job_id, [])
@@ -494,6 +525,7 @@ def score(
             drift = theirs.step_s / warm_step_s(twin.timeline)
             row.cost_vs_warmup = 1 - drift / (mine.step_s / warm_step_s(run.timeline))
             row.lost_s = max(mine.wall_s - mine.steps * theirs.step_s, 0.0)
+            row.twin_load = twin.load
             row.counted = row.cost >= RECALL_MIN_COST
         if faulty:
             row.share = len(hits & injected) / len(injected)
@@ -521,6 +553,8 @@ def score(
         "faults_counted": len(counted),
         "failed_jobs": sum(1 for r in rows if r.exit != 0),
         "lost_s": lost,
+        "argus_lost_s": sum(r.argus_lost_s for r in faulty_rows if math.isfinite(r.argus_lost_s)),
+        "explained_s": sum(min(r.explained_s, r.lost_s) for r in faulty_rows if math.isfinite(r.lost_s)),
     }
     return rows, figures
 
@@ -536,17 +570,23 @@ def _describe(d: dict[str, Any]) -> str:
     return f"{who} {d['cause']} {float(d.get('slowdown_pct') or 0):.0f}%{extra}"
 
 
+def _load(x: float) -> str:
+    return f"{x:.1f}" if math.isfinite(x) else "?"
+
+
 def report(rows: list[Row], figures: dict[str, float]) -> None:
     """The per-job table, then the summary lines (the figures last)."""
     print(
         f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
-        f"{'expl_s':>6} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5} {'win':>3} {'dup':>3}  "
+        f"{'argus_s':>7} {'expl_s':>6} {'load':>9} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5} {'win':>3} {'dup':>3}  "
         "diagnoses"
     )
     for r in rows:
         cost = f"{100 * r.cost:6.1f}" if math.isfinite(r.cost) else f"{'':6}"
         warm = f"{100 * r.cost_vs_warmup:6.1f}" if math.isfinite(r.cost_vs_warmup) else f"{'':6}"
         lost = f"{r.lost_s:6.1f}" if math.isfinite(r.lost_s) else f"{'':6}"
+        argus = f"{r.argus_lost_s:7.1f}" if math.isfinite(r.argus_lost_s) else f"{'':7}"
+        load = _load(r.load) + (f"/{_load(r.twin_load)}" if math.isfinite(r.twin_load) else "")
         share = f"{r.share:5.2f}" if math.isfinite(r.share) else f"{'':5}"
         cause = f"{r.cause_ok}/{r.tp}" if r.tp else ""
         mark = "" if r.counted or r.fault == "clean" else " (cost < 10 %: not in recall)"
@@ -554,7 +594,7 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
         dup = "dup" if r.duplicate else ""
         print(
             f"{r.name:24} {r.layout:3} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
-            f"{cost} {warm} {lost} {r.explained_s:6.1f} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5} "
+            f"{cost} {warm} {lost} {argus} {r.explained_s:6.1f} {load:>9} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5} "
             f"{win} {dup:>3}  "
             f"{r.diagnoses}{mark}"
         )
@@ -562,6 +602,7 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
     print(
         f"tp={f['tp']} fp={f['fp']} fp_on_clean_jobs={f['fp_on_clean_jobs']} "
         f"faults_counted={f['faults_counted']} failed_jobs={f['failed_jobs']} lost_s={f['lost_s']:.1f} "
+        f"explained_s={f['explained_s']:.1f} argus_lost_s={f['argus_lost_s']:.1f} "
         f"onset_detected_by_window_3={f['onset_detected_by_window_3']}/{f['onset_counted']}"
     )
     print(

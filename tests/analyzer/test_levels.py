@@ -492,3 +492,29 @@ def test_a_job_started_with_most_of_its_ranks_slow_is_diagnosed_by_its_third_win
         ja.analyze(w)
     assert [sorted(d.ranks) for d in ja.tracker.open] == [[1, 2, 3]], ja.tracker.open
     assert ja.tracker.open[0].first_window_ns <= sim.windows[1].start_ns
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_fault_from_the_first_step_that_dips_for_a_window_keeps_its_lost_time(seed: int) -> None:
+    """A rank slow from the job's first step whose finding dips below the opening score for one
+    window (still at the keep score) before its diagnosis opens: that window's loss is the fault's
+    (hysteresis, as the lifecycle's), so it is neither lossless nor the job's healthy pace, and the
+    job's lost time stays that of its fault-free twin. Before, the dip window became the pace and
+    the next window's loss was measured against it."""
+    faults = (
+        Fault("compute", (3,), 0.4, 0.0, end_s=6.0),
+        Fault("compute", (3,), 0.05, 6.0, end_s=12.0),
+        Fault("compute", (3,), 0.4, 12.0),
+    )
+    spec = JobSpec(world=4, windows=5, window_s=6.0, step_s=0.1, seed=seed, start_offset_s=0.5, faults=faults)
+    sim = simulate(spec)
+    ja = JobAnalysis("t", spec.window_ns)
+    accounts = [ja.analyze(w).accounting for w in sim.windows]
+    dip = accounts[1]
+    assert dip.lost_ns > 0
+    assert ja.pace_ns is None  # no window of the fault became its healthy pace
+    twin = simulate(replace(spec, faults=()))
+    t0, t1 = sim.windows[0].start_ns, sim.windows[-1].end_ns
+    lost = sum(a.lost_ns for a in accounts)
+    true_ns = sum(a.wall_ns for a in accounts) - sum(a.steps for a in accounts) * _mean_step_ns(twin, t0, t1)
+    assert lost >= 0.8 * true_ns, (lost / 1e9, true_ns / 1e9)
