@@ -308,9 +308,10 @@ class JobAnalysis:
         Healthy: nothing open, no loss at the threshold (a loss nobody explained yet must not
         become the pace that hides it), no finding at the opening score repeated from the
         previous window and none at the keep score on a held rank (a fault from the job's first
-        step that dips below the opening score for a window is still there). A rank with a finding at the opening score keeps its window out of its
-        own past; the others' references grow (one rank's noise in one window must not keep
-        every reference from growing).
+        step that dips below the opening score for a window is still there). A rank with a
+        finding at the opening score keeps its window out of its own past; the others'
+        references grow (one rank's noise in one window must not keep every reference from
+        growing).
         """
         for i, r in enumerate(l2.rank.tolist()):
             self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))

@@ -578,7 +578,8 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
     """The per-job table, then the summary lines (the figures last)."""
     print(
         f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
-        f"{'argus_s':>7} {'expl_s':>6} {'load':>9} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5} {'win':>3} {'dup':>3}  "
+        f"{'argus_s':>7} {'expl_s':>6} {'load':>9} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5} "
+        f"{'win':>3} {'dup':>3}  "
         "diagnoses"
     )
     for r in rows:
@@ -594,7 +595,8 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
         dup = "dup" if r.duplicate else ""
         print(
             f"{r.name:24} {r.layout:3} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
-            f"{cost} {warm} {lost} {argus} {r.explained_s:6.1f} {load:>9} {r.tp:>2} {r.fp:>2} {r.other:>3} {share} {cause:>5} "
+            f"{cost} {warm} {lost} {argus} {r.explained_s:6.1f} {load:>9} {r.tp:>2} {r.fp:>2} {r.other:>3} "
+            f"{share} {cause:>5} "
             f"{win} {dup:>3}  "
             f"{r.diagnoses}{mark}"
         )
