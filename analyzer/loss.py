@@ -58,7 +58,7 @@ from argus.analyzer.phase import COMPONENTS, PhaseResult, fell_behind
 from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
-__all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "continues", "job_profile"]
+__all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "continues", "held_ranks", "job_profile"]
 
 #: A component explains the job's loss when its growth covers at least this share of it.
 GROWTH_SHARE = 1 / 3
@@ -121,10 +121,19 @@ class Accounting:
 
 
 def continues(f: Finding, held: frozenset[int]) -> bool:
-    """Whether ``f`` keeps a fault of the held ranks going: at the keep score, on a rank of ``held``
-    (the ranks a finding named at the opening score in the previous window, or held then and kept
-    since: :meth:`argus.analyzer.pipeline.JobAnalysis.analyze`)."""
-    return f.score >= KEEP_SCORE and not held.isdisjoint(f.ranks)
+    """Whether ``f`` keeps a straggler of the held ranks going: a straggler finding at the keep
+    score on a rank of ``held`` (:func:`held_ranks` of the previous window). Only stragglers: a
+    slow link or a job-level loss names every rank of its group or job, and a rank's own noise
+    must not keep those going."""
+    return f.family == "straggler" and f.score >= KEEP_SCORE and not held.isdisjoint(f.ranks)
+
+
+def held_ranks(findings: list[Finding], held: frozenset[int]) -> frozenset[int]:
+    """The ranks held after a window: named by a straggler finding at the opening score in it, or
+    held before (``held``) and kept by one at the keep score (:func:`continues`)."""
+    strong = {r for f in findings if f.family == "straggler" and f.score >= 1.0 for r in f.ranks}
+    kept = {r for f in findings if continues(f, held) for r in f.ranks if r in held}
+    return frozenset(strong | kept)
 
 
 def _claim(f: Finding, wall_ns: float) -> float:

@@ -170,6 +170,10 @@ class PhaseResult:
         behind_noise_ns: Per rank, what ``behind_ns`` reaches by chance: :data:`K_SIGMA`
             standard errors of a window's mean change (its per-step noise and its drift between
             windows), ns (NaN without history).
+        best_sums: Per rank, ``(sum over its steps of its self time less its scheduling delay
+            beyond its role's, ns; steps)``, shape ``(n, 2)`` (0 in roles of fewer than
+            :data:`MIN_PEERS`): the best-ranks test's evidence of this window, which a later
+            window of the same fault pools with its own (``best_carried`` of :func:`compare_phases`).
     """
 
     rank: NDArray[np.int64]
@@ -200,6 +204,7 @@ class PhaseResult:
     past_step_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_noise_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    best_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
         """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
@@ -302,6 +307,7 @@ def compare_phases(
     baseline: Mapping[int, RankBaseline] | None = None,
     recent_spikes: Mapping[int, int] | None = None,
     carried: Mapping[int, tuple[float, int]] | None = None,
+    best_carried: Mapping[int, tuple[float, int]] | None = None,
 ) -> PhaseResult:
     """Compare every rank's self time, per step and component, with its references (module doc).
 
@@ -316,13 +322,17 @@ def compare_phases(
             did not become references (the analyzer keeps them): which ranks are behind is
             judged on their change over those windows and this one together, whose mean is less
             noisy than one window's.
+        best_carried: Per rank, the ``best_sums`` of those windows, summed: the best-ranks test
+            (:func:`_best_ranks`) judges the ranks' mean over those windows and this one, as a
+            sequential test would: a fault from the first step that one window's few steps
+            leave below the bar is named when the next windows add theirs.
 
     Returns:
         :class:`PhaseResult`; empty when no rank has :data:`MIN_STEPS` steps past warm-up.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
-        return _compare(w, roles, baseline or {}, recent_spikes or {}, d, carried or {})
+        return _compare(w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {})
 
 
 def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
@@ -332,6 +342,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     recent_spikes: Mapping[int, int],
     d: Decomposition | None,
     carried: Mapping[int, tuple[float, int]],
+    best_carried: Mapping[int, tuple[float, int]],
 ) -> PhaseResult:
     step_cols = _step_columns(w)
     if step_cols.size == 0:
@@ -365,11 +376,15 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     best_err = np.zeros(n_r)
     shift = np.zeros(n_r)  # added to a best-ranks reference: the minimum's bias, scheduling delay
     host: dict[str, tuple[F64, F64]] = {}
+    best_sums = np.zeros((n_r, 2))
+    best_prior = np.array([best_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
     for g in np.unique(role):
         members = role == g
         scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
         ok = scores.healthy & members & enough
-        best = _best_ranks(w, t, self_t, valid, members & enough, REL_FLOOR * ref_step, host)
+        best = _best_ranks(
+            w, t, self_t, valid, members & enough, REL_FLOOR * ref_step, host, best_prior, best_sums
+        )
         if best is not None:
             ok, shift[members], best_err[members] = best[0], best[1][members], best[2]
             to_best[members & enough] = True
@@ -527,6 +542,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         past_step_ns=base_step,
         change_sum_ns=change_sum,
         behind_noise_ns=behind_noise,
+        best_sums=best_sums,
     )
 
 
@@ -628,6 +644,8 @@ def _best_ranks(
     members: NDArray[np.bool_],
     floor_ns: float,
     host: dict[str, tuple[F64, F64]],
+    prior: F64,
+    sums: F64,
 ) -> tuple[NDArray[np.bool_], F64, float] | None:
     """The role's best ranks when more than half of it (three ranks or more) is behind them; else None.
 
@@ -643,8 +661,16 @@ def _best_ranks(
     :data:`K_SIGMA` times that standard error combined with the spread of the ranks behind (ranks
     slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``.
 
+    Evidence pools over the windows of a fault (``prior``, a sequential test): a rank's mean is
+    over those windows' steps and this one's, its standard error that of this window's per-step
+    noise over all those steps. The bar stays :data:`K_SIGMA` standard errors: one window of few
+    steps is judged as before.
+
     Args:
         host: Cache of :func:`_run_queue_per_step` for the window (filled on first use).
+        prior: Per rank of ``t``, ``(sum of self time less scheduling delay, steps)`` of the
+            fault's earlier windows (zeros: none), shape ``(n, 2)``.
+        sums: Filled in place for the members: this window's ``(sum, steps)`` (to carry).
 
     Returns:
         ``(the ranks not behind (the best ranks), per rank what to add to their median self time
@@ -658,12 +684,16 @@ def _best_ranks(
         host["rq"] = _run_queue_per_step(w, t.rank, t.step_ns)
     starved = _starved_per_step(*host["rq"], members)
     x = np.where(valid[idx], self_t[idx], np.nan)
-    mean = np.nanmean(x, axis=1) - starved[idx]
-    if not np.all(np.isfinite(mean)):
+    steps = np.count_nonzero(np.isfinite(x), axis=1)
+    sums[idx, 0] = np.nansum(x, axis=1) - starved[idx] * steps
+    sums[idx, 1] = steps
+    total = sums[idx] + prior[idx]
+    mean = total[:, 0] / np.maximum(total[:, 1], 1)
+    if not np.all(np.isfinite(mean)) or np.any(steps == 0):
         return None
     fastest = int(np.argmin(mean))
     diff = x - x[fastest]
-    n = np.count_nonzero(np.isfinite(diff), axis=1)
+    n = np.count_nonzero(np.isfinite(diff), axis=1) + np.minimum(prior[idx, 1], prior[idx[fastest], 1])
     sd = MAD_TO_SIGMA * np.nanmedian(np.abs(diff - np.nanmedian(diff, axis=1)[:, None]), axis=1)
     se = sd / np.sqrt(np.maximum(n - 1, 1))
     # A difference of two ranks has twice one rank's variance: one rank's standard error is 1/√2 of it.

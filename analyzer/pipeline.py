@@ -33,6 +33,7 @@ from argus.analyzer.loss import (
     JobProfile,
     account,
     continues,
+    held_ranks,
     job_profile,
 )
 from argus.analyzer.phase import (
@@ -122,11 +123,12 @@ class JobAnalysis:
         self._spikes: dict[int, deque[int]] = {}
         #: Per rank, (change_sum_ns, steps) of the recent windows that became no reference.
         self._carried: dict[int, deque[tuple[float, int]]] = {}
+        #: Per rank, the best-ranks test's (sum_ns, steps) of those windows (``PhaseResult.best_sums``).
+        self._carried_best: dict[int, deque[tuple[float, int]]] = {}
         self._suspects: list[tuple[int, float]] = []
         #: Subjects of the last window's findings at the opening score.
         self._strong: frozenset[str] = frozenset()
-        #: Ranks held after the last window: named by a finding at the opening score then, or
-        #: held before and kept by one at the keep score (:func:`~argus.analyzer.loss.continues`).
+        #: Ranks held after the last window (:func:`~argus.analyzer.loss.held_ranks`).
         self._held: frozenset[int] = frozenset()
         self.roles: Roles | None = None
         #: (step, end ns) of the job's newest step seen, for the next window's first step time.
@@ -243,7 +245,8 @@ class JobAnalysis:
         l1 = compare_iterations(step, step_ns, list(self._steps))
         recent = {r: int(sum(v)) for r, v in self._spikes.items()}
         carried = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried.items() if v}
-        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried)
+        best = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_best.items() if v}
+        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried, best)
         l3 = score_kernels(w.kernels, roles=roles)
         host = host_signals(w.host)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
@@ -273,13 +276,10 @@ class JobAnalysis:
             held=self._held,
         )
         strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
-        kept = [f for f in findings if continues(f, self._held)]
-        # A fault kept at the keep score (nothing repeated at the opening score) is still one.
-        repeated = bool(self._strong & strong) or bool(kept)
+        # A straggler kept at the keep score (nothing repeated at the opening score) is still one.
+        repeated = bool(self._strong & strong) or any(continues(f, self._held) for f in findings)
         self._strong = strong
-        self._held = frozenset(r for f in findings if f.score >= OPEN_SCORE for r in f.ranks) | {
-            r for f in kept for r in f.ranks if r in self._held
-        }
+        self._held = held_ranks(findings, self._held)
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
         observed |= set(np.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
@@ -321,6 +321,7 @@ class JobAnalysis:
             self._carry(l2)
             return
         self._carried.clear()  # the references move: a change against the old ones is stale
+        self._carried_best.clear()
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)
@@ -336,11 +337,15 @@ class JobAnalysis:
 
     def _carry(self, l2: PhaseResult) -> None:
         """Keep a window that became no reference: its ranks' change against their own past
-        (the baselines it was measured against stay until a healthy window moves them)."""
+        (the baselines it was measured against stay until a healthy window moves them), and the
+        best-ranks test's evidence (``PhaseResult.best_sums``)."""
         for i, r in enumerate(l2.rank.tolist()):
             if np.isfinite(l2.change_sum_ns[i]):
                 entry = (float(l2.change_sum_ns[i]), int(l2.steps[i]))
                 self._carried.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(entry)
+            if l2.best_sums.shape[0] == l2.rank.size and l2.best_sums[i, 1] > 0:
+                best = (float(l2.best_sums[i, 0]), int(l2.best_sums[i, 1]))
+                self._carried_best.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(best)
 
 
 def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _RankWindow]:
