@@ -12,7 +12,7 @@ from argus.analyzer.iteration import compare_iterations, job_step_times
 from argus.analyzer.liveness import find_unresponsive
 from argus.analyzer.phase import compare_phases
 from argus.analyzer.pipeline import JobAnalysis
-from argus.analyzer.window import Collectives, RankStatus, Steps
+from argus.analyzer.window import Collectives, RankStatus, Steps, Window
 from synthetic.jobs import Fault, JobSpec, Simulation, simulate
 
 MS = 1_000_000
@@ -518,3 +518,29 @@ def test_a_fault_from_the_first_step_that_dips_for_a_window_keeps_its_lost_time(
     lost = sum(a.lost_ns for a in accounts)
     true_ns = sum(a.wall_ns for a in accounts) - sum(a.steps for a in accounts) * _mean_step_ns(twin, t0, t1)
     assert lost >= 0.8 * true_ns, (lost / 1e9, true_ns / 1e9)
+
+
+def _pooled_best(windows: list[Window], k: int) -> list[int]:
+    """The ranks L2 names in window ``k`` with the best-ranks evidence of windows ``0..k-1`` pooled."""
+    prior: dict[int, tuple[float, int]] = {}
+    for w in windows[:k]:
+        r = compare_phases(w, decompose(w.collectives), best_carried=prior)
+        for rank, (total, steps) in zip(r.rank.tolist(), r.best_sums.tolist(), strict=True):
+            was = prior.get(rank, (0.0, 0))
+            prior[rank] = (was[0] + total, was[1] + int(steps))
+    r = compare_phases(windows[k], decompose(windows[k].collectives), best_carried=prior)
+    return sorted(r.rank[r.score >= 1].tolist())
+
+
+def test_most_of_a_role_slow_from_the_start_is_named_on_evidence_pooled_over_windows() -> None:
+    """Three of four ranks 15 % slower from the first step, 5 s windows of ten steps: one window
+    alone leaves them under the best-ranks bar; pooled with the job's two earlier windows (a
+    sequential test) it names exactly them. The bar is not lowered: the clean twin pooled alike
+    names nobody."""
+    spec = JobSpec(world=4, windows=3, window_s=5.0, seed=3, faults=(Fault("compute", (1, 2, 3), 0.15, 0.0),))
+    windows = simulate(spec).windows
+    r = compare_phases(windows[2], decompose(windows[2].collectives))
+    assert not np.any(r.score >= 1), r.score  # one window's ten steps: too few
+    assert _pooled_best(windows, 2) == [1, 2, 3]
+    for seed in range(4):
+        assert _pooled_best(simulate(replace(spec, faults=(), seed=seed)).windows, 2) == []
