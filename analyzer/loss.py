@@ -58,7 +58,15 @@ from argus.analyzer.phase import COMPONENTS, PhaseResult, fell_behind
 from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.diagnosis import Cause
 
-__all__ = ["DEFAULT_MIN_LOSS_PCT", "Accounting", "JobProfile", "account", "continues", "held_ranks", "job_profile"]
+__all__ = [
+    "DEFAULT_MIN_LOSS_PCT",
+    "Accounting",
+    "JobProfile",
+    "account",
+    "continues",
+    "held_ranks",
+    "job_profile",
+]
 
 #: A component explains the job's loss when its growth covers at least this share of it.
 GROWTH_SHARE = 1 / 3
