@@ -58,7 +58,15 @@ Reported (the last line):
 - ``lost``: rows the job made that are not in the store at the end. Agents
   stop ``--drain-s`` seconds after the job's end: what they have not sent or
   not had acknowledged by then is lost (the server did not keep up), as it
-  would sit in a real agent's spool.
+  would sit in a real agent's spool;
+- ``server_cpu_ms_per_rank_s``: what each rank costs the server: CPU time of the
+  server's whole process tree (every thread of every process, chDB's engine
+  threads included; psutil, :func:`tree_cpu_s`) from the ranks' attach to the
+  last acknowledgement, in milliseconds per rank per second of that time
+  (0.1 = 100 % of one core for 10,000 ranks);
+- ``window_analysis_s``: the server's own ``argus_analysis_window_seconds``
+  histogram: its mean read + analyse + write time of one window, over the job's
+  windows (``nan`` with ``--no-analyzer``).
 
 The line before the last gives the per-table counts, acks, server CPU and the
 diagnoses seen. The simulators share the machine with the server: on a 2-core
@@ -480,6 +488,21 @@ class Watch(threading.Thread):
                 self._diagnoses()
 
 
+def tree_cpu_s(proc: psutil.Process) -> float:
+    """CPU time (user + system, s) of ``proc`` and every process below it, all threads, so far.
+
+    Children that ended and were waited for count through ``proc``'s ``children_*`` times; one
+    that ends between two samples without being waited for is missed (the server starts none).
+    """
+    times = proc.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # it ended meanwhile
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+    return float(total)
+
+
 def analysis_seconds(http: str) -> dict[str, float]:
     """Mean wall time of a window's analysis stages so far, s (``argus_analysis_window_seconds``)."""
     try:
@@ -626,15 +649,18 @@ def run(
             watch = Watch(server.pid, http, slow)
             watch.start()
             server_ps = psutil.Process(server.pid)
-            cpu0 = sum(server_ps.cpu_times()[:2])
             for q in starts:
                 q.put(t0)
+            # The server's cost is counted from the ranks' attach (the first batch) to the last ack.
+            time.sleep(max(0.0, (t0 - NS // 2 - time.time_ns()) / NS))
+            cpu0, wall0 = tree_cpu_s(server_ps), time.monotonic()
             print(
                 f"{world} ranks on {agents} agents in {procs} processes -> argus server pid {server.pid}; "
                 f"{windows} windows of {window_s:g} s, rank {slow} 20 % slower from window {ONSET_WINDOW}",
                 flush=True,
             )
             results: list[SimResult] = [out.get(timeout=windows * window_s + 900) for _ in sims]
+            cost = ServerCost(tree_cpu_s(server_ps) - cpu0, time.monotonic() - wall0)
             for p in sims:
                 p.join(30)
             # Wait for the analysis of the last window: the lag gauge is 0 once nothing due waits.
@@ -648,7 +674,6 @@ def run(
                 and (time.time_ns() < ready_at or lag_metric(http) != 0.0)
             ):
                 time.sleep(0.5)
-            server_cpu = sum(server_ps.cpu_times()[:2]) - cpu0
             stages = analysis_seconds(http)
             watch.stop.set()
             watch.join(5)
@@ -657,7 +682,23 @@ def run(
             server.terminate()
             server.wait(60)
         counts, written = stored(root / "store", job)
-    return report(job, results, counts, written, watch, rss, server_cpu, stages)
+    return report(job, results, counts, written, watch, rss, cost, stages)
+
+
+@dataclass(frozen=True)
+class ServerCost:
+    """CPU time of the server's process tree (:func:`tree_cpu_s`) over ``wall_s`` seconds of streaming."""
+
+    cpu_s: float
+    wall_s: float
+
+    def ms_per_rank_s(self, ranks: int) -> float:
+        """Server CPU milliseconds per rank per second of streaming."""
+        return self.cpu_s * 1000 / max(ranks * self.wall_s, 1e-9)
+
+
+#: The stages of one window's analysis in ``argus_analysis_window_seconds``, in order.
+STAGES = ("read", "analyse", "write")
 
 
 def report(
@@ -667,10 +708,14 @@ def report(
     written: dict[int, int],
     watch: Watch,
     rss: int,
-    server_cpu: float,
+    cost: ServerCost,
     stages: dict[str, float],
 ) -> str:
-    """Print the details; return the last line."""
+    """Print the details; return the last line.
+
+    ``stages``: mean seconds of a window's analysis by stage (:func:`analysis_seconds`); empty
+    without an analyzer, and ``window_analysis_s`` is then ``nan``.
+    """
     offered: dict[str, int] = {}
     for r in results:
         for t, n in r.offered.items():
@@ -703,6 +748,8 @@ def report(
         if done:
             detected = max(done) - ONSET_WINDOW + 1
     sim_cpu = sum(r.cpu_s for r in results)
+    world = job.agents * job.ranks_per_agent
+    window_s = sum(stages[k] for k in STAGES) if all(k in stages for k in STAGES) else float("nan")
     job_s = (job.stop_ns - job.t0_ns) / NS
     print(
         "per table made/sent/stored: "
@@ -713,19 +760,20 @@ def report(
         + f"{ack_s - send_s:+.1f} s after the last send, "
         + f"{(last_ack - job.stop_ns) / NS:+.1f} s after the job's stop"
         + f"; lags per window {[round(x, 2) for x in lags]}"
-        + f"; server CPU {server_cpu / max(ack_s, 1e-9) * 100:.0f} %"
+        + f"; server CPU {cost.cpu_s / max(cost.wall_s, 1e-9) * 100:.0f} % over {cost.wall_s:.1f} s"
         + f"; a window's analysis, mean s by stage: { {k: round(v, 2) for k, v in stages.items()} }"
         + f"; first naming the slowed rank: {watch.first_named or '-'}"
         + f"; diagnoses seen {sorted(watch.seen.values())}",
         flush=True,
     )
     return (
-        f"ranks={job.agents * job.ranks_per_agent} agents={job.agents} "
+        f"ranks={world} agents={job.agents} "
         f"offered_rows_per_s={total_produced / job_s:.0f} "
         f"stored_rows_per_s={total_stored / max(ack_s, 1e-9):.0f} "
         f"analysis_lag_s={max(lags):.2f} detected_window={detected:.0f} "
         f"server_peak_rss_mb={rss / 2**20:.0f} simulator_cpu_pct={sim_cpu / max(send_s, 1e-9) * 100:.0f} "
-        f"lost={lost}"
+        f"lost={lost} server_cpu_ms_per_rank_s={cost.ms_per_rank_s(world):.4f} "
+        f"window_analysis_s={window_s:.2f}"
     )
 
 

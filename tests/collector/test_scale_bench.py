@@ -7,10 +7,13 @@ import importlib.util
 import os
 import queue
 import re
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from argus.collector.grpc_service import start_collector
 from argus.config import ServerConfig
@@ -26,7 +29,8 @@ _spec.loader.exec_module(scale)
 
 LINE = re.compile(
     r"^ranks=(\d+) agents=(\d+) offered_rows_per_s=(\d+) stored_rows_per_s=(\d+) analysis_lag_s=(\S+) "
-    r"detected_window=(\S+) server_peak_rss_mb=(\d+) simulator_cpu_pct=(\d+) lost=(\d+)$"
+    r"detected_window=(\S+) server_peak_rss_mb=(\d+) simulator_cpu_pct=(\d+) lost=(\d+) "
+    r"server_cpu_ms_per_rank_s=(\S+) window_analysis_s=(\S+)$"
 )
 
 
@@ -65,8 +69,31 @@ def test_four_agents_stream_two_windows_and_lose_nothing(tmp_path: Path) -> None
     assert counts["phases"] == counts["collectives"] == 4 * counts["steps"] > 0
     watch = scale.Watch(os.getpid(), "http://127.0.0.1:1", job.slow_rank)
     job = scale.Job(**{**job.__dict__, "t0_ns": t0})
-    line = scale.report(job, [result], counts, {0: t0 + 2 * scale.NS}, watch, 2**30, 1.0, {"read": 0.1})
+    cost = scale.ServerCost(cpu_s=3.2, wall_s=10.0)
+    stages = {"read": 0.5, "analyse": 1.0, "write": 0.25}
+    line = scale.report(job, [result], counts, {0: t0 + 2 * scale.NS}, watch, 2**30, cost, stages)
     found = LINE.match(line)
     assert found, line
     assert found.group(1, 2, 7, 9) == ("32", "4", "1024", "0")
     assert float(found.group(5)) == float("inf")  # window 1 was never analysed: no analyzer here
+    # 3.2 CPU-s over 10 s for 32 ranks: 10 ms per rank per second; a window: read + analyse + write.
+    assert float(found.group(10)) == 10.0 and float(found.group(11)) == 1.75
+    no_analyzer = LINE.match(scale.report(job, [result], counts, {}, watch, 2**30, cost, {}))
+    assert no_analyzer and no_analyzer.group(11) == "nan"
+
+
+def test_server_cpu_counts_every_process_of_the_tree() -> None:
+    """A child's CPU is the server's too (a busy child, the parent idle)."""
+    spin = (
+        "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+        "print('spun', flush=True)\ntime.sleep(60)"
+    )
+    me = psutil.Process()
+    before = scale.tree_cpu_s(me)
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "spun\n"
+        assert scale.tree_cpu_s(me) - before >= 0.5
+    finally:
+        child.kill()
+        child.wait()
