@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -211,4 +212,65 @@ def test_batches_resent_after_a_collector_died_before_recording_them_are_stored_
             ingest.write_group(store, regrouped, unrecorded=ingest.Unrecorded())
         assert _step_rows(store) == (4 * 50, 4 * 50)
     finally:
+        store.close()
+
+
+class _HeldStore:
+    """The real store, whose first data insert waits until :attr:`release` is set (the writer busy
+    meanwhile), and which records the batches of each group (rows of each ``ingest_batches`` insert)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.groups: list[int] = []
+
+    def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(60)
+        self.store.insert(table, data, dedup_token=dedup_token)
+        if table == "ingest_batches":
+            self.groups.append(data.num_rows)
+
+    def query(self, sql: str, parameters: dict[str, object] | None = None) -> pa.Table:
+        return self.store.query(sql, parameters)
+
+
+def test_batches_arriving_together_wait_for_the_interval_and_go_in_one_group(tmp_path: Path) -> None:
+    """After a group of several batches the next starts no sooner than the interval after it: the
+    batches that come meanwhile, one by one, are one group (one insert per table), not one each."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    held = _HeldStore(store)
+    writer = BatchWriter(cast(Store, held), interval_s=600.0)
+    steps = _steps_batches(6, 10)
+    try:
+        first = writer.submit(steps[0])
+        assert held.entered.wait(60)
+        together = [writer.submit(d) for d in steps[1:3]]  # queued while the writer is busy
+        held.release.set()
+        assert [f.result(60).status for f in [first, *together]] == [pb.Ack.STORED] * 3
+        later = [writer.submit(steps[3])]
+        while not writer._queue.empty():  # the writer took it, and waits for the interval
+            threading.Event().wait(0.01)
+        later += [writer.submit(d) for d in steps[4:]]
+    finally:
+        assert writer.close(60)  # closing ends the wait: what is queued is stored at once
+    try:
+        assert [f.result(0).status for f in later] == [pb.Ack.STORED] * 3
+        # Before: the writer took the fourth batch at once, alone: groups [1, 2, 1, 2].
+        assert held.groups == [1, 2, 3]
+        assert _step_rows(store) == (60, 60)
+    finally:
+        store.close()
+
+
+def test_a_lone_client_is_answered_at_once(tmp_path: Path) -> None:
+    """One batch at a time (a client that sends and waits) never waits for the interval."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    writer = BatchWriter(store, interval_s=600.0)
+    try:
+        for decoded in _steps_batches(3, 10):
+            assert writer.submit(decoded).result(60).status == pb.Ack.STORED
+    finally:
+        assert writer.close(60)
         store.close()
