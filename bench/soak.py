@@ -1,32 +1,61 @@
-"""Soak of one `argus server`: agents streaming, readers reading, a client sending bad input (issue 12).
+"""Soak of one `argus server` and one real node agent: good traffic flowing, readers reading, bad input
+arriving (issues 12 and 39).
 
-Starts `argus server` (analyzer on, embedded store, ``--max-upload-bytes 1 MiB``), then for
-``--minutes``:
+Starts `argus server` (analyzer on, embedded store, window 5 s, ``--max-upload-bytes 1 MiB`` and
+``--max-decoded-bytes`` of ``--max-decoded-mb``, small so that the compressed batches below press on
+it) and one real `argus agent` on its own unix socket, then for ``--minutes``:
 
-- ``--agents`` node agents, each the project's own upload path (:class:`argus.agent.uploader.Uploader`
-  over a spool: real batches, sequence numbers and acks over gRPC), each streaming one 8-rank job
-  (:func:`synthetic.wire.synthetic_job`: steps, phases, collectives, kernel events, host samples;
-  two steps per rank a second) a second at a time, spread over ``--agent-processes`` worker
-  processes (default 5): on a cluster every node agent has its own host, so the agents do not
-  share one interpreter's lock with each other or with the clients below, whose waits would
-  otherwise count in their ack times;
-- ``--readers`` REST clients reading traces and heatmaps of those jobs without pause;
-- one client sending bad input every second, in turn: an Arrow batch of garbage bytes, a batch
-  under an invalid job id, a batch declaring a world size past the limit, a trace upload past
-  the upload cap, and a trace that is not JSON. Each must be refused (REJECTED, 413, 422).
+- ``--agents`` simulated node agents, each the project's own upload path
+  (:class:`argus.agent.uploader.Uploader` over a spool: real batches, sequence numbers and acks
+  over gRPC), each streaming one 8-rank job (:func:`synthetic.wire.synthetic_job`: steps, phases,
+  collectives, kernel events, host samples; two steps per rank a second) a second at a time,
+  spread over ``--agent-processes`` worker processes: on a cluster every node agent has its own
+  host, so the agents do not share one interpreter's lock with each other or with the clients
+  below, whose waits would otherwise count in their ack times;
+- ``--probe-ranks`` probes (the probe's own :class:`argus.agent.sink.AgentLink`) of one job sending
+  their steps and phases through the real node agent every second;
+- ``--readers`` REST clients reading traces and heatmaps of those jobs without pause.
 
-Then the agents drain, the server stops, and every row is counted in the store.
+From the end of the first minute (so that ``rss_after_first_minute_mb`` is the server's RSS under
+good traffic alone), bad input arrives beside them, every second a round of
+(:mod:`synthetic.bad_inputs` makes them, the same code the tests use):
+
+- into the node agent, on a fresh probe connection (as a crash-looping rank opens): a kernel-events
+  frame with string offsets 1 GiB past its data and a negative ``dur_ns`` (must be ``REFUSED``,
+  the agent alive), and a steps frame of one good row and three bad ones (null, rank past the
+  limit, end before start: must be dropped and counted, ``argus_agent_dropped_events_total``);
+- over gRPC, one stream: a batch of garbage bytes, one under an invalid job id, one declaring a
+  world size past the limit, six crafted batches (steps and sequence numbers past 2**40, a
+  5,000-digit and a 2**31 line number, a 40 kB frame label), a ZSTD batch declaring 1 TiB decoded
+  (each must be ``REJECTED``), and valid steps of ``--new-jobs-per-s`` job ids never seen before
+  (stored: each a job of its own for the analyzer);
+- a trace upload past the upload cap or one that is not JSON, in turn (413, 422);
+
+and every ``--burst-every-s`` seconds ``--burst-streams`` streams at once each send two ZSTD
+batches of a few kB that decode to ``--inflate-mb`` and are refused once decoded (one holds an
+unknown column, the other's last row ends before it starts): the server holds them decoded until
+it refuses them, within the decoded-bytes budget (past it the streams wait).
+
+Then the probes, agents and node agent drain, the server stops, and every good row is counted in
+the store.
 
 Last line:
-``acked_rows=… stored_rows=… duplicates=… lost=… ack_p99_ms=… server_peak_rss_mb=… bad_inputs=…``
-(``acked_rows``: rows of STORED acks; ``lost``: rows offered but not stored; ``duplicates``: rows
-stored more than once; ``ack_p99_ms``: from a batch's send to its ack; ``bad_inputs``: refused as
-they should be / sent) plus ``rss_after_first_minute_mb``, ``reads``, ``read_errors`` and
-``server_ack_p99_le_ms`` (the server's own view: the bucket of ``argus_ingest_ack_seconds``, from a
-batch's arrival on its stream to its ack, that holds its p99; an upper bound). Goals:
-``lost=0 duplicates=0``, ack p99 <= 1,000 ms, peak RSS <= 1.5x the RSS after the first minute.
+``acked_rows=… stored_rows=… duplicates=… lost=… ack_p99_ms=… server_peak_rss_mb=… rss_limit_mb=…
+rss_held=… bad_inputs=… bad_<kind>=…`` (``acked_rows``: rows of STORED acks and of the probes' acks;
+``lost``: good rows offered but not stored; ``duplicates``: rows stored more than once;
+``ack_p99_ms``: from a batch's send to its ack; ``server_peak_rss_mb``: the server's peak RSS, its
+kernel high-water mark (``VmHWM``); ``rss_limit_mb``: ``rss_after_first_minute_mb`` plus the
+decoded-bytes budget; ``bad_inputs``: refused or dropped as they should be / sent, all kinds, then
+per kind) plus ``new_jobs`` (stored / sent), ``agent_alive``, ``agent_peak_rss_mb``,
+``analysis_lag_s``, ``drain_s``, ``reads``, ``read_errors`` and ``server_ack_p99_le_ms`` (the
+server's own view: the bucket of ``argus_ingest_ack_seconds``, from a batch's arrival on its
+stream to its ack, that holds its p99; an upper bound). Goals: ``lost=0 duplicates=0``, every bad
+input refused or dropped, ``rss_held=yes`` (peak RSS within the budget plus the first minute's),
+ack p99 <= 1,000 ms.
 
     python bench/soak.py [--minutes 10] [--agents 50] [--agent-processes 5] [--readers 2]
+        [--probe-ranks 4] [--max-decoded-mb 128] [--inflate-mb 32] [--burst-streams 8]
+        [--burst-every-s 10] [--new-jobs-per-s 5]
 """
 
 from __future__ import annotations
@@ -35,15 +64,19 @@ import argparse
 import gzip
 import io
 import json
+import logging
 import multiprocessing
+import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +84,26 @@ import grpc
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # synthetic/ lives at the root
 
 from scale import start_server  # bench/, the script's own folder
 
+from argus.agent.sink import AgentLink
 from argus.agent.spool import Spool
 from argus.agent.uploader import Uploader
 from argus.collector.ingest import encode_arrow_ipc
 from argus.proto import collector_pb2, collector_pb2_grpc
 from argus.store import open_store
+from synthetic.bad_inputs import (
+    bad_steps,
+    corrupt_kernel_events,
+    inflating_steps,
+    past_what_the_analyzer_represents,
+    zstd_bomb,
+)
 from synthetic.wire import synthetic_job
 
 #: Ranks per simulated node agent (one job each).
@@ -78,6 +120,11 @@ KEYS = {
     "kernel_events": "rank, stream, start_ns",
 }
 UPLOAD_CAP = 1 << 20
+#: The server's and the node agent's analysis window, seconds.
+WINDOW_S = 5.0
+#: The job whose probes send through the real node agent, and the tables they send.
+PROBE_JOB = "soak-node"
+PROBE_TABLES = ("steps", "phases")
 #: After the soak, how long the agents may take to have every batch acknowledged, seconds.
 DRAIN_S = 180.0
 
@@ -143,9 +190,9 @@ def read_forever(http: str, jobs: list[str], stop: threading.Event, counts: dict
             counts["read_errors"] += 1
 
 
-def _batch(job_id: str, table: str, payload: bytes, seq: int) -> collector_pb2.Batch:
+def _batch(job_id: str, table: str, payload: bytes, seq: int, agent_id: str) -> collector_pb2.Batch:
     return collector_pb2.Batch(
-        agent_id="soak-bad-client",
+        agent_id=agent_id,
         seq=seq,
         job_id=job_id,
         table=collector_pb2.Table.Value(table.upper()),
@@ -153,37 +200,176 @@ def _batch(job_id: str, table: str, payload: bytes, seq: int) -> collector_pb2.B
     )
 
 
-def send_bad_forever(target: str, http: str, stop: threading.Event, counts: dict[str, int]) -> None:
-    """One bad input a second, in turn; ``counts['refused']`` counts those refused as they should be."""
+def _hello(job: str, rank: int, world_size: int) -> dict[str, Any]:
+    """A probe's HELLO (protocol version 3: it knows ``REFUSED``)."""
+    return {
+        "version": 3,
+        "job_id": job,
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": world_size,
+        "host": "soak-node",
+        "pid": os.getpid(),
+        "device": "cpu",
+        "command": "bench/soak.py",
+        "attach_ns": time.time_ns(),
+    }
+
+
+class Probes(threading.Thread):
+    """``ranks`` probes of job :data:`PROBE_JOB` sending their steps and phases through the real node
+    agent every second (their own :class:`AgentLink` each, as in a training process)."""
+
+    def __init__(self, sock: str, ranks: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True, name="soak-probes")
+        self.links = [AgentLink(sock, _hello(PROBE_JOB, r, ranks)) for r in range(ranks)]
+        self.ranks = ranks
+        self.stop_event = stop
+        self.offered = 0
+
+    def run(self) -> None:
+        t, step = time.time_ns() - 10**9, 0
+        while not self.stop_event.is_set():
+            tables = synthetic_job(
+                world_size=self.ranks, steps=STEPS_PER_S, start_ns=t, first_step=step, lifecycle=False
+            )
+            for rank, link in enumerate(self.links):
+                for name in PROBE_TABLES:
+                    rows = tables[name].filter(pc.equal(tables[name]["rank"], rank))
+                    link.enqueue(name, rows)
+                    self.offered += rows.num_rows
+                link.pump()
+            step += STEPS_PER_S
+            t += 10**9
+            deadline = time.monotonic() + 1.0
+            while not self.stop_event.is_set() and time.monotonic() < deadline:
+                for link in self.links:
+                    link.pump()
+                self.stop_event.wait(0.05)
+        for link in self.links:
+            link.close(0, 60.0)
+
+    @property
+    def acked(self) -> int:
+        return sum(link.acked_rows for link in self.links)
+
+
+def _grpc_bad_inputs() -> list[tuple[str, str, str, bytes]]:
+    """The batches each round sends over gRPC that must be ``REJECTED``: ``(kind, job, table, payload)``."""
     ranks = synthetic_job(world_size=2, steps=1)["ranks"].slice(0, 1)
     too_big = ranks.set_column(
         ranks.schema.get_field_index("world_size"), "world_size", pa.array([1 << 31], pa.uint32())
     )
     good = encode_arrow_ipc(synthetic_job(world_size=2, steps=1)["steps"])
-    batches = [
-        ("soak-bad", "steps", b"\xff" * 4096),
-        ("bad/job/id", "steps", good),
-        ("soak-bad", "ranks", encode_arrow_ipc(too_big)),
+    bad = [
+        ("garbage", "soak-bad", "steps", b"\xff" * 4096),
+        ("bad_job_id", "bad/job/id", "steps", good),
+        ("world_size", "soak-bad", "ranks", encode_arrow_ipc(too_big)),
+        ("zstd_bomb", "soak-bad", "kernel_events", zstd_bomb()),
     ]
-    seq = 0
-    turn = 0
-    with grpc.insecure_channel(target) as channel:
-        stub = collector_pb2_grpc.CollectorStub(channel)
-        while not stop.wait(1.0):
-            kind = turn % (len(batches) + 2)
-            turn += 1
-            counts["sent"] += 1
-            if kind < len(batches):
-                job, table, payload = batches[kind]
-                seq += 1
+    bad += [
+        ("crafted", "soak-crafted", table, encode_arrow_ipc(data))
+        for _, table, data, _ in past_what_the_analyzer_represents()
+    ]
+    return bad
+
+
+class BadInputs:
+    """The bad input of the soak, and what became of it: ``sent[kind]``, ``refused[kind]`` (refused
+    as it should be: ``REFUSED`` by the node agent, ``REJECTED`` by the collector, 413/422)."""
+
+    def __init__(self, target: str, http: str, sock: str, args: argparse.Namespace) -> None:
+        self.target, self.http, self.sock, self.args = target, http, sock, args
+        self.sent: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def _next_seq(self) -> int:
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
+    def _count(self, kind: str, refused: bool) -> None:
+        with self._lock:
+            self.sent[kind] += 1
+            self.refused[kind] += refused
+
+    def rounds(self, start: threading.Event, stop: threading.Event) -> None:
+        """From ``start`` until ``stop``, one round a second: into the agent, over gRPC, an upload."""
+        start.wait()
+        bad = _grpc_bad_inputs()
+        steps = encode_arrow_ipc(synthetic_job(world_size=2, steps=2)["steps"])
+        turn = 0
+        with grpc.insecure_channel(self.target) as channel:
+            stub = collector_pb2_grpc.CollectorStub(channel)
+            while not stop.wait(1.0):
+                self._into_the_agent()
+                requests = [
+                    (kind, _batch(job, table, payload, self._next_seq(), "soak-bad-client"))
+                    for kind, job, table, payload in bad
+                ]
+                requests += [
+                    (
+                        "new_jobs",
+                        _batch(f"soak-new-{turn}-{k}", "steps", steps, self._next_seq(), "soak-bad-client"),
+                    )
+                    for k in range(self.args.new_jobs_per_s)
+                ]
                 try:
-                    (ack,) = list(stub.Stream(iter([_batch(job, table, payload, seq)]), timeout=30))
-                    counts["refused"] += ack.status == collector_pb2.Ack.REJECTED
-                except grpc.RpcError:
-                    pass  # an ended stream is no refusal with a reason
-                continue
-            body = gzip.compress(b"0" * (4 * UPLOAD_CAP)) if kind == len(batches) else b"{not json"
-            counts["refused"] += _upload(http, body) in {413, 422}
+                    acks = list(stub.Stream(iter([b for _, b in requests]), timeout=60))
+                except grpc.RpcError as exc:  # an ended stream is no refusal with a reason
+                    self.errors.append(f"bad stream: {exc.code()}")
+                    acks = []
+                status = {a.seq: a.status for a in acks}
+                for kind, b in requests:
+                    want = collector_pb2.Ack.STORED if kind == "new_jobs" else collector_pb2.Ack.REJECTED
+                    self._count(kind, status.get(b.seq) == want)
+                body = gzip.compress(b"0" * (4 * UPLOAD_CAP)) if turn % 2 else b"{not json"
+                self._count("upload", _upload(self.http, body) in {413, 422})
+                turn += 1
+
+    def _into_the_agent(self) -> None:
+        """A corrupt frame and a frame of bad rows, on a fresh probe connection."""
+        link = AgentLink(self.sock, _hello("soak-agent-bad", 3, 4))
+        link.enqueue("kernel_events", corrupt_kernel_events(3))
+        link.enqueue("steps", bad_steps(3))
+        answered = link.flush(30.0)
+        self._count("corrupt_frame", answered and link.refused_rows == 4)
+        with self._lock:
+            self.sent["bad_rows"] += 3  # refused: the agent's dropped events, counted at the end
+            self.errors += [] if answered else ["a bad frame unanswered in 30 s"]
+        link.close(0, 1.0)
+
+    def bursts(self, start: threading.Event, stop: threading.Event) -> None:
+        """From ``start`` until ``stop``, every ``--burst-every-s``: ``--burst-streams`` streams at once,
+        each two ZSTD batches that decode to ``--inflate-mb`` and are refused once decoded."""
+        start.wait()
+        payloads = [inflating_steps(self.args.inflate_mb << 20, extra_column=e) for e in (False, True)]
+        while not stop.is_set():
+            streams = [
+                threading.Thread(target=self._inflating_stream, args=(payloads, n), daemon=True)
+                for n in range(self.args.burst_streams)
+            ]
+            for thread in streams:
+                thread.start()
+            for thread in streams:
+                thread.join(300)
+            stop.wait(self.args.burst_every_s)
+
+    def _inflating_stream(self, payloads: list[bytes], n: int) -> None:
+        batches = [_batch("soak-inflating", "steps", p, self._next_seq(), f"soak-zstd-{n}") for p in payloads]
+        try:
+            with grpc.insecure_channel(self.target) as channel:
+                acks = list(collector_pb2_grpc.CollectorStub(channel).Stream(iter(batches), timeout=300))
+        except grpc.RpcError as exc:
+            with self._lock:
+                self.errors.append(f"inflating stream: {exc.code()}")
+            acks = []
+        status = {a.seq: a.status for a in acks}
+        for b in batches:
+            self._count("inflating", status.get(b.seq) == collector_pb2.Ack.REJECTED)
 
 
 def _upload(http: str, trace: bytes) -> int:
@@ -209,16 +395,18 @@ def _upload(http: str, trace: bytes) -> int:
         return 0
 
 
-def count_rows(data_dir: Path, jobs: list[str]) -> tuple[int, int]:
-    """Rows stored of ``jobs`` in the tables of :data:`KEYS`, and how many of them are duplicates."""
+def count_rows(data_dir: Path, jobs: dict[str, tuple[str, ...]]) -> tuple[int, int]:
+    """Rows stored of each job of ``jobs`` in its tables (of :data:`KEYS`), and how many of them are
+    duplicates."""
     store = open_store(f"chdb://{data_dir}")
     try:
         stored = duplicates = 0
         for table, key in KEYS.items():
+            names = [job for job, tables in jobs.items() if table in tables]
             row = store.query(
                 f"SELECT count() AS n, uniqExact(job_id, {key}) AS u FROM {table} "
                 "WHERE job_id IN {jobs:Array(String)}",
-                {"jobs": jobs},
+                {"jobs": names},
             ).to_pylist()[0]
             stored += int(row["n"])
             duplicates += int(row["n"]) - int(row["u"])
@@ -255,28 +443,86 @@ def run_agents(indices: list[int], target: str, root: str, seconds: float, out: 
     )
 
 
-def server_ack_p99_ms(http: str) -> float:
-    """The upper bound of the ``argus_ingest_ack_seconds`` bucket that holds the server's p99, ms."""
+def server_metrics(http: str) -> dict[str, float]:
+    """From the server's ``/metrics``: ``ack_p99_le_ms``, the upper bound of the
+    ``argus_ingest_ack_seconds`` bucket that holds its p99 (ms); ``agent_dropped``, events agents
+    and probes reported dropped; ``analysis_lag_s``."""
     with urllib.request.urlopen(f"{http}/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    (family,) = (f for f in text_string_to_metric_families(text) if f.name == "argus_ingest_ack_seconds")
-    buckets = [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    ack = families["argus_ingest_ack_seconds"]
+    buckets = [(float(s.labels["le"]), s.value) for s in ack.samples if s.name.endswith("_bucket")]
     total = buckets[-1][1] if buckets else 0.0
-    return next((le * 1e3 for le, n in buckets if total and n >= 0.99 * total), float("nan"))
+    p99 = next((le * 1e3 for le, n in buckets if total and n >= 0.99 * total), float("nan"))
+
+    def total_of(name: str) -> float:
+        family = families.get(name)
+        return sum(s.value for s in family.samples if not s.name.endswith("_created")) if family else 0.0
+
+    return {
+        "ack_p99_le_ms": p99,
+        "agent_dropped": total_of("argus_agent_dropped_events"),
+        "analysis_lag_s": total_of("argus_analysis_lag_seconds"),
+    }
 
 
-def main() -> None:
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak RSS since it started (the kernel's high-water mark, ``VmHWM``), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def start_agent(root: Path, target: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A real `argus agent` on ``root/a.sock``, uploading to ``target``; the process and its socket."""
+    sock = root / "a.sock"
+    command = [sys.executable, "-m", "argus.cli", "agent", "--socket", str(sock), "--collector", target]
+    command += ["--spool", str(root / "agent-spool"), "--window-s", str(WINDOW_S)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARGUS_")}
+    env["ARGUS_AGENT_DRAIN_S"] = str(DRAIN_S)
+    with (root / "agent.log").open("wb") as log:
+        agent = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if agent.poll() is not None or time.monotonic() > deadline:
+            agent.kill()
+            raise SystemExit(f"argus agent did not start:\n{(root / 'agent.log').read_text()}")
+        time.sleep(0.1)
+    return agent, str(sock)
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--agents", type=int, default=50)
     parser.add_argument("--agent-processes", type=int, default=5)
     parser.add_argument("--readers", type=int, default=2)
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="argus-soak-"))
-    server, target, http = start_server(
-        root / "data", root / "server.log", 5.0, "--max-upload-bytes", str(UPLOAD_CAP)
+    parser.add_argument("--probe-ranks", type=int, default=4, help="probes through the real node agent")
+    parser.add_argument(
+        "--max-decoded-mb", type=int, default=128, help="the server's --max-decoded-bytes, MiB"
     )
-    stop = threading.Event()
+    parser.add_argument(
+        "--inflate-mb", type=int, default=32, help="what one compressed batch decodes to, MiB"
+    )
+    parser.add_argument("--burst-streams", type=int, default=8)
+    parser.add_argument("--burst-every-s", type=float, default=10.0)
+    parser.add_argument("--new-jobs-per-s", type=int, default=5)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
+    # The probe warns of each frame the node agent refuses; the soak counts them instead.
+    logging.getLogger(AgentLink.__module__).setLevel(logging.ERROR)
+    root = Path(tempfile.mkdtemp(prefix="argus-soak-"))
+    budget = args.max_decoded_mb << 20
+    server, target, http = start_server(
+        root / "data", root / "server.log", WINDOW_S,
+        "--max-upload-bytes", str(UPLOAD_CAP), "--max-decoded-bytes", str(budget),
+    )  # fmt: skip
+    agent, sock = start_agent(root, target)
+    stop, bad_start = threading.Event(), threading.Event()
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     jobs = [job_id(i) for i in range(args.agents)]
@@ -288,60 +534,87 @@ def main() -> None:
         for indices in shares
         if indices
     ]
+    bad = BadInputs(target, http, sock, args)
+    probes = Probes(sock, args.probe_ranks, stop)
     try:
-        counts = {"reads": 0, "read_errors": 0, "read_refusals": 0, "sent": 0, "refused": 0}
+        counts = {"reads": 0, "read_errors": 0, "read_refusals": 0}
         others = [
             threading.Thread(target=read_forever, args=(http, jobs, stop, counts), daemon=True)
             for _ in range(args.readers)
         ]
-        others.append(
-            threading.Thread(target=send_bad_forever, args=(target, http, stop, counts), daemon=True)
-        )
+        others += [
+            threading.Thread(target=bad.rounds, args=(bad_start, stop), daemon=True),
+            threading.Thread(target=bad.bursts, args=(bad_start, stop), daemon=True),
+        ]
         for worker in workers:
             worker.start()
-        for thread in others:
+        for thread in [probes, *others]:
             thread.start()
         ps = psutil.Process(server.pid)
         start = time.monotonic()
         first_minute = min(60.0, args.minutes * 60 / 5)
-        rss_first = peak = 0.0
+        rss_first, rss_every_10_s = 0.0, []
         while (elapsed := time.monotonic() - start) < args.minutes * 60:
-            rss = ps.memory_info().rss / 2**20
-            peak = max(peak, rss)
             if elapsed >= first_minute and not rss_first:
-                rss_first = rss
-            time.sleep(1.0)
+                rss_first = ps.memory_info().rss / 2**20
+                bad_start.set()  # the bad input arrives from here on
+            if elapsed >= 10 * len(rss_every_10_s):
+                rss_every_10_s.append(round(ps.memory_info().rss / 2**20))
+            time.sleep(0.5)
+        bad_start.set()
         stop.set()
-        for thread in others:
-            thread.join(60)
-        tallies = []
-        for _ in workers:
-            tallies.append(results.get(timeout=DRAIN_S + 120))
-            peak = max(peak, ps.memory_info().rss / 2**20)
-        server_p99 = server_ack_p99_ms(http)
+        for thread in [probes, *others]:
+            thread.join(DRAIN_S)
+        tallies = [results.get(timeout=DRAIN_S + 120) for _ in workers]
+        agent_alive = agent.poll() is None
+        agent_peak = peak_rss_mb(agent.pid) if agent_alive else float("nan")
+        agent.terminate()  # drains its spool to the server for at most DRAIN_S
+        agent.wait(DRAIN_S + 30)
+        spool_left = sum(1 for _ in (root / "agent-spool").rglob("*.batch"))
+        figures = server_metrics(http)
+        peak = peak_rss_mb(server.pid)
     finally:
         for worker in workers:
             worker.join(10)
+        if agent.poll() is None:
+            agent.kill()
         server.terminate()
         server.wait(60)
-    offered = sum(t["offered"] for t in tallies)
-    acked = sum(t["acked"] for t in tallies)
+    offered = sum(t["offered"] for t in tallies) + probes.offered
+    acked = sum(t["acked"] for t in tallies) + probes.acked
     drain_s = max(t["drain_s"] for t in tallies)
-    stored, duplicates = count_rows(root / "data", jobs)
+    stored, duplicates = count_rows(
+        root / "data", {**dict.fromkeys(jobs, tuple(KEYS)), PROBE_JOB: PROBE_TABLES}
+    )
     acks = np.concatenate([np.asarray(t["ack_ms"], float) for t in tallies])
     p99 = float(np.percentile(acks, 99)) if acks.size else float("nan")
+    bad.refused["bad_rows"] = int(figures["agent_dropped"])
     shutil.rmtree(root, ignore_errors=True)
-    print(
-        json.dumps({"offered_rows": offered, "minutes": args.minutes, "agents": args.agents, **counts}),
-        file=sys.stderr,
-    )
+    detail = {
+        "offered_rows": offered,
+        "agent_spool_batches_left": spool_left,
+        "errors": bad.errors[:20],
+        **counts,
+    }
+    detail["rss_mb_every_10_s"] = rss_every_10_s
+    print(json.dumps({**detail, **vars(args)}), file=sys.stderr)
     lost = offered - (stored - duplicates)
-    print(
-        f"acked_rows={acked} stored_rows={stored} duplicates={duplicates} lost={lost} ack_p99_ms={p99:.0f} "
-        f"server_peak_rss_mb={peak:.0f} bad_inputs={counts['refused']}/{counts['sent']} "
-        f"rss_after_first_minute_mb={rss_first:.0f} drain_s={drain_s:.0f} reads={counts['reads']} "
-        f"read_errors={counts['read_errors']} server_ack_p99_le_ms={server_p99:.0f}"
-    )
+    kinds = [k for k in bad.sent if k != "new_jobs"]
+    refused = sum(min(bad.refused[k], bad.sent[k]) for k in kinds)
+    limit = rss_first + args.max_decoded_mb
+    yes = {True: "yes", False: "no"}
+    last = {
+        "acked_rows": acked, "stored_rows": stored, "duplicates": duplicates, "lost": lost,
+        "ack_p99_ms": f"{p99:.0f}", "server_peak_rss_mb": f"{peak:.0f}", "rss_limit_mb": f"{limit:.0f}",
+        "rss_held": yes[peak <= limit], "rss_after_first_minute_mb": f"{rss_first:.0f}",
+        "max_decoded_mb": args.max_decoded_mb, "bad_inputs": f"{refused}/{sum(bad.sent[k] for k in kinds)}",
+        **{f"bad_{k}": f"{bad.refused[k]}/{bad.sent[k]}" for k in kinds},
+        "new_jobs": f"{bad.refused['new_jobs']}/{bad.sent['new_jobs']}", "agent_alive": yes[agent_alive],
+        "agent_peak_rss_mb": f"{agent_peak:.0f}", "analysis_lag_s": f"{figures['analysis_lag_s']:.1f}",
+        "drain_s": f"{drain_s:.0f}", "reads": counts["reads"], "read_errors": counts["read_errors"],
+        "server_ack_p99_le_ms": f"{figures['ack_p99_le_ms']:.0f}",
+    }  # fmt: skip
+    print(" ".join(f"{key}={value}" for key, value in last.items()))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ A batch is charged what it costs the server to hold from the moment it is read o
 until the writer has written it (:func:`batch_cost`): its payload as received plus what its
 Arrow buffers declare decoded (an LZ4/ZSTD body inflates: 12.8 MB of ZSTD can declare 138 MB).
 The charge is taken before the batch is decoded and given back when the writer settles it
-(written, refused or failed), not when its ack is sent. Past ``max_bytes`` (``argus server
+(written, refused or failed), not when its ack is sent; by then nothing holds its decoded rows
+(the writer lets its group go first, and an outcome keeps no traceback:
+:func:`argus.collector.ingest.detached`). Past ``max_bytes`` (``argus server
 --max-decoded-bytes``, default :data:`DEFAULT_MAX_DECODED_BYTES`) a stream's reader waits:
 backpressure through gRPC's flow control, nothing refused, nothing lost.
 

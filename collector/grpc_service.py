@@ -222,7 +222,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         except Exception as exc:
             self._gate.leave()
             future = loop.create_future()
-            future.set_exception(exc)
+            future.set_exception(ingest.detached(exc) if isinstance(exc, InvalidBatch) else exc)
             return future
         future.add_done_callback(lambda _: self._gate.leave())
         return future

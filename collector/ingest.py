@@ -48,6 +48,7 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +63,8 @@ from argus.rowrules import check_values
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
 from argus.store import Store
 
+_E = TypeVar("_E", bound=BaseException)
+
 __all__ = [
     "MAX_INSERT_BYTES",
     "RECORD_ATTEMPTS",
@@ -73,6 +76,7 @@ __all__ = [
     "check_values",
     "conform",
     "decode",
+    "detached",
     "encode_arrow_ipc",
     "group_token",
     "ingest",
@@ -354,6 +358,21 @@ def _count(metrics: Metrics, decoded: Decoded, ack: Outcome) -> None:
 
 #: What became of one batch of a group: stored (or a duplicate), refused, or not stored (retry).
 Outcome = pb.Ack | InvalidBatch | StoreError
+
+
+def detached(error: _E) -> _E:
+    """``error`` and the exceptions it was raised from, without their tracebacks; returns it.
+
+    A batch's outcome waits for its ack after the batch's decoded-bytes charge is given back; a
+    traceback's frames hold the decoded rows in their locals (:func:`write_group`'s: every batch of
+    its group), which so outlived the charge: each stream's refused batches stayed in memory past
+    ``--max-decoded-bytes``. The message says all an outcome needs to say.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return error
 
 
 class Unrecorded:

@@ -178,7 +178,11 @@ class BatchWriter:
             except Exception as exc:  # a bug, not a store failure: fail the group, keep serving
                 log.exception("storing a group of %d batches failed", len(group))
                 outcomes = [StoreError(f"internal error: {exc}")] * len(group)
-            _settle_group([w for _, w in group], outcomes)
+            waiters = [w for _, w in group]
+            # The decoded rows go before their charge is given back (the waiters' callbacks,
+            # argus.collector.decoded_budget), and no outcome keeps frames that held them.
+            del group
+            _settle_group(waiters, [o if isinstance(o, pb.Ack) else ingest.detached(o) for o in outcomes])
 
 
 def _settle_group(waiters: Sequence[_Waiter], outcomes: Sequence[ingest.Outcome]) -> None:

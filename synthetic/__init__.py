@@ -6,6 +6,9 @@
   a real gRPC collector): the REST API's tests and ``bench/api.py``;
 - :mod:`synthetic.layout3d` — windows of a pipeline × tensor × data parallel job: the analyzer's
   attribution tests and ``bench/analyzer_scale.py``;
+- :mod:`synthetic.bad_inputs` — bad inputs as a buggy process or an attacker on a node sends them
+  (corrupt probe frames, crafted rows, ZSTD batches that inflate): the hardening tests and
+  ``bench/soak.py``;
 - :mod:`synthetic.kineto` — a many-rank GPU job resampled from the kernels of one real Kineto
   trace: the importer's tests and ``bench/compression.py``.
 

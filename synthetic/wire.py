@@ -1,6 +1,8 @@
 """A synthetic training job's timings as wire tables, and two ways to store them.
 
-``synthetic_job`` makes what node agents would send for a job of ``world_size``
+``sample`` makes ``n`` valid rows of any wire table, distinct and deterministic (the base
+that tests and ``synthetic.bad_inputs`` alter one value of). ``synthetic_job`` makes what node
+agents would send for a job of ``world_size``
 ranks: attach/group events, steps with the four phases, one allreduce per
 step, a few kernels, and host samples (heartbeats); one rank can be slow in a
 phase. ``insert_direct`` writes them with ``Store.insert``; ``send_grpc`` sends
@@ -17,19 +19,46 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pyarrow as pa
 
 from argus.proto import collector_pb2, collector_pb2_grpc
 from argus.schema import TABLES, wire_schema, wire_table
 from argus.store import Store
 
-__all__ = ["LiveFeed", "diagnosis_row", "insert_direct", "send_grpc", "synthetic_job"]
+__all__ = ["T0_NS", "LiveFeed", "diagnosis_row", "insert_direct", "sample", "send_grpc", "synthetic_job"]
+
+#: The time of :func:`sample`'s rows, ns since the epoch (2026-09-21).
+T0_NS = 1_790_000_000_000_000_000
 
 _PHASE_MS = {"data": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 3.0}
 
 
 def _table(name: str, columns: dict[str, list[object]]) -> pa.Table:
     return wire_table(name, columns)
+
+
+def _column(field: pa.Field, n: int, salt: int) -> pa.Array:
+    """Distinct, deterministic values of the field's wire type (ASCII/Unicode strings, lists)."""
+    t = field.type
+    i = np.arange(n, dtype=np.int64) + salt
+    if pa.types.is_string(t):
+        return pa.array([f"{field.name}-{salt}-{k}-ü" for k in range(n)])
+    if pa.types.is_list(t):
+        return pa.array([[k, k + 1, k + 2] for k in range(n)], t)
+    if pa.types.is_floating(t):
+        return pa.array((i * 0.5 + 0.25).astype(t.to_pandas_dtype()), t)
+    if field.name.endswith("_ns"):
+        base = 0 if field.name in {"dur_ns", "window_ns", "interval_ns"} else T0_NS
+        return pa.array(base + i * 1000 + 7, t)
+    return pa.array((i % 100).astype(t.to_pandas_dtype()), t)
+
+
+def sample(table: str, n: int = 5, salt: int = 0) -> pa.Table:
+    """``n`` rows with exactly the wire columns of ``table`` (values from ``salt`` on; times from
+    :data:`T0_NS`, durations small and positive)."""
+    schema = wire_schema(table)
+    return pa.table([_column(f, n, salt) for f in schema], schema=schema)
 
 
 def synthetic_job(

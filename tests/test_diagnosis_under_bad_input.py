@@ -29,22 +29,18 @@ from typing import Any
 
 import grpc
 import psutil
-import pyarrow as pa
 import pytest
 from rich.console import Console
 
 from argus.agent.sink import AgentLink
 from argus.collector.ingest import encode_arrow_ipc
 from argus.demo.local import Service, job_command, local_service
-from argus.limits import MAX_RANK
 from argus.proto import collector_pb2, collector_pb2_grpc
-from argus.schema import wire_schema
 from argus.window_grid import WindowGrid
+from synthetic.bad_inputs import bad_steps, corrupt_kernel_events, past_what_the_analyzer_represents
 from synthetic.wire import synthetic_job
 from tests.agent.jobs import short_dir
-from tests.agent.test_corrupt_frames import corrupt_kernel_events
 from tests.agent.test_node_agent import HELLO
-from tests.collector.bad_batches import _past_what_the_analyzer_represents
 
 pytestmark = pytest.mark.slow
 
@@ -62,19 +58,6 @@ JUNK_JOBS = 20
 TIMEOUT_S = 60.0
 
 
-def _bad_rows(rank: int) -> pa.Table:
-    """Four steps of ``rank``: one good, a null step, a rank past the limit and an end before its start."""
-    return pa.Table.from_arrays(
-        [
-            pa.array([rank, rank, MAX_RANK + 1, rank], pa.uint32()),
-            pa.array([0, None, 2, 3], pa.uint64()),
-            pa.array([time.time_ns() + i for i in range(4)], pa.int64()),
-            pa.array([7, 7, 7, -7], pa.int64()),
-        ],
-        schema=wire_schema("steps"),
-    )
-
-
 def _batch(job_id: str, table: str, payload: bytes, seq: int) -> collector_pb2.Batch:
     return collector_pb2.Batch(
         agent_id="bad-input-side",
@@ -85,15 +68,9 @@ def _batch(job_id: str, table: str, payload: bytes, seq: int) -> collector_pb2.B
     )
 
 
-#: Batches past what the analyzer can represent (issue 39 item 2 and 3: a 5,000-digit line
+#: Payloads past what the analyzer can represent (issue 39 item 2 and 3: a 5,000-digit line
 #: number, a 40 kB frame label, a step of 2**64-1, ...), each refused at ingest.
-CRAFTED = [b for _, b, _ in _past_what_the_analyzer_represents()]
-
-
-def _crafted(b: collector_pb2.Batch, seq: int) -> collector_pb2.Batch:
-    return collector_pb2.Batch(
-        agent_id="bad-input-side", seq=seq, job_id="junk-crafted", table=b.table, arrow_ipc=b.arrow_ipc
-    )
+CRAFTED = [(table, encode_arrow_ipc(data)) for _, table, data, _ in past_what_the_analyzer_represents()]
 
 
 def _send_bad_inputs(service: Service, stop: threading.Event, counts: Counter[str]) -> None:
@@ -109,7 +86,7 @@ def _send_bad_inputs(service: Service, stop: threading.Event, counts: Counter[st
             hello = {**HELLO, "version": 3, "job_id": "junk-probe", "rank": 3, "pid": 0}
             link = AgentLink(str(service.socket), hello)
             link.enqueue("kernel_events", corrupt_kernel_events(3))
-            link.enqueue("steps", _bad_rows(3))
+            link.enqueue("steps", bad_steps(3))
             answered = link.flush(10.0)
             counts["agent_frames_answered"] += answered
             counts["refused_rows"] += link.refused_rows
@@ -121,9 +98,9 @@ def _send_bad_inputs(service: Service, stop: threading.Event, counts: Counter[st
             for job_id, payload in batches:
                 seq += 1
                 requests.append(_batch(job_id, "steps", payload, seq))
-            for crafted in CRAFTED:  # stack frames and steps past what the analyzer represents
+            for table, payload in CRAFTED:  # stack frames and steps past what the analyzer represents
                 seq += 1
-                requests.append(_crafted(crafted, seq))
+                requests.append(_batch("junk-crafted", table, payload, seq))
             for ack in stub.Stream(iter(requests), timeout=30):
                 counts[collector_pb2.Ack.Status.Name(ack.status)] += 1
 

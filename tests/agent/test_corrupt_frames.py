@@ -9,43 +9,14 @@ import os
 import socket
 import subprocess
 import sys
-import time
-
-import numpy as np
-import pyarrow as pa
 
 from argus.agent.protocol import FrameType, encode_json, read_frame
 from argus.agent.sink import AgentLink
-from argus.schema import wire_schema
+from synthetic.bad_inputs import corrupt_kernel_events
 from tests.agent.chdb_collector import chdb_collector
 from tests.agent.jobs import job_env, short_dir
 from tests.agent.test_node_agent import HELLO, wait_for
 from tests.agent.test_uploader import steps
-
-
-def corrupt_kernel_events(rank: int) -> pa.Table:
-    """Four kernel events whose ``kernel`` string offsets point 1 GiB past the data, one with a
-    negative ``dur_ns`` (filtering them reads past the buffer: SIGSEGV without a full validation)."""
-    n = 4
-    schema = wire_schema("kernel_events")
-    good = pa.Table.from_pydict(
-        {
-            "rank": [rank] * n,
-            "kind": ["kernel"] * n,
-            "kernel": ["gemm"] * n,
-            "stream": [7] * n,
-            "device": [0] * n,
-            "correlation": list(range(n)),
-            "start_ns": [time.time_ns() + i for i in range(n)],
-            "dur_ns": [5, -1, 5, 5],
-            "graph_id": [0] * n,
-            "graph_node_id": [0] * n,
-        },
-        schema=schema,
-    )
-    offsets = pa.py_buffer(np.array([0, 4, 1 << 30, 8, 16], np.int32).tobytes())
-    kernel = pa.StringArray.from_buffers(n, offsets, pa.py_buffer(b"gemm" * 4))
-    return good.set_column(schema.get_field_index("kernel"), schema.field("kernel"), kernel)
 
 
 def test_a_corrupt_frame_is_refused_and_the_agent_and_every_probe_go_on() -> None:

@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
+from argus.collector import ingest
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
 from argus.collector.grpc_service import start_collector
 from argus.collector.ipc_size import declared_bytes
 from argus.config import ServerConfig
+from argus.errors import InvalidBatch
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.store import open_store
+from synthetic.bad_inputs import inflating_steps, zstd_ipc
 from tests.collector.wire import batch, sample, stream
 
 #: The budget of the live test, bytes: a little over two of its batches.
 BUDGET_BYTES = 6 << 20
-
-
-def _zstd(data: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_stream(sink, data.schema, options=options) as writer:
-        writer.write_table(data)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def test_compressed_batches_of_many_streams_hold_at_most_the_budget_until_written(tmp_path: Path) -> None:
@@ -51,7 +48,7 @@ def test_compressed_batches_of_many_streams_hold_at_most_the_budget_until_writte
         return future
 
     writer.submit_async = counted  # type: ignore[method-assign]
-    payloads = [_zstd(sample("steps", n=80_000, salt=k)) for k in range(12)]
+    payloads = [zstd_ipc(sample("steps", n=80_000, salt=k)) for k in range(12)]
     assert all(len(p) * 4 < declared_bytes(p) for p in payloads)  # compressed: they inflate
     acks: dict[str, list[pb.Ack]] = {}
 
@@ -76,6 +73,75 @@ def test_compressed_batches_of_many_streams_hold_at_most_the_budget_until_writte
         budget = server.servicer.decoded
         assert held["peak"] <= budget.peak <= BUDGET_BYTES
         assert budget.held == 0 and budget.waited > 0
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_refused_compressed_batches_of_many_streams_are_not_held_past_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six streams each send three ZSTD batches of a few kB that decode to 2.5 MiB and are refused
+    once decoded: where they are decoded (an unknown column) or where the writer checks their
+    values (a row ends before it starts). The decoded tables still alive (a weak reference to
+    each, from its hand-off to the writer, or from its refusal at decoding, until collected)
+    never pass the budget: a refusal waiting for its ack holds its message, not the frames that
+    raised it with the rows in their locals (which kept every stream's refused batches alive past
+    their charge: 40 MiB against a 6 MiB budget)."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    server = start_collector(
+        store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0", max_decoded_bytes=BUDGET_BYTES)
+    )
+    writer = server.servicer.writer
+    alive = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+
+    def track(data: pa.Table) -> None:
+        size = data.nbytes
+        with lock:
+            alive["now"] += size
+            alive["peak"] = max(alive["peak"], alive["now"])
+        weakref.finalize(data, gone, size)
+
+    def gone(size: int) -> None:
+        with lock:
+            alive["now"] -= size
+
+    submit, conform = writer.submit_async, ingest.conform
+
+    def submitted(decoded: Any) -> Any:  # the real writer, the tables handed to it counted
+        track(decoded.data)
+        return submit(decoded)
+
+    def conformed(table: str, data: pa.Table) -> pa.Table:  # the real check, the tables it refuses counted
+        try:
+            return conform(table, data)
+        except InvalidBatch:
+            track(data)
+            raise
+
+    writer.submit_async = submitted  # type: ignore[method-assign]
+    monkeypatch.setattr(ingest, "conform", conformed)
+    payloads = [inflating_steps(5 << 19, extra_column=k == 1) for k in range(3)]
+    assert all(len(p) * 100 < declared_bytes(p) for p in payloads)
+    acks: dict[str, list[pb.Ack]] = {}
+
+    def agent(name: str) -> None:
+        batches = (batch("steps", p, seq=k, agent_id=name) for k, p in enumerate(payloads))
+        acks[name] = stream(server.address, batches, timeout_s=120)
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{n}",)) for n in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert len(acks) == 6
+        for name, got in acks.items():
+            assert [a.status for a in got] == [pb.Ack.REJECTED] * 3, name
+            assert "steps.dur_ns: negative value -1" in got[0].message
+            assert "steps: unknown column(s) bogus" in got[1].message
+        assert alive["peak"] <= BUDGET_BYTES, alive
     finally:
         server.stop()
         store.close()
@@ -114,6 +180,6 @@ def test_streams_get_in_first_come_first_served_and_a_batch_over_the_budget_gets
 
 
 def test_a_batch_costs_its_payload_plus_what_it_declares_decoded() -> None:
-    payload = _zstd(sample("steps", n=10_000))
+    payload = zstd_ipc(sample("steps", n=10_000))
     assert batch_cost(payload) == len(payload) + declared_bytes(payload)
     assert batch_cost(b"not arrow") == len(b"not arrow")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import struct
 import subprocess
 import sys
 import urllib.parse
@@ -28,6 +27,7 @@ from argus.jobid import JOB_ID_RULE, check_job_id, content_disposition
 from argus.limits import MAX_WORLD_SIZE, Gunzip
 from argus.proto import collector_pb2 as pb
 from argus.store import open_store
+from synthetic.bad_inputs import zstd_bomb
 from tests.collector.importer.traces import simple_events, write_trace
 from tests.collector.wire import batch, sample, stream
 from tests.conftest import ArgusServer
@@ -258,17 +258,6 @@ def _bad_utf8() -> bytes:
     return encode_arrow_ipc(data.set_column(data.schema.get_field_index("kernel"), "kernel", bad))
 
 
-def _zstd_bomb() -> bytes:
-    """A ZSTD-compressed batch whose 1,000-row int64 buffers each declare 1 TiB decoded."""
-    data = sample("kernel_events", n=1000)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-        w.write(data)
-    payload = sink.getvalue().to_pybytes()
-    assert payload.count(struct.pack("<q", 8000)) >= 1
-    return payload.replace(struct.pack("<q", 8000), struct.pack("<q", 2**40))
-
-
 @pytest.mark.slow
 def test_crafted_arrow_batches_are_rejected_and_the_stream_goes_on(
     server: ArgusServer, http: httpx.Client
@@ -279,7 +268,7 @@ def test_crafted_arrow_batches_are_rejected_and_the_stream_goes_on(
         [
             batch("kernel_events", _bad_offsets(), seq=500, job_id=job),
             batch("kernel_events", _bad_utf8(), seq=501, job_id=job),
-            batch("kernel_events", _zstd_bomb(), seq=503, job_id=job),
+            batch("kernel_events", zstd_bomb(), seq=503, job_id=job),
             batch("steps", sample("steps", n=3), seq=502, job_id=job),
         ],
     )

@@ -5,38 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import grpc
-import numpy as np
 import pyarrow as pa
 
 from argus.collector.ingest import encode_arrow_ipc
 from argus.config import MAX_MESSAGE_BYTES
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
-from argus.schema import wire_schema
+from synthetic.wire import T0_NS, sample
 
-T0_NS = 1_790_000_000_000_000_000
-
-
-def _column(field: pa.Field, n: int, salt: int) -> pa.Array:
-    """Distinct, deterministic values of the field's wire type (ASCII/Unicode strings, lists)."""
-    t = field.type
-    i = np.arange(n, dtype=np.int64) + salt
-    if pa.types.is_string(t):
-        return pa.array([f"{field.name}-{salt}-{k}-ü" for k in range(n)])
-    if pa.types.is_list(t):
-        return pa.array([[k, k + 1, k + 2] for k in range(n)], t)
-    if pa.types.is_floating(t):
-        return pa.array((i * 0.5 + 0.25).astype(t.to_pandas_dtype()), t)
-    if field.name.endswith("_ns"):
-        base = 0 if field.name in {"dur_ns", "window_ns", "interval_ns"} else T0_NS
-        return pa.array(base + i * 1000 + 7, t)
-    return pa.array((i % 100).astype(t.to_pandas_dtype()), t)
-
-
-def sample(table: str, n: int = 5, salt: int = 0) -> pa.Table:
-    """``n`` rows with exactly the wire columns of ``table``."""
-    schema = wire_schema(table)
-    return pa.table([_column(f, n, salt) for f in schema], schema=schema)
+__all__ = ["T0_NS", "batch", "channel", "sample", "stream"]
 
 
 def batch(
