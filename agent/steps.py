@@ -10,10 +10,18 @@ Semantics (the analyzer relies on them; see ``argus.schema``):
   first step starts at the first recorded phase (or at attach).
 - Phases ``data``, ``forward``, ``backward``, ``optimizer`` are recorded at the
   outermost level only: a phase that begins while another is open (a module
-  forward during backward, LBFGS's closure inside ``optimizer.step()``) is not
-  a row of its own. Consecutive rows of the same phase with no other phase in
-  between are merged (the model's forward and the loss module's forward are
-  one ``forward`` row); gradient accumulation gives one row per micro-batch.
+  forward during backward, activation checkpointing's recompute) is not a row of
+  its own. One exception: ``optimizer.step(closure)`` (Lightning's automatic
+  optimisation, LBFGS) runs the step's forward and backward in the closure, and
+  those are rows of their own; the ``optimizer`` phase gives way to them and
+  resumes when each ends (rows ``optimizer, forward, optimizer, backward,
+  optimizer``), so the optimizer rows hold only what ``step()`` does besides
+  its closure. Else a whole step would be one ``optimizer`` row: its forward and
+  backward unseen, and the end of backward, where a rank waits for DDP's
+  gradient all-reduce, unknown to the analyzer. Consecutive rows of the same
+  phase with no other phase in between are merged (the model's forward and the
+  loss module's forward are one ``forward`` row); gradient accumulation gives
+  one row per micro-batch.
 - Step numbers count from 0 per rank.
 
 Rows go to two :class:`~argus.agent.buffers.RowBuffer`: steps as
@@ -55,6 +63,8 @@ class StepTracker:
         self._open = -1
         self._open_ns = 0
         self._depth = 0
+        #: The open optimizer phase gave way to the forward or backward of its closure.
+        self._suspended = False
         self._last: list[int] | None = None
         #: Bit ``1 << code`` set for each phase recorded in the current step.
         self.seen = 0
@@ -67,9 +77,15 @@ class StepTracker:
         """A phase begins at ``t_ns``; True when it is outermost (recorded)."""
         with self._lock:
             if self._open >= 0:
-                self._depth += 1
-                return False
-            if self._pending_end_ns is not None and code != OPTIMIZER:
+                if self._open != OPTIMIZER or code not in (FORWARD, BACKWARD) or self._depth:
+                    self._depth += 1
+                    return False
+                # optimizer.step(closure): the closure's forward or backward is a row of its own.
+                if self._pending_end_ns is not None:  # it begins the next step (the module doc)
+                    self._close_step(self._pending_end_ns)
+                self._record(OPTIMIZER, t_ns)
+                self._suspended = True
+            elif self._pending_end_ns is not None and code != OPTIMIZER:
                 self._close_step(self._pending_end_ns)
             if self._start_ns is None:
                 self._start_ns = t_ns
@@ -86,16 +102,24 @@ class StepTracker:
             if self._open != code:
                 return
             self._open = -1
-            last = self._last
-            if last is not None and last[0] == code:
-                last[2] = t_ns
-            else:
-                if last is not None:
-                    self._emit_phase(last)
-                self._last = [code, self._open_ns, t_ns]
-            self.seen |= 1 << code
+            self._record(code, t_ns)
             if code == OPTIMIZER:
                 self._pending_end_ns = t_ns
+            elif self._suspended:  # the closure's phase ended: back inside optimizer.step()
+                self._suspended = False
+                self._open = OPTIMIZER
+                self._open_ns = t_ns
+
+    def _record(self, code: int, t_ns: int) -> None:
+        """The open phase ``code`` ends at ``t_ns``: a row, or the previous row of that phase grows."""
+        last = self._last
+        if last is not None and last[0] == code:
+            last[2] = t_ns
+        else:
+            if last is not None:
+                self._emit_phase(last)
+            self._last = [code, self._open_ns, t_ns]
+        self.seen |= 1 << code
 
     def mark_step(self, t_ns: int) -> None:
         """An explicit step boundary (``argus.agent.step()``) at ``t_ns``."""

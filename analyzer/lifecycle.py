@@ -45,7 +45,9 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
 * The job-level fault (family ``job``, :data:`argus.analyzer.findings.JOB_SUBJECT`)
   is one diagnosis however its cause moves: its cause is the one most windows named.
   When the ranks it names are only an open straggler's and those the straggler slowed
-  down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`);
+  down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`) and
+  keeps it open in a window where the straggler has no finding of its own
+  (:meth:`Tracker._keep_open_straggler`);
   when it opened first, the straggler that opens later and explains it takes it over (its
   id and first window; :meth:`Tracker._adopt_job_loss`): one fault, one diagnosis.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
@@ -318,6 +320,47 @@ class Tracker:
                 take += sum(c[0] for c in s.costs[:-1])
             self._streak.pop(key, None)
             return [x for x in findings if x is not job], {host: take}
+        return self._keep_open_straggler(findings, job)
+
+    def _keep_open_straggler(
+        self, findings: list[Finding], job: Finding
+    ) -> tuple[list[Finding], dict[tuple[str, str], float]]:
+        """The job's residual loss keeps the open straggler diagnosis whose ranks it names, when that
+        straggler has no finding of its own this window.
+
+        A fault that comes and goes within windows (a rank stopped 0.4 s every 2 s) lands in one
+        window as the rank's own excess and in the next as the job's loss, naming the same rank
+        behind its own past. One fault, one diagnosis: when the job-level finding names only the
+        ranks of an open straggler diagnosis and those it slowed down (``knock_on_ranks``), that
+        diagnosis is updated (cause and phase as they were; the loss is its knock-on loss) instead of
+        counting a clean window while a job-level diagnosis of another cause opens beside it.
+
+        Returns:
+            As :meth:`_fold_job_loss`.
+        """
+        for host, o in sorted(self._open.items(), key=lambda kv: -kv[1].diagnosis.score):
+            d = o.diagnosis
+            if host[0] != "straggler" or not set(job.ranks) <= {
+                *d.ranks,
+                *d.evidence.get("knock_on_ranks", ()),
+            }:
+                continue
+            keep = replace(
+                job,
+                cause=d.cause,
+                rank=d.rank,
+                ranks=tuple(d.ranks),
+                group=d.group,
+                phase=d.phase,
+                kernel=d.kernel,
+                subject=o.subject,
+                evidence=dict(d.evidence),
+                member_scores={},
+                lost_ns=0.0,
+                job_loss=False,
+            )
+            self._streak.pop(("job", JOB_SUBJECT), None)
+            return [keep if x is job else x for x in findings], {host: job.lost_ns}
         return findings, {}
 
     def _adopt_job_loss(

@@ -22,6 +22,14 @@ job's first step, no healthy warm-up, as when a job starts on a bad node): compu
 in each layout (pp: rank 3 alone), and three of four ranks' compute. They share one clean twin
 per layout. Others append cases to :data:`CASES` (a :class:`Case` each).
 
+It also holds jobs of **real frameworks**, attached with no code change (layouts ``lightning``
+and ``hf``: ``examples/frameworks/``, needs ``pip install -e '.[frameworks]'``): a Lightning
+``Trainer(strategy="ddp")`` under its own launcher and a Hugging Face ``Trainer`` under torchrun,
+with a fault in their own hooks (a training callback that sleeps, a dataset whose reads sleep)
+and faults **from outside the process** (``bench/outside.py``): the rank's process stopped by
+``SIGSTOP``/``SIGCONT`` now and then, or held to a CPU quota by a cgroup (root; cgroup v2
+``cpu.max`` or v1 ``cpu.cfs_quota_us``). One of each pair is there from the first step.
+
 Every faulty job is followed by its **clean twin** (the same command with
 ``--scenario none``), so runs interleave fault, twin, fault, twin, ... and the
 machine's load drifts alike for both; the twins are the clean runs (two or more
@@ -63,7 +71,9 @@ diagnosis *names* ``{rank}`` when ``rank`` is set, else its ``ranks``.
   (:data:`EXPECTED_CAUSE`): compute → ``compute``; steady and rare stalls →
   ``host_stall``; slow dataloader → ``dataloader``; host work before a sync
   point → ``host_stall`` (untracked host time; the wait it causes is absorbed
-  at the broadcast); the slow stage and the 3-of-4 fault are compute → ``compute``.
+  at the broadcast); the slow stage and the 3-of-4 fault are compute → ``compute``;
+  a framework's sleeping callback → ``host_stall``, its slow dataset → ``dataloader``,
+  a stopped process and a CPU quota → ``host_stall`` (why: beside each in the table).
 - **duplicate_diagnoses**: jobs with two diagnoses over overlapping windows whose causes differ,
   or a job-level one (``rank`` null) beside a rank-level one: one fault told twice.
 - **onset_at_start_recall**: recall over the onset-at-start faults alone; the table's ``win``
@@ -94,8 +104,8 @@ the stored diagnoses dropped first) and scores that in seconds; ``--rescore DIR
 The per-job table goes to stdout, progress to stderr; the last line is
 ``precision=… recall=… cause_accuracy=… unexplained_loss_pct=… duplicate_diagnoses=…
 onset_at_start_recall=… jobs=…``.
-A full recording takes about 20 minutes on a 2-core machine; timings depend
-on the machine's load (quote it)::
+A full recording takes about 30 minutes on a 2-core machine, the framework jobs 8 of them
+(7 jobs: their start-up is longer); timings depend on the machine's load (quote it)::
 
     python bench/detection_live.py [--keep DIR] [--only NAME,...]
     python bench/detection_live.py --rescore DIR [--stored]
@@ -113,13 +123,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import outside  # noqa: E402  (bench/outside.py, beside this file)
 from rich.console import Console  # noqa: E402
 
 from argus.demo.local import WINDOW_S, Service, job_command, local_service  # noqa: E402
@@ -131,14 +142,30 @@ TRAIN_S = 40.0
 WORLD = 4
 #: Faults costing less than this share of throughput are scored but not counted in recall.
 RECALL_MIN_COST = 0.10
-#: The cause each fault kind should get.
+#: The cause each fault kind should get, from what the fault physically does.
 EXPECTED_CAUSE = {
     "compute": "compute",
     "host_stall": "host_stall",
     "spiky_stall": "host_stall",
     "dataloader": "dataloader",
     "host_work": "host_stall",
+    # A framework's training callback that sleeps after a step: host time outside every phase
+    # (forward, backward, optimizer, data), the rank comes late to the next step's collective.
+    "callback": "host_stall",
+    # The dataset's __getitem__ sleeps per sample: the time is inside the DataLoader's __next__.
+    "dataset": "dataloader",
+    # The process is frozen (SIGSTOP): wall time passes with no CPU and no run-queue wait, in
+    # whatever phase it hits; the rank's own work did not grow.
+    "sigstop": "host_stall",
+    # The rank's work is unchanged, but it waits runnable for the CPU its quota denies (run-queue
+    # delay, every phase stretched alike): the host held it back.
+    "cpu_quota": "host_stall",
 }
+#: Layouts that are a framework's own job (``examples/frameworks/<layout>_job.py``), not the demo's:
+#: a Lightning ``Trainer(strategy="ddp")`` under its own launcher, a Hugging Face ``Trainer`` under
+#: torchrun. Their in-job faults are ``JOB_FAULT`` kinds; their knobs are ``JOB_*=value`` settings.
+FRAMEWORKS = ("lightning", "hf")
+FRAMEWORK_JOBS = ROOT / "examples" / "frameworks"
 
 
 @dataclass(frozen=True)
@@ -154,6 +181,11 @@ class Case:
     shape: tuple[str, ...] = ()
     #: The fault is there from the job's first step (no healthy past: warm-up 0, twin shared).
     onset_at_start: bool = False
+
+    @property
+    def outside(self) -> bool:
+        """The fault acts on the rank's process from outside (:mod:`outside`), the job unchanged."""
+        return self.scenario in outside.KINDS
 
     @property
     def cause(self) -> str:
@@ -207,6 +239,17 @@ CASES: tuple[Case, ...] = (
         )
     ),
     Case("dp-3-of-4-onset", "dp", "compute", (1, 2, 3), ("--compute-repeat=3.0",), onset_at_start=True),
+    # Framework jobs attached with no code change (``FRAMEWORKS``; the 'frameworks' extra). Steps
+    # of about 120 ms (Lightning) and 150 ms (HF) on a quiet 2-core machine; each fault is sized
+    # to cost 20-35 % of that. Expected causes: EXPECTED_CAUSE, why: beside each kind there.
+    # Lightning: the callback sleeps 0.2 s after every 4th step on rank 2, after a warm-up.
+    Case("lightning-callback", "lightning", "callback", (2,), ("JOB_FAULT_S=0.2", "JOB_FAULT_EVERY=4")),
+    # HF: every sample read on rank 1 sleeps 3 ms (48 ms a batch of 16) from the first step.
+    Case("hf-dataset-onset", "hf", "dataset", (1,), ("JOB_FAULT_S=0.003",), onset_at_start=True),
+    # From outside the process: Lightning's rank 2 frozen 0.4 s every 2 s after a warm-up (the
+    # case of issue 38's duplicate); HF's rank 3 held to a quarter of a CPU from its launch.
+    Case("lightning-sigstop", "lightning", "sigstop", (2,), ("every_s=2", "stop_s=0.4")),
+    Case("hf-cpu_quota-onset", "hf", "cpu_quota", (3,), ("cpus=0.25",), onset_at_start=True),
 )
 
 
@@ -229,6 +272,12 @@ class Run:
     load: float = math.nan
     #: The analyzer's own lost time of the job, s (the job summary's ``lost_s``; NaN unknown).
     argus_lost_s: float = math.nan
+    #: A framework job's settings (``JOB_*``, see examples/frameworks/jobkit.py); empty for the demo job.
+    env: dict[str, str] = field(default_factory=dict)
+    #: A fault from outside the process (:func:`outside.parse`'s spec); empty for none.
+    outside: list[str] = field(default_factory=list)
+    #: What the outside fault's injector did (pid, stops, throttling).
+    outside_notes: list[str] = field(default_factory=list)
 
 
 def schedule(cases: tuple[Case, ...], tag: str, warmup_s: float, train_s: float) -> list[Run]:
@@ -238,27 +287,50 @@ def schedule(cases: tuple[Case, ...], tag: str, warmup_s: float, train_s: float)
     twins: set[str] = set()
     for c in cases:
         start_s = 0.0 if c.onset_at_start else warmup_s
-        common = [f"--layout={c.layout}", *c.shape, f"--fault-after-s={start_s}", f"--duration-s={train_s}"]
-        ranks = ",".join(map(str, c.ranks))
-        fault = [*common, f"--scenario={c.scenario}", f"--slow-ranks={ranks}", *c.knobs]
-        runs.append(
-            Run(
-                c.name,
-                c.name,
-                c.layout,
-                c.scenario,
-                list(c.ranks),
-                f"live-{tag}-{c.name}",
-                fault,
-                twin=c.twin,
-            )
-        )
+        job = f"live-{tag}-{c.name}"
+        if c.layout in FRAMEWORKS:
+            fault, twin = _framework_runs(c, job, start_s, train_s)
+        elif c.outside:
+            raise ValueError(f"{c.name}: outside faults need a framework job's clock file ({FRAMEWORKS})")
+        else:
+            common = [
+                f"--layout={c.layout}",
+                *c.shape,
+                f"--fault-after-s={start_s}",
+                f"--duration-s={train_s}",
+            ]
+            ranks = ",".join(map(str, c.ranks))
+            args = [*common, f"--scenario={c.scenario}", f"--slow-ranks={ranks}", *c.knobs]
+            fault = Run(c.name, c.name, c.layout, c.scenario, list(c.ranks), job, args, twin=c.twin)
+            twin = Run(c.twin, c.name, c.layout, "none", [], "", [*common, "--scenario=none"])
+        runs.append(fault)
         if c.twin in twins:
             continue
         twins.add(c.twin)
-        job = f"live-{tag}-{c.twin.replace('~', '-')}"
-        runs.append(Run(c.twin, c.name, c.layout, "none", [], job, [*common, "--scenario=none"]))
+        twin.job_id = f"live-{tag}-{c.twin.replace('~', '-')}"
+        runs.append(twin)
     return runs
+
+
+def _framework_runs(c: Case, job_id: str, start_s: float, train_s: float) -> tuple[Run, Run]:
+    """A framework case's faulty run and its twin: the same job (``JOB_*`` settings), one with
+    the fault in its own hooks (``JOB_FAULT``) or from outside (:attr:`Run.outside`)."""
+    if len(c.ranks) != 1:
+        raise ValueError(f"{c.name}: a framework job's fault hits one rank")
+    common = {"JOB_DURATION_S": str(train_s), "JOB_STEPS": "1000000", "JOB_FAULT_AFTER_S": str(start_s)}
+    own = {} if c.outside else dict(k.split("=", 1) for k in c.knobs)
+    env = {
+        **common,
+        "JOB_FAULT": "none" if c.outside else c.scenario,
+        "JOB_FAULT_RANK": str(c.ranks[0]),
+        **own,
+    }
+    spec = [c.scenario, *c.knobs] if c.outside else []
+    fault = Run(
+        c.name, c.name, c.layout, c.scenario, list(c.ranks), job_id, [], twin=c.twin, env=env, outside=spec
+    )
+    twin = Run(c.twin, c.name, c.layout, "none", [], "", [], env={**common, "JOB_FAULT": "none"})
+    return fault, twin
 
 
 # --- recording ------------------------------------------------------------------------------------
@@ -275,19 +347,20 @@ def record(
     timelines.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state")}
     with local_service(work, console) as service:
-        previous: tuple[Run, subprocess.Popen[bytes], float] | None = None
+        previous: tuple[Run, subprocess.Popen[bytes], float, outside.Injector | None] | None = None
         for i, run in enumerate(runs):
             tl = timelines / f"{run.name}.json"
-            cmd = job_command(service, run.job_id, WORLD, [*run.args, f"--timeline={tl}"])
+            cmd, job_env = _command(service, run, tl, work)
             with (service.logs / f"{run.name}.log").open("wb") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**env, **job_env})
+            injector = _inject(run, proc, tl, work)
             if previous is not None:
                 _finish(*previous, timelines, console)
             # The next job starts once this one has trained (its timeline is written after its
             # process groups are destroyed): its start-up overlaps only this one's exit.
             while proc.poll() is None and not tl.exists():
                 time.sleep(0.5)
-            previous = (run, proc, time.monotonic())
+            previous = (run, proc, time.monotonic(), injector)
             run.load = os.getloadavg()[0]
             console.print(f"[{i + 1}/{len(runs)}] {run.name} trained, load {run.load:.1f}")
         if previous is not None:
@@ -305,10 +378,62 @@ def record(
     return runs, found
 
 
+def _command(service: Service, run: Run, timeline: Path, work: Path) -> tuple[list[str], dict[str, str]]:
+    """The command of ``run`` under `argus run` and the settings it adds to the environment."""
+    if run.layout not in FRAMEWORKS:
+        return job_command(service, run.job_id, WORLD, [*run.args, f"--timeline={timeline}"]), {}
+    script = str(FRAMEWORK_JOBS / f"{run.layout}_job.py")
+    launch = [sys.executable, script]  # Lightning: its own launcher
+    if run.layout == "hf":
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}"]
+        launch += [f"--log-dir={service.logs / 'torchrun'}", script]
+    argus = [sys.executable, "-m", "argus.cli", "run", "--collector", service.grpc]
+    argus += ["--socket", str(service.socket), "--job-id", run.job_id, "--server", service.http, "--"]
+    job_env = {
+        **run.env,
+        "JOB_TIMELINE": str(timeline),
+        "JOB_CLOCK_FILE": str(_clock_file(work, run)),
+        "JOB_DEVICES": str(WORLD),
+        "JOB_OUT_DIR": str(work / "jobs" / run.name),
+    }
+    return [*argus, *launch], job_env
+
+
+def _clock_file(work: Path, run: Run) -> Path:
+    return work / "timelines" / f"{run.name}.clock.json"
+
+
+def _inject(run: Run, proc: subprocess.Popen[bytes], timeline: Path, work: Path) -> outside.Injector | None:
+    """Start ``run``'s outside fault, if any: from the fault start, or from launch for onset at start."""
+    if not run.outside:
+        return None
+    at_launch = float(run.env.get("JOB_FAULT_AFTER_S", "0")) == 0.0
+    injector = outside.Injector(
+        run.job_id,
+        run.ranks[0],
+        run.outside,
+        _clock_file(work, run),
+        at_launch,
+        lambda: proc.poll() is not None or timeline.exists(),
+    )
+    injector.start()
+    return injector
+
+
 def _finish(
-    run: Run, proc: subprocess.Popen[bytes], trained: float, timelines: Path, console: Console
+    run: Run,
+    proc: subprocess.Popen[bytes],
+    trained: float,
+    injector: outside.Injector | None,
+    timelines: Path,
+    console: Console,
 ) -> None:
-    """Wait for ``run``'s process to exit; keep its exit status and timeline."""
+    """Wait for ``run``'s process to exit; keep its exit status, timeline and outside fault's notes."""
+    if injector is not None:
+        injector.stop()
+        run.outside_notes = injector.notes
+        for note in injector.notes:
+            console.print(f"    {run.name}: {note}")
     run.returncode = proc.wait()
     tl = timelines / f"{run.name}.json"
     run.timeline = json.loads(tl.read_text()) if tl.exists() else None
@@ -577,7 +702,7 @@ def _load(x: float) -> str:
 def report(rows: list[Row], figures: dict[str, float]) -> None:
     """The per-job table, then the summary lines (the figures last)."""
     print(
-        f"{'job':24} {'lay':3} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
+        f"{'job':24} {'lay':9} {'fault':11} {'ranks':6} {'exit':>4} {'cost%':>6} {'warm%':>6} {'lost_s':>6} "
         f"{'argus_s':>7} {'expl_s':>6} {'load':>9} {'TP':>2} {'FP':>2} {'oth':>3} {'named':>5} {'cause':>5} "
         f"{'win':>3} {'dup':>3}  "
         "diagnoses"
@@ -594,7 +719,7 @@ def report(rows: list[Row], figures: dict[str, float]) -> None:
         win = f"{r.detect_window:3.0f}" if math.isfinite(r.detect_window) else f"{'':3}"
         dup = "dup" if r.duplicate else ""
         print(
-            f"{r.name:24} {r.layout:3} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
+            f"{r.name:24} {r.layout:9} {r.fault:11} {r.ranks:6} {r.exit if r.exit is not None else '':>4} "
             f"{cost} {warm} {lost} {argus} {r.explained_s:6.1f} {load:>9} {r.tp:>2} {r.fp:>2} {r.other:>3} "
             f"{share} {cause:>5} "
             f"{win} {dup:>3}  "

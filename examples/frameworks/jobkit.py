@@ -10,6 +10,8 @@ them unchanged under Lightning's own launcher or torchrun:
 - ``JOB_TIMELINE``: rank 0 writes there, as JSON at exit, the wall time (ns) of every step end, the
   fault's start and the injected ranks (``step_end_ns``, ``fault_start_ns``, ``slow_ranks``,
   ``scenario``, ``framework``), so a benchmark measures the job's pace without Argus.
+- ``JOB_CLOCK_FILE``: rank 0 writes there, when training starts, ``{"fault_start_ns": …}`` (the
+  fault's start, ns since the epoch), so that a fault injected from outside the job starts on its clock.
 - ``JOB_OUT_DIR`` (default a folder under the system's temporary one): the framework's logs.
 - ``JOB_THREADS`` (default 1): ``torch.set_num_threads`` of each rank.
 - ``JOB_BATCH``, ``JOB_SEQ``, ``JOB_DIM``, ``JOB_VOCAB``: the model and batch sizes (defaults 16,
@@ -94,6 +96,7 @@ class Job:
     steps: int = field(default_factory=lambda: _env_int("JOB_STEPS", 200))
     duration_s: float = field(default_factory=lambda: _env_float("JOB_DURATION_S", 0.0))
     timeline: str = field(default_factory=lambda: os.environ.get("JOB_TIMELINE", ""))
+    clock_file: str = field(default_factory=lambda: os.environ.get("JOB_CLOCK_FILE", ""))
     fault: str = field(default_factory=lambda: os.environ.get("JOB_FAULT", "") or "none")
     fault_rank: int = field(default_factory=lambda: _env_int("JOB_FAULT_RANK", 2))
     fault_after_s: float = field(default_factory=lambda: _env_float("JOB_FAULT_AFTER_S", 0.0))
@@ -127,6 +130,8 @@ class Job:
         dist.broadcast(start, src=0)
         self.fault_start_ns = int(start.item())
         self._started_s = time.monotonic()
+        if self.rank == 0 and self.clock_file:
+            Path(self.clock_file).write_text(json.dumps({"fault_start_ns": self.fault_start_ns}))
 
     def faulty(self, kind: str) -> bool:
         """True on the faulty rank once the fault of ``kind`` has started."""

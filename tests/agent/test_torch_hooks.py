@@ -7,13 +7,16 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 
 from argus.agent.buffers import RowBuffer
-from argus.agent.steps import StepTracker
+from argus.agent.steps import BACKWARD, FORWARD, OPTIMIZER, StepTracker
 from argus.agent.torch_hooks import TorchHooks
 
 
-def _installed() -> tuple[TorchHooks, nn.Module, torch.optim.Optimizer]:
+def _installed(phases: RowBuffer | None = None) -> tuple[TorchHooks, nn.Module, torch.optim.Optimizer]:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    hooks = TorchHooks(StepTracker(RowBuffer(100), RowBuffer(100), attach_ns=0), lambda: True)
+    hooks = TorchHooks(
+        StepTracker(RowBuffer(100), phases if phases is not None else RowBuffer(100), attach_ns=0),
+        lambda: True,
+    )
     hooks.install()
     return hooks, model, torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -53,5 +56,30 @@ def test_forward_discovery_ends_after_the_first_step_of_a_plain_loop() -> None:
         assert not hooks._global_handles
         assert model in hooks._hooked
         assert not any(sub in hooks._hooked for sub in model)
+    finally:
+        hooks.uninstall()
+
+
+def test_the_closure_of_an_optimizer_step_gives_forward_and_backward_rows() -> None:
+    """Lightning's step, ``optimizer.step(closure)``: after discovery as before it, each step has
+    a forward and a backward row (the end of backward is where a DDP rank waits for its
+    gradients), not one optimizer row for the whole step."""
+    phases = RowBuffer(100)
+    hooks, model, opt = _installed(phases)
+    try:
+        x = torch.randn(4, 8)
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+
+        for _ in range(3):
+            opt.step(closure)
+        hooks._tracker.finish()
+        codes = [(row[0], row[1]) for row in phases.take()]
+        for step in range(3):
+            assert [c for s, c in codes if s == step] == [OPTIMIZER, FORWARD, OPTIMIZER, BACKWARD, OPTIMIZER]
     finally:
         hooks.uninstall()

@@ -57,6 +57,36 @@ def test_nested_phases_are_not_rows_and_same_phases_merge() -> None:
     assert steps.take() == [(0, 0, 41)]
 
 
+def test_the_forward_and_backward_of_an_optimizer_closure_are_rows_of_their_own() -> None:
+    """``optimizer.step(closure)`` (Lightning, LBFGS): forward and backward run inside the
+    optimizer phase; they are rows, the optimizer's rows keep the rest, and a forward that begins
+    inside the next step's optimizer closes the held step (its end is the last optimizer's)."""
+    t, steps, phases = tracker()
+    for base in (0, 100):
+        assert t.begin(OPTIMIZER, base)
+        assert t.begin(FORWARD, base + 5)
+        assert not t.begin(FORWARD, base + 6)  # a submodule: nested
+        t.end(-1, 0)
+        t.end(FORWARD, base + 30)
+        assert t.begin(BACKWARD, base + 32)
+        t.end(BACKWARD, base + 80)
+        t.end(OPTIMIZER, base + 90)
+    t.finish()
+    assert steps.take() == [(0, 0, 90), (1, 90, 100)]
+    assert phases.take() == [
+        (0, OPTIMIZER, 0, 5),
+        (0, FORWARD, 5, 25),
+        (0, OPTIMIZER, 30, 2),
+        (0, BACKWARD, 32, 48),
+        (0, OPTIMIZER, 80, 10),
+        (1, OPTIMIZER, 100, 5),
+        (1, FORWARD, 105, 25),
+        (1, OPTIMIZER, 130, 2),
+        (1, BACKWARD, 132, 48),
+        (1, OPTIMIZER, 180, 10),
+    ]
+
+
 def test_two_optimizers_make_one_step_and_idle_flush_closes_it() -> None:
     t, steps, phases = tracker()
     t.begin(BACKWARD, 0)

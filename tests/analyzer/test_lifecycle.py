@@ -312,3 +312,26 @@ def test_a_straggler_that_explains_an_open_job_level_diagnosis_takes_it_over() -
     t = Tracker("job")
     _run(t, [[_job((1, 2), 1.5, 0.5e9)]] * 2 + [[stall, _job((1, 2), 1.5, 0.5e9)]] * 3)
     assert sorted((d.rank or -1, d.cause) for d in t.open) == [(-1, "compute"), (2, "host_stall")]
+
+
+def test_the_job_s_loss_naming_an_open_straggler_s_rank_keeps_that_diagnosis() -> None:
+    """A fault that comes and goes within windows (Lightning's rank 2 stopped 0.4 s every 2 s):
+    rank 2's host stall opens; in the next windows rank 2 has no finding of its own and the job's
+    residual loss names rank 2 behind its own past. One fault, one diagnosis: rank 2's host stall
+    stays open and takes that loss in; no job-level ``compute`` opens beside it, and it does not
+    resolve while its rank's loss goes on."""
+    stall = _f(2, 3.0, "host_stall", lost_ns=1e9)
+    job = _job((2,), 1.5, 0.5e9)
+    t = Tracker("job")
+    out = _run(t, [[stall], [stall], [job], [job], [job], [stall, job]])
+    assert len({d.id for ch in out for d in ch}) == 1, out
+    assert all(d.state == "open" for ch in out for d in ch)
+    (d,) = t.open
+    assert (d.rank, d.cause, d.first_window_ns) == (2, "host_stall", 0)
+    assert d.evidence["knock_on_lost_s"] == 2.0  # three windows' 0.5 s, and the last one's
+    assert d.evidence["lost_s"] == 3 * 1.0 + 2.0
+
+    # A residual that names a rank the open straggler does not explain is its own fault.
+    t = Tracker("job")
+    _run(t, [[stall], [stall]] + [[_job((1, 2), 1.5, 0.5e9)]] * 3)
+    assert [(d.rank, d.cause) for d in t.open] == [(None, "compute")]

@@ -1,0 +1,231 @@
+"""Faults from outside a training process, for ``bench/detection_live.py`` (issue 38).
+
+Nothing in the job changes: the benchmark finds the rank's process and acts on it from here.
+
+- ``sigstop``: the rank's process is stopped (``SIGSTOP``, every thread of it) for ``stop_s``
+  seconds every ``every_s`` seconds, then continued (``SIGCONT``), as a host that freezes a
+  process now and then would (a hypervisor's steal, a debugger, memory compaction).
+- ``cpu_quota``: the rank's process is moved into a CPU cgroup whose quota is ``cpus`` CPUs
+  (``cpu.max`` on cgroup v2, ``cpu.cfs_quota_us`` on v1), as on a node whose container limit
+  is too low. Needs root and a cgroup CPU controller; :func:`cpu_cgroup_root` says where.
+
+A spec is ``[kind, "key=value", ...]`` (:func:`parse`). :class:`Injector` runs one spec on one
+rank in a thread, from the job's fault start (a clock file the job writes: ``JOB_CLOCK_FILE`` of
+``examples/frameworks/jobkit.py``) or, with ``at_launch``, as soon as the rank's process exists
+(onset at start: the job starts on the bad node); it undoes what it did when the job has trained
+or exited.
+
+The rank's process: the one whose environment at exec holds ``ARGUS_JOB_ID=<job>`` and
+``RANK=<rank>`` (torchrun) or ``LOCAL_RANK=<rank>`` (Lightning's launcher, one node), and whose
+parent does not (its data-loader workers are left alone). Lightning's rank 0 is the launcher
+itself (no such variable): not supported, :class:`Injector` raises ValueError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["KINDS", "Injector", "cpu_cgroup_root", "parse", "rank_pid"]
+
+#: Outside faults and their knobs (defaults).
+KINDS: dict[str, dict[str, float]] = {
+    "sigstop": {"every_s": 2.0, "stop_s": 0.4},
+    "cpu_quota": {"cpus": 0.25, "period_us": 100_000},
+}
+#: Where cgroups are mounted.
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def parse(spec: list[str]) -> tuple[str, dict[str, float]]:
+    """``["sigstop", "stop_s=0.3"]`` → ``("sigstop", {"every_s": 2.0, "stop_s": 0.3})``.
+
+    Raises:
+        ValueError: an unknown kind or knob, or a value that is no number.
+    """
+    kind, *knobs = spec
+    if kind not in KINDS:
+        raise ValueError(f"unknown outside fault {kind!r}; known: {sorted(KINDS)}")
+    values = dict(KINDS[kind])
+    for knob in knobs:
+        key, _, value = knob.partition("=")
+        if key not in values:
+            raise ValueError(f"{kind}: unknown knob {key!r}; known: {sorted(values)}")
+        values[key] = float(value)
+    return kind, values
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with contextlib.suppress(OSError):
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        return dict(item.partition("=")[::2] for item in raw.decode(errors="replace").split("\0") if item)
+    return {}
+
+
+def _parent(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    return 0
+
+
+def rank_pid(job_id: str, rank: int) -> int | None:
+    """The pid of ``rank`` of job ``job_id`` on this host (see the module doc), or None."""
+
+    def of_rank(env: dict[str, str]) -> bool:
+        mine = env.get("RANK", env.get("LOCAL_RANK"))
+        return env.get("ARGUS_JOB_ID") == job_id and mine == str(rank)
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if of_rank(_environ(pid)) and not of_rank(_environ(_parent(pid))):
+            return pid
+    return None
+
+
+def cpu_cgroup_root() -> tuple[Path, int] | None:
+    """The cgroup folder under which a CPU-limited child can be made, and its version (2 or 1).
+
+    cgroup v2: the unified mount (``/sys/fs/cgroup`` or ``/sys/fs/cgroup/unified``) whose
+    ``cgroup.subtree_control`` enables ``cpu``; v1: ``/sys/fs/cgroup/cpu``. None when neither is
+    writable (not root, no controller).
+    """
+    for root in (CGROUP_FS, CGROUP_FS / "unified"):
+        control = root / "cgroup.subtree_control"
+        with contextlib.suppress(OSError):
+            if "cpu" in control.read_text().split() and os.access(root, os.W_OK):
+                return root, 2
+    v1 = CGROUP_FS / "cpu"
+    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
+        return v1, 1
+    return None
+
+
+@dataclass
+class Injector:
+    """One outside fault on one rank of a running job, in a thread (:meth:`start`, :meth:`stop`).
+
+    Args:
+        job_id: The job (``ARGUS_JOB_ID`` of its ranks).
+        rank: The rank to act on.
+        spec: ``[kind, "key=value", ...]`` (:func:`parse`).
+        clock_file: The job writes ``{"fault_start_ns": …}`` there when training starts.
+        at_launch: Act as soon as the rank's process exists, not at the fault start.
+        done: True once the job has trained (the injector undoes its fault then).
+
+    Raises:
+        ValueError: a bad spec, rank 0 of a Lightning job, or ``cpu_quota`` with no writable cgroup.
+    """
+
+    job_id: str
+    rank: int
+    spec: list[str]
+    clock_file: Path
+    at_launch: bool
+    done: Callable[[], bool]
+    #: What happened, for the benchmark's log (pid, start, counts, errors).
+    notes: list[str] = field(default_factory=list)
+    #: When the fault was first applied, ns since the epoch (0: never).
+    applied_ns: int = 0
+
+    def __post_init__(self) -> None:
+        self.kind, self.knobs = parse(self.spec)
+        if self.kind == "cpu_quota" and cpu_cgroup_root() is None:
+            raise ValueError("cpu_quota needs root and a cgroup CPU controller (see bench/outside.py)")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"outside-{self.kind}", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (it waits for the rank's process and the fault start)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Undo the fault (continue the process, lift the quota) and wait for the thread."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _finished(self) -> bool:
+        return self._stop.is_set() or self.done()
+
+    def _run(self) -> None:
+        pid = None
+        while pid is None and not self._finished():
+            pid = rank_pid(self.job_id, self.rank)
+            if pid is None:
+                time.sleep(0.1)
+        if pid is None:
+            self.notes.append(f"rank {self.rank} of {self.job_id} never seen: no fault applied")
+            return
+        start_ns = 0
+        while not self.at_launch and not start_ns and not self._finished():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                start_ns = int(json.loads(self.clock_file.read_text())["fault_start_ns"])
+            time.sleep(0.05)
+        while time.time_ns() < start_ns and not self._finished():
+            time.sleep(min(0.05, (start_ns - time.time_ns()) / 1e9))
+        if self._finished():
+            return
+        try:
+            if self.kind == "sigstop":
+                self._pause(pid)
+            else:
+                self._quota(pid)
+        except OSError as exc:  # the process exited meanwhile, or the cgroup refused
+            self.notes.append(f"{self.kind} on pid {pid}: {exc}")
+
+    def _pause(self, pid: int) -> None:
+        every_s, stop_s = self.knobs["every_s"], self.knobs["stop_s"]
+        stops = 0
+        try:
+            while not self._finished():
+                os.kill(pid, signal.SIGSTOP)
+                self.applied_ns = self.applied_ns or time.time_ns()
+                stops += 1
+                self._stop.wait(stop_s)
+                os.kill(pid, signal.SIGCONT)
+                self._stop.wait(max(every_s - stop_s, 0.0))
+        finally:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+            self.notes.append(f"sigstop: pid {pid} stopped {stops} times for {stop_s} s every {every_s} s")
+
+    def _quota(self, pid: int) -> None:
+        found = cpu_cgroup_root()
+        assert found is not None  # checked in __post_init__
+        root, version = found
+        group = root / f"argus-bench-{os.getpid()}-{pid}"
+        group.mkdir(exist_ok=True)
+        period = int(self.knobs["period_us"])
+        quota = max(int(self.knobs["cpus"] * period), 1000)
+        if version == 2:
+            (group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+            self.applied_ns = time.time_ns()
+            while not self._finished():
+                self._stop.wait(0.2)
+            stat = (group / "cpu.stat").read_text().split()
+            self.notes.append(
+                f"cpu_quota: pid {pid} limited to {quota / period:.2f} CPU (cgroup v{version}); "
+                + " ".join(f"{k}={v}" for k, v in zip(stat[::2], stat[1::2], strict=False))
+            )
+        finally:
+            with contextlib.suppress(OSError):  # back to the parent group, if it still runs
+                (root / "cgroup.procs").write_text(str(pid))
+            for _ in range(50):
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                    break
+                time.sleep(0.1)
