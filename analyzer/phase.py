@@ -53,7 +53,7 @@ from numpy.typing import NDArray
 from scipy.stats import norm
 
 from argus.analyzer.collectives import Decomposition
-from argus.analyzer.host import host_signals
+from argus.analyzer.host import HostResult, host_signals
 from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
 from argus.analyzer.roles import Roles, one_role
 from argus.analyzer.waits import COMPONENTS, StepTimes, step_times
@@ -308,6 +308,7 @@ def compare_phases(
     recent_spikes: Mapping[int, int] | None = None,
     carried: Mapping[int, tuple[float, int]] | None = None,
     best_carried: Mapping[int, tuple[float, int]] | None = None,
+    host: HostResult | None = None,
 ) -> PhaseResult:
     """Compare every rank's self time, per step and component, with its references (module doc).
 
@@ -326,13 +327,17 @@ def compare_phases(
             (:func:`_best_ranks`) judges the ranks' mean over those windows and this one, as a
             sequential test would: a fault from the first step that one window's few steps
             leave below the bar is named when the next windows add theirs.
+        host: The window's host signals (:func:`~argus.analyzer.host.host_signals` of ``w.host``,
+            which the caller has for the causes already); computed here when None and needed.
 
     Returns:
         :class:`PhaseResult`; empty when no rank has :data:`MIN_STEPS` steps past warm-up.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
-        return _compare(w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {})
+        return _compare(
+            w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {}, host
+        )
 
 
 def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split, they share 30 arrays)
@@ -343,6 +348,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     d: Decomposition | None,
     carried: Mapping[int, tuple[float, int]],
     best_carried: Mapping[int, tuple[float, int]],
+    signals: HostResult | None,
 ) -> PhaseResult:
     step_cols = _step_columns(w)
     if step_cols.size == 0:
@@ -383,7 +389,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
         ok = scores.healthy & members & enough
         best = _best_ranks(
-            w, t, self_t, valid, members & enough, REL_FLOOR * ref_step, host, best_prior, best_sums
+            w, signals, t, self_t, valid, members & enough, REL_FLOOR * ref_step, host, best_prior, best_sums
         )
         if best is not None:
             ok, shift[members], best_err[members] = best[0], best[1][members], best[2]
@@ -603,12 +609,11 @@ def _expected_max(n: int) -> float:
     return float(norm.ppf((n - 0.375) / (n + 0.25))) if n > 1 else 0.0
 
 
-def _run_queue_per_step(w: Window, ranks: NDArray[np.int64], step_ns: F64) -> tuple[F64, F64]:
+def _run_queue_per_step(host: HostResult, ranks: NDArray[np.int64], step_ns: F64) -> tuple[F64, F64]:
     """Per rank, its run-queue delay and its CPU time per step, ns: its share of wall time
     (:func:`~argus.analyzer.host.host_signals`, the one owner of these shares) times its mean
     step; 0 where its run-queue delay is unknown."""
     rq, cpu = np.zeros(ranks.size), np.zeros(ranks.size)
-    host = host_signals(w.host)
     known = np.isin(host.rank, ranks) & np.isfinite(host.wait_frac)
     if not np.any(known):
         return rq, cpu
@@ -638,6 +643,7 @@ def _starved_per_step(rq: F64, cpu: F64, members: NDArray[np.bool_]) -> F64:
 
 def _best_ranks(
     w: Window,
+    signals: HostResult | None,
     t: StepTimes,
     self_t: F64,
     valid: NDArray[np.bool_],
@@ -667,6 +673,7 @@ def _best_ranks(
     steps is judged as before.
 
     Args:
+        signals: The window's host signals (None: computed from ``w.host`` when needed).
         host: Cache of :func:`_run_queue_per_step` for the window (filled on first use).
         prior: Per rank of ``t``, ``(sum of self time less scheduling delay, steps)`` of the
             fault's earlier windows (zeros: none), shape ``(n, 2)``.
@@ -681,7 +688,9 @@ def _best_ranks(
     if idx.size < MIN_PEERS:
         return None
     if "rq" not in host:
-        host["rq"] = _run_queue_per_step(w, t.rank, t.step_ns)
+        host["rq"] = _run_queue_per_step(
+            signals if signals is not None else host_signals(w.host), t.rank, t.step_ns
+        )
     starved = _starved_per_step(*host["rq"], members)
     x = np.where(valid[idx], self_t[idx], np.nan)
     steps = np.count_nonzero(np.isfinite(x), axis=1)

@@ -246,9 +246,9 @@ class JobAnalysis:
         recent = {r: int(sum(v)) for r, v in self._spikes.items()}
         carried = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried.items() if v}
         best = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_best.items() if v}
-        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried, best)
-        l3 = score_kernels(w.kernels, roles=roles)
         host = host_signals(w.host)
+        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried, best, host)
+        l3 = score_kernels(w.kernels, roles=roles)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
         links = slow_links(d, c.group_names, history) if d is not None else []
         unresponsive = find_unresponsive(
