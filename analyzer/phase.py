@@ -17,7 +17,9 @@ Two references, each per (rank, step):
   batch everywhere, a checkpoint, a GC storm) cancels. The healthy set comes
   from the one-sided rule of :mod:`argus.analyzer.robust` over per-rank
   medians, so it stays right with up to half of a role slow. Used when the role
-  has at least :data:`MIN_PEERS` ranks. In a role of two (a pipeline stage's
+  has at least :data:`MIN_PEERS` ranks; its threshold includes, once known, how far the
+  rank's mean moved about the others' between healthy windows (``drift_ns``: a busy host's
+  scheduler holds one rank back for seconds at a time). In a role of two (a pipeline stage's
   two data-parallel replicas, a tensor position's) each rank is the other's
   reference, step by step: the pair's difference is what one waited for the
   other at the synchronisation points they share, so the later rank is the one
@@ -476,14 +478,13 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         # scheduler, the total is what the fast ranks waited for.
         scored = paired | (to_best if j == 0 else False)
         peer_score = np.fmax(peer_score, np.where(scored, p_stat / pair_thr, np.nan))
+        # Against the peers' median too, a rank's mean moves between windows with nothing wrong
+        # (its drift about the other ranks of its role, once known): not only by its steps' noise.
+        peer_err = np.hypot(sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)), drift[:, j])
         for g in np.unique(role[has_peers & ~direct]):
             members = (role == g) & enough
             floor = REL_FLOOR * float(np.nanmedian(peer_step[members]))
-            sc = one_sided_scores(
-                np.where(members, p_stat, np.nan),
-                floor=floor,
-                min_scale=sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)),
-            ).score
+            sc = one_sided_scores(np.where(members, p_stat, np.nan), floor=floor, min_scale=peer_err).score
             peer_score[members] = np.fmax(peer_score[members], sc[members])
         # The standard error of a window's mean, and the rank's own drift between windows.
         q_err = np.hypot(q_noise / np.sqrt(np.maximum(n_steps - 1, 1)), drift[:, j])

@@ -10,7 +10,7 @@ import pytest
 from argus.analyzer.collectives import decompose, slow_links, transfer_medians
 from argus.analyzer.iteration import compare_iterations, job_step_times
 from argus.analyzer.liveness import find_unresponsive
-from argus.analyzer.phase import compare_phases
+from argus.analyzer.phase import RankBaseline, compare_phases
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.window import Collectives, RankStatus, Steps, Window
 from synthetic.jobs import Fault, JobSpec, Simulation, simulate
@@ -544,3 +544,30 @@ def test_most_of_a_role_slow_from_the_start_is_named_on_evidence_pooled_over_win
     assert _pooled_best(windows, 2) == [1, 2, 3]
     for seed in range(4):
         assert _pooled_best(simulate(replace(spec, faults=(), seed=seed)).windows, 2) == []
+
+
+def test_l2_against_its_peers_a_rank_is_judged_with_how_far_its_mean_moves_between_windows() -> None:
+    """A role of three, rank 0 a little slower (its steps' noise alone makes that a straggler). When
+    its healthy windows showed its mean moving about the others' by half that excess with nothing
+    wrong (a busy host's scheduler: a clean three-node job's rank 0 ran 26 ms per step behind
+    its peers for one 5 s window and 13 ms the next, then level again), the excess is within reach
+    of that drift: no straggler, against its peers as against its own past."""
+    spec = JobSpec(world=3, windows=4, seed=0, faults=(Fault("compute", (0,), 0.15, 0.0),))
+    w = _window(spec, 2)
+    d = decompose(w.collectives)
+    r = compare_phases(w, d)
+    assert r.basis[0] == "peers" and r.score[0] >= 1, r.score
+    half = float(r.excess_ns[0]) / 2
+    past = {
+        int(rank): RankBaseline(
+            self_ns=float(r.self_ns[i]),
+            sigma_ns=0.0,
+            comp_ns=np.zeros(5),
+            step_ns=float(r.step_ns[i]),
+            drift_ns=half,
+            comp_drift_ns=np.full(5, half),
+        )
+        for i, rank in enumerate(r.rank.tolist())
+    }
+    drifting = compare_phases(w, d, baseline=past)
+    assert drifting.peer_score[0] < 1 and drifting.score[0] < 1, (drifting.peer_score, drifting.past_score)
