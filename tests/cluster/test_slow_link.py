@@ -72,11 +72,10 @@ def test_the_limited_link_alone_is_named_communication_with_its_evidence(
     assert busy["node1"] >= 50 and max(busy["node0"], busy["node2"]) < 10, json.dumps(ev)
 
 
-# The fresh-clone CI of 3ddf006 (2026-12-06 19:27-19:56, nothing else running) opened a host_stall on
-# rank 1 of this clean job against its own past (spiky, score 0.70, 4.6 % of throughput, 17 stalls of
-# up to 37 ms): a false positive of the own-past spike path on a loaded 2-core host, left open in the
-# closing note of that session. Passed in every CI run from 4c01dce to 0024baa.
-@LOAD_DEPENDENT_VERDICT
+# Flaked until 2026-12-06 (a host_stall or compute on one rank, against its peers' median one 5 s
+# window and its own past the next): a busy host's scheduler holds one rank back for seconds, and
+# the peers' threshold counted only its steps' noise, not how far its mean moves between windows.
+# Since the peer comparison counts that drift too: 5 of 5 runs passed (21:30-21:44, load 16-41).
 def test_the_same_job_without_the_limit_opens_nothing(cluster3: Cluster, tmp_path: Path) -> None:
     out = run_job(cluster3, tmp_path, "no-limit", clean_s=25)
     # Nothing blamed: at most the job's own loss when the shared host slowed it (fresh-clone CI
