@@ -3,7 +3,12 @@
 *Stopped reporting*: a rank that has not exited, has completed a step or
 phase, and whose newest row of any kind (the ~1 s host samples are its
 heartbeat) is older than ``silence_ns`` at the window's end, while other ranks
-of the job still report. When every
+of the job still report and went on without it or wait for it: one completed a
+later (step, phase), or issued or waits in a later seq of a process group, or
+its newest heartbeat shows it waiting in a collective. A rank silent where its
+peers stopped too, none waiting (the end of training: its teardown, a long
+``gc.collect()`` holding the GIL so that the probe's thread cannot beat), is
+needed by no one and not named. When every
 rank is silent together nothing is said: that is the whole job (or the
 collector's feed) stopping, not one rank failing, and a later window will show
 which. A rank that recorded an ``exit`` is finished, whatever its code.
@@ -100,7 +105,7 @@ def find_unresponsive(
     out: list[Unresponsive] = []
     if np.any(silent) and np.any(fresh):
         newest_peer = int(seen[fresh].max())
-        for i in np.flatnonzero(silent):
+        for i in np.flatnonzero(silent & _left_behind(status, fresh)):
             gap = window_end_ns - int(seen[i])
             out.append(
                 Unresponsive(
@@ -118,6 +123,31 @@ def find_unresponsive(
     if np.any(silent):
         return []
     return _hung(status, live & ~silent, window_end_ns, typical_step_ns)
+
+
+def _left_behind(status: RankStatus, fresh: np.ndarray) -> np.ndarray:
+    """Per rank, True when its peers among ``fresh`` went on without it or wait for it.
+
+    Fresh peers went on: one completed a later (step, phase) than the rank's newest, or issued or
+    waits in a later seq of a process group the rank recorded in. They wait for it: the newest
+    heartbeat of one shows it waiting in a collective. Neither (every rank stopped at the same point,
+    none waits: the end of training, its teardown): the rank is not needed, and its silence (a
+    process leaving, its probe's thread starved) names no one.
+    """
+    pos = status.position
+    ahead_pos = int(pos[fresh].max()) if np.any(fresh) else -1
+    out: np.ndarray = (pos >= 0) & (pos < ahead_pos)
+    if np.any(fresh & (_waiting(status) >= 0)):
+        out[:] = True
+    fresh_ranks = status.rank[fresh]
+    for g in np.unique(status.seq_group):
+        rows = status.seq_group == g
+        peers = rows & np.isin(status.seq_rank, fresh_ranks)
+        if not np.any(peers):
+            continue
+        late = status.seq_rank[rows][status.seq_max[rows] < int(status.seq_max[peers].max())]
+        out |= np.isin(status.rank, late)
+    return out
 
 
 def _hung(

@@ -208,12 +208,18 @@ def _status(**kw: object) -> RankStatus:
 def test_liveness_stopped_rank_exited_rank_and_everyone_silent() -> None:
     end = 110 * 10**9
     seen = np.array([109, 109, 100, 109]) * 10**9
-    found = find_unresponsive(_status(last_seen_ns=seen), end, silence_ns=6 * 10**9, typical_step_ns=1e8)
+    went_on = np.array([8 * 58 + 5, 8 * 58 + 5, 8 * 50 + 5, 8 * 58 + 5])  # its peers did 8 more steps
+    found = find_unresponsive(
+        _status(last_seen_ns=seen, position=went_on), end, silence_ns=6 * 10**9, typical_step_ns=1e8
+    )
     assert [(u.rank, u.hung) for u in found] == [(2, False)]
     exited = np.array([False, False, True, False])
     assert (
         find_unresponsive(
-            _status(last_seen_ns=seen, exited=exited), end, silence_ns=6 * 10**9, typical_step_ns=1e8
+            _status(last_seen_ns=seen, position=went_on, exited=exited),
+            end,
+            silence_ns=6 * 10**9,
+            typical_step_ns=1e8,
         )
         == []
     )
@@ -222,6 +228,46 @@ def test_liveness_stopped_rank_exited_rank_and_everyone_silent() -> None:
         find_unresponsive(_status(last_seen_ns=all_silent), end, silence_ns=6 * 10**9, typical_step_ns=1e8)
         == []
     )
+
+
+def test_a_silent_rank_is_named_only_when_its_peers_went_on_without_it_or_wait_for_it() -> None:
+    """The clean Lightning job of issue 38 (kept recording r3): after the last step (step 19, seq 73
+    of group "0" on every rank) ranks 0-2 sent nothing for 8.5 s while rank 3's heartbeat came back,
+    waiting in no collective. No rank needs another: nobody is named. A rank that stops with its
+    peers at the same point while they then wait in the next collective (it never issued it), or
+    that they pass, is named."""
+    end = 90 * 10**9
+    seen = np.array([81.46, 81.47, 81.48, 89.86]) * 10**9
+    seqs = dict(seq_groups=("0",), seq_group=np.zeros(4, np.int64), seq_rank=np.arange(4))
+    last = np.full(4, 8 * 19 + 5)
+    ended = _status(
+        last_seen_ns=seen.astype(np.int64), position=last, seq_max=np.full(4, 73),
+        waiting_since_ns=np.full(4, -1), **seqs,
+    )  # fmt: skip
+    assert find_unresponsive(ended, end, silence_ns=6 * 10**9, typical_step_ns=1.6e9) == []
+    # Rank 0 died after step 19; rank 3 waits in seq 74 (its heartbeat), which rank 0 never issued.
+    waits = _status(
+        last_seen_ns=np.array([81.46, 89.8, 89.8, 89.86]) * 10**9, position=last,
+        seq_max=np.array([73, 74, 74, 74]), waiting_since_ns=np.array([-1, 82, 82, 82]) * 10**9, **seqs,
+    )  # fmt: skip
+    assert [
+        (u.rank, u.hung) for u in find_unresponsive(waits, end, silence_ns=6 * 10**9, typical_step_ns=1.6e9)
+    ] == [(0, False)]
+    # Rank 0 died inside seq 73 (its own heartbeat showed it waiting there too): peers wait in it.
+    inside = _status(
+        last_seen_ns=np.array([81.46, 89.8, 89.8, 89.86]) * 10**9, position=last, seq_max=np.full(4, 73),
+        waiting_since_ns=np.array([81, 81, 81, 81]) * 10**9, **seqs,
+    )  # fmt: skip
+    assert [u.rank for u in find_unresponsive(inside, end, silence_ns=6 * 10**9, typical_step_ns=1.6e9)] == [
+        0
+    ]
+    # Rank 0 died after step 19 and its peers did step 20 without it (a job with no collectives).
+    passed = _status(
+        last_seen_ns=np.array([81.46, 89.8, 89.8, 89.86]) * 10**9, position=np.array([157, 165, 165, 165]),
+    )  # fmt: skip
+    assert [u.rank for u in find_unresponsive(passed, end, silence_ns=6 * 10**9, typical_step_ns=1.6e9)] == [
+        0
+    ]
 
 
 def test_a_hung_rank_is_named_with_the_collective_its_peers_wait_in() -> None:
