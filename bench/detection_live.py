@@ -129,8 +129,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# bench/outside.py, beside this file: found whether this runs as a script or is loaded by path (tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import outside  # noqa: E402  (bench/outside.py, beside this file)
+import outside  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from argus.demo.local import WINDOW_S, Service, job_command, local_service  # noqa: E402
