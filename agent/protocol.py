@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from argus.collector.ipc_size import read_stream
+from argus.ipc_size import read_stream
 from argus.limits import check_declared
 from argus.proto import collector_pb2
 from argus.schema import WIRE_TABLES, wire_schema, with_defaults
@@ -156,7 +156,7 @@ def decode_batch(payload: bytes) -> tuple[str, pa.Table]:
 
     What its record batches declare decoded (LZ4/ZSTD bodies) is checked against
     ``max_batch_decoded_bytes`` (:mod:`argus.limits`, as at the collector) from the IPC
-    metadata before Arrow allocates it (:func:`argus.collector.ipc_size.read_stream`): a
+    metadata before Arrow allocates it (:func:`argus.ipc_size.read_stream`): a
     frame of a few kilobytes that inflates to gigabytes is refused, never inflated. Every
     buffer is checked (``validate(full=True)``: offsets, lengths, UTF-8) before any compute
     kernel reads it: a crafted batch is refused here, never read past a buffer's end.

@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from argus.collector.ipc_size import declared_bytes
 from argus.config import DEFAULT_MAX_DECODED_BYTES
+from argus.ipc_size import declared_bytes
 from argus.limits import LIMITS
 
 __all__ = ["DEFAULT_MAX_DECODED_BYTES", "DecodedBudget", "batch_cost"]

@@ -53,8 +53,8 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
-from argus.collector.ipc_size import read_stream
 from argus.errors import InvalidBatch, StoreError
+from argus.ipc_size import read_stream
 from argus.jobid import check_job_id
 from argus.limits import check_declared
 from argus.metrics import Metrics

@@ -14,9 +14,9 @@ import pytest
 from argus.collector import ingest
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
 from argus.collector.grpc_service import start_collector
-from argus.collector.ipc_size import declared_bytes
 from argus.config import ServerConfig
 from argus.errors import InvalidBatch
+from argus.ipc_size import declared_bytes
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.store import open_store

@@ -7,8 +7,8 @@ import struct
 import pyarrow as pa
 import pytest
 
-from argus.collector import ipc_size
-from argus.collector.ipc_size import declared_bytes, read_stream
+from argus import ipc_size
+from argus.ipc_size import declared_bytes, read_stream
 
 
 def _stream(*batches: pa.RecordBatch, compression: str | None = None) -> bytes:
