@@ -139,15 +139,8 @@ def _left_behind(status: RankStatus, fresh: np.ndarray) -> np.ndarray:
     out: np.ndarray = (pos >= 0) & (pos < ahead_pos)
     if np.any(fresh & (_waiting(status) >= 0)):
         out[:] = True
-    fresh_ranks = status.rank[fresh]
-    for g in np.unique(status.seq_group):
-        rows = status.seq_group == g
-        peers = rows & np.isin(status.seq_rank, fresh_ranks)
-        if not np.any(peers):
-            continue
-        late = status.seq_rank[rows][status.seq_max[rows] < int(status.seq_max[peers].max())]
-        out |= np.isin(status.rank, late)
-    return out
+    behind: np.ndarray = out | _behind_in_collectives(status, among=fresh)
+    return behind
 
 
 def _hung(
@@ -226,13 +219,19 @@ def _waiting(status: RankStatus) -> np.ndarray:
     return np.full(status.rank.shape, -1, np.int64)  # a window built without heartbeats' pending columns
 
 
-def _behind_in_collectives(status: RankStatus) -> np.ndarray:
-    """Per rank of ``status``, True when its newest seq in some process group is behind a peer's."""
+def _behind_in_collectives(status: RankStatus, among: np.ndarray | None = None) -> np.ndarray:
+    """Per rank of ``status``, True when its newest seq in some process group is behind a peer's.
+
+    ``among`` (a mask over ``status.rank``; None: every rank) picks the peers whose newest seq
+    counts; a group none of them recorded in is skipped.
+    """
     out = np.zeros(status.rank.shape, bool)
     for g in np.unique(status.seq_group):
         rows = status.seq_group == g
-        newest = int(status.seq_max[rows].max())
-        late = status.seq_rank[rows][status.seq_max[rows] < newest]
+        peers = rows if among is None else rows & np.isin(status.seq_rank, status.rank[among])
+        if not np.any(peers):
+            continue
+        late = status.seq_rank[rows][status.seq_max[rows] < int(status.seq_max[peers].max())]
         out |= np.isin(status.rank, late)
     return out
 
