@@ -50,9 +50,12 @@ run back to back (the jobs' order rotating, the arms' order alternating): a PyTo
 torchrun (``examples/frameworks/``), and the demo job beside them. The node agent runs with its
 collector unreachable (it spools): the figures are the node's own cost. Each run's figure is rank 0's
 mean step over ``--framework-steps`` steps after ``--framework-warmup``, from the job's own timeline
-(``JOB_TIMELINE``); detail lines give each job's pairs, a bootstrap 95 % interval and the median-step
-ratio; the last line is ``lightning_step_ratio=… hf_step_ratio=… demo_step_ratio=… pairs=…
-failed_runs=… load_avg=START/END``.
+(``JOB_TIMELINE``), except the demo's: its steps are a third of the frameworks' (about 37 ms on 4 CPU
+ranks), so it measures ``--framework-demo-steps`` steps (default 200, about 7.5 s: what 60 Lightning
+steps take) after its warm-up; 60 demo steps (2.2 s) read anywhere from 0.81 to 1.09 on an idle
+machine. Progress lines add the node agent's CPU per probed run (% of one core); detail lines give each
+job's pairs, a bootstrap 95 % interval and the median-step ratio; the last line is
+``lightning_step_ratio=… hf_step_ratio=… demo_step_ratio=… pairs=… failed_runs=… load_avg=START/END``.
 
 A run's figure is rank 0's mean step time over its measured steps (after
 ``--warmup``): throughput, so that costs paid once a second (the shipper thread)
@@ -626,10 +629,10 @@ class Bench:
         """One run of a framework job (``lightning``: its own launcher; ``hf``: torchrun) or of the demo
         job; rank 0's step times after ``--framework-warmup`` steps, from the job's own timeline."""
         if kind == "demo":
-            extra = ["--steps", str(self.args.framework_steps), "--measure-s", "0"]
+            extra = ["--steps", str(self.args.framework_demo_steps), "--measure-s", "0"]
             cmd, out = self.job("demo", self.args.ranks, extra)
             got = self.launch(cmd, out, arm, sock, job_id)
-            return Run(got["times"], job_id=job_id)
+            return Run(got["times"], agent_cpu=got.get("agent_cpu", 0.0), job_id=job_id)
         out = self.work / f"timeline-{self.runs}.json"
         self.runs += 1
         script = str(FRAMEWORK_JOBS / f"{kind}_job.py")
@@ -647,7 +650,8 @@ class Bench:
         }
         got = self.launch(cmd, out, arm, sock, job_id, env)
         ends = got["step_end_ns"][self.args.framework_warmup :]
-        return Run([(b - a) / 1e9 for a, b in itertools.pairwise(ends)], job_id=job_id)
+        times = [(b - a) / 1e9 for a, b in itertools.pairwise(ends)]
+        return Run(times, agent_cpu=got.get("agent_cpu", 0.0), job_id=job_id)
 
     def framework_rounds(self, sock: str, n: int) -> dict[str, list[dict[str, Run]]]:
         """``n`` rounds; in each, every job runs plain and under `argus run` back to back (the pair), the
@@ -666,7 +670,8 @@ class Bench:
                     f"[frameworks] round {i + 1}/{n} {kind} ({self.elapsed():.0f} s, load "
                     f"{os.getloadavg()[0]:.1f}): plain {plain.mean * 1e3:.1f} ms (median "
                     f"{statistics.median(plain.times) * 1e3:.1f}), argus {argus.mean * 1e3:.1f} ms (median "
-                    f"{statistics.median(argus.times) * 1e3:.1f}); argus/plain {argus.mean / plain.mean:.4f}",
+                    f"{statistics.median(argus.times) * 1e3:.1f}); argus/plain "
+                    f"{argus.mean / plain.mean:.4f}; agent {argus.agent_cpu * 100:.1f} % of a core",
                     flush=True,
                 )
         return out
@@ -896,6 +901,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--framework-pairs", type=int, default=3, help="--frameworks: pairs per job")
     p.add_argument("--framework-steps", type=int, default=60, help="--frameworks: measured steps per run")
+    p.add_argument(
+        "--framework-demo-steps",
+        type=int,
+        default=200,
+        help="--frameworks: the demo's measured steps per run",
+    )
     p.add_argument("--framework-warmup", type=int, default=10, help="--frameworks: steps before measuring")
     p.add_argument("--profile-steps", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--budget-s", type=float, default=None, help="start no round past this (CUDA default 300)")
