@@ -61,7 +61,7 @@ from numpy.typing import NDArray
 
 from argus.analyzer.collectives import LinkFinding
 from argus.analyzer.findings import KEEP_SCORE, Finding
-from argus.analyzer.host import HostResult
+from argus.analyzer.host import HostResult, starved_wait
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
@@ -429,16 +429,15 @@ def _starved(ctx: _Context, rank: int, h: int | None, extra_self_frac: float, ev
     beyond the peers' noise: a CPU-starved rank, slowed by other processes on its host, not by its
     own work. Records the run-queue evidence in ``ev``.
 
-    What its own work explains: its CPU time at its peers' wait per CPU second (``beyond`` is the
-    wait past that), and its extra CPU time — beyond the ranks that do its work
-    (:meth:`_Context.work_cpu`) — at the wait per CPU second it got itself (``wait / cpu``). A
-    rank that works more waits more per CPU second than its peers on a busy host, not only in
-    proportion: they sleep in the synchronisations between short bursts of work and, woken,
-    run soon; its extra work keeps it runnable for long stretches, which wait at the host's full
-    rate (measured: 10 s per CPU second against its peers' 7-9 s, four-rank jobs at load 10-30
-    on 2 cores). A rank starved for the same work has no extra CPU time, whatever its rate.
-    Both measures of its wait are fractions of the wall time; ``extra_self_frac`` is its extra
-    self time as one.
+    What its own work explains: :func:`~argus.analyzer.host.starved_wait` (the one owner of the
+    rule): its CPU time up to that of the ranks that do its work (:meth:`_Context.work_cpu`) at
+    its peers' wait per CPU second, its extra CPU time at the wait per CPU second it got itself.
+    The starved share is the wait past that, at most its extra self time less its extra CPU time
+    and that time's wait at its own rate (a rank's threads wait for a CPU outside its self time
+    too: a rank whose extra work and its wait explain all its extra self time is not starved,
+    whatever else it waited). ``beyond`` (its wait past all its CPU time at its peers' rate) must
+    stand out from the peers' noise of the same. Both measures of its wait are fractions of the
+    wall time; ``extra_self_frac`` is its extra self time as one.
 
     CPU ranks only, as the CPU vote: on a GPU rank the host threads wait while kernels run, and
     their run-queue delay need not lengthen the step.
@@ -456,9 +455,11 @@ def _starved(ctx: _Context, rank: int, h: int | None, extra_self_frac: float, ev
     ev["peer_cpu_wait_pct"] = _r(100 * ctx.peer_wait, 1)
     if not np.isfinite(extra_self_frac) or extra_self_frac <= 0:
         return False
-    # Its extra CPU work and the wait that came with it at its own rate.
+    # The wait its own work does not explain, and its extra self time less its extra CPU work and
+    # the wait that came with it at its own rate (not all of a rank's wait is in its self time).
     work = max(cpu - ctx.work_cpu(rank), 0.0) * (1.0 + wait / cpu) if cpu > 0 else 0.0
-    unexplained = min(beyond, extra_self_frac - work)
+    host_wait = float(starved_wait(wait, cpu, ctx.work_cpu(rank), ctx.wait_per_cpu))
+    unexplained = min(host_wait, extra_self_frac - work)
     ev["starved_share"] = _r(unexplained / extra_self_frac, 2)
     starved = unexplained >= STARVED_SHARE * extra_self_frac and beyond >= 4 * ctx.starved_noise
     if starved:

@@ -17,7 +17,9 @@ from numpy.typing import NDArray
 
 from argus.analyzer.window import HostSamples
 
-__all__ = ["THROTTLE_MASK", "HostResult", "host_signals"]
+F64 = NDArray[np.float64]
+
+__all__ = ["THROTTLE_MASK", "HostResult", "host_signals", "starved_wait"]
 
 #: NVML clocks-event reasons that mean the GPU slowed itself down: SW power cap (0x4),
 #: HW slowdown (0x8), SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
@@ -80,3 +82,29 @@ def host_signals(h: HostSamples) -> HostResult:
     return HostResult(
         ranks.astype(np.int64), np.nan_to_num(cpu), wait, np.nan_to_num(gc), clock, throttled, reasons
     )
+
+
+def starved_wait(
+    wait: F64 | float, cpu: F64 | float, work_cpu: F64 | float, wait_per_cpu: F64 | float
+) -> F64:
+    """Per rank, the run-queue delay its own work does not explain: what other processes on its
+    host cost it (negative: it waited less than its work would). Any one unit for ``wait``,
+    ``cpu`` and ``work_cpu`` (shares of wall time, ns per step), the result in it; arrays
+    broadcast.
+
+    Its work explains its CPU time up to ``work_cpu`` (that of the ranks that do its work) at
+    ``wait_per_cpu`` (their run-queue delay per CPU second), and its CPU time beyond that at the
+    rate it got itself (``wait / cpu``). A rank that works more waits more per CPU second than its
+    peers on a busy host, not only in proportion: they sleep in the synchronisations between
+    short bursts of work and, woken, run soon; its extra work keeps it runnable for long
+    stretches, which wait at the host's full rate (measured: 10 s per CPU second against its
+    peers' 7-9 s, four-rank jobs at load 10-30 on 2 cores). So a slow rank's own extra work's wait
+    is never the host's doing; a rank held off the CPU more than its peers for the same work is.
+    The one owner of this rule: the causes (:mod:`argus.analyzer.causes`, is a straggler
+    starved?) and the best-ranks reference (:mod:`argus.analyzer.phase`, what to discount before
+    ranks that do the same work are compared) both read it.
+    """
+    wait_a, cpu_a = np.asarray(wait, np.float64), np.asarray(cpu, np.float64)
+    own_rate = np.divide(wait_a, cpu_a, out=np.zeros(np.broadcast(wait_a, cpu_a).shape), where=cpu_a > 0)
+    shared = np.minimum(cpu_a, work_cpu)
+    return np.asarray(wait_a - shared * wait_per_cpu - np.maximum(cpu_a - work_cpu, 0.0) * own_rate)

@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 from scipy.stats import norm
 
 from argus.analyzer.collectives import Decomposition
-from argus.analyzer.host import HostResult, host_signals
+from argus.analyzer.host import HostResult, host_signals, starved_wait
 from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
 from argus.analyzer.roles import Roles, one_role
 from argus.analyzer.waits import COMPONENTS, StepTimes, step_times
@@ -626,19 +626,22 @@ def _run_queue_per_step(host: HostResult, ranks: NDArray[np.int64], step_ns: F64
 
 
 def _starved_per_step(rq: F64, cpu: F64, members: NDArray[np.bool_]) -> F64:
-    """Per rank of ``members``, the run-queue delay per step beyond what its CPU time explains at
-    the role's median wait per CPU second, ns (0 elsewhere and without host samples).
+    """Per rank of ``members``, the run-queue delay per step its own work does not explain, ns (0
+    elsewhere and without host samples): :func:`~argus.analyzer.host.starved_wait` (the one owner
+    of the rule) with the role's median rank as the ranks that do its work (its CPU time per step,
+    its wait per CPU second).
 
-    A rank that works more waits more for a CPU on a busy host, in proportion: that is its work's
-    cost. A rank held off the CPU more than its peers for the same work (a 2-core host's lasting
-    scheduler offsets) is slower by construction of the host, not by a fault of its own.
+    A rank that works more waits more for a CPU on a busy host, at its own rate for the extra
+    work: that is its work's cost, and stays in its self time. A rank held off the CPU more than
+    its peers for the same work (a 2-core host's lasting scheduler offsets) is slower by
+    construction of the host, not by a fault of its own: that is discounted.
     """
     out = np.zeros(rq.size)
     ok = members & (cpu > 0)
     if not np.any(ok):
         return out
     per_cpu_s = float(np.median(rq[ok] / cpu[ok]))
-    out[ok] = np.maximum(rq[ok] - per_cpu_s * cpu[ok], 0.0)
+    out[ok] = np.maximum(starved_wait(rq[ok], cpu[ok], float(np.median(cpu[ok])), per_cpu_s), 0.0)
     return out
 
 
