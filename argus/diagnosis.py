@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from argus.config import DEFAULT_MIN_LOSS_PCT
 from argus.errors import StoreError
 from argus.schema import TABLES
 from argus.store import given_conditions
@@ -43,6 +44,7 @@ __all__ = [
     "State",
     "StoredState",
     "finite",
+    "host_slowed_the_job",
     "read_diagnoses",
     "read_states",
     "write_diagnoses",
@@ -158,6 +160,22 @@ def finite(value: Any) -> Any:
     if isinstance(value, list):
         return [finite(v) for v in value]
     return value
+
+
+def host_slowed_the_job(d: Mapping[str, Any], min_loss_pct: float = DEFAULT_MIN_LOSS_PCT) -> bool:
+    """True when diagnosis ``d`` (its JSON, :meth:`Diagnosis.to_dict`) is the one a job that ran no
+    fault may carry: a job-level loss naming no rank, no ranks and no group, whose job ran slower
+    than its healthy pace by the loss threshold (``evidence.job_step_ms`` over
+    ``evidence.healthy_step_ms`` at least ``1 + min_loss_pct / 100``).
+
+    docs/design.md §6.2: no slowdown above the loss threshold stays silent. A shared host now and
+    then slows a whole job, every rank alike, for seconds, and Argus then opens such a diagnosis;
+    it blames no one. Without a healthy pace (``healthy_step_ms`` absent) it is not this.
+    """
+    ev = d.get("evidence") or {}
+    slower = float(ev.get("job_step_ms") or 0.0) / float(ev.get("healthy_step_ms") or math.inf)
+    named = d.get("rank") is not None or bool(d.get("ranks")) or d.get("group") is not None
+    return not named and slower >= 1 + min_loss_pct / 100
 
 
 def _json_default(o: Any) -> Any:

@@ -19,6 +19,15 @@ The rank's process: the one whose environment at exec holds ``ARGUS_JOB_ID=<job>
 ``RANK=<rank>`` (torchrun) or ``LOCAL_RANK=<rank>`` (Lightning's launcher, one node), and whose
 parent does not (its data-loader workers are left alone). Lightning's rank 0 is the launcher
 itself (no such variable): not supported, :class:`Injector` raises ValueError.
+
+A fault from outside cannot time itself inside the job, so the injector keeps the account of
+what it did (:attr:`Injector.held`): ``(start_ns, end_ns, held_ns)`` spans of wall time in which
+the rank was held ``held_ns`` in all. ``sigstop``: each stop, from ``SIGSTOP`` to ``SIGCONT``
+(held the whole span). ``cpu_quota``: the cgroup's throttled time (``throttled_usec`` of
+``cpu.stat`` on v2, ``throttled_time`` on v1) read every :data:`SAMPLE_S`, its growth over each
+span: the time the quota kept the rank's runnable threads off a CPU. Both are upper bounds on what
+the rank lost: a stopped rank may have been waiting in a collective anyway, and a throttled one
+might have waited for a CPU that others held.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ KINDS: dict[str, dict[str, float]] = {
 }
 #: Where cgroups are mounted.
 CGROUP_FS = Path("/sys/fs/cgroup")
+#: How often the ``cpu_quota`` injector reads its cgroup's throttled time, seconds.
+SAMPLE_S = 0.2
 
 
 def parse(spec: list[str]) -> tuple[str, dict[str, float]]:
@@ -110,6 +121,14 @@ def cpu_cgroup_root() -> tuple[Path, int] | None:
     return None
 
 
+def _throttled_ns(group: Path, version: int) -> int:
+    """The cgroup's throttled time so far, ns (``cpu.stat``: ``throttled_usec`` on v2,
+    ``throttled_time`` in ns on v1)."""
+    stat = (group / "cpu.stat").read_text().split()
+    values = dict(zip(stat[::2], stat[1::2], strict=False))
+    return int(values["throttled_usec"]) * 1000 if version == 2 else int(values["throttled_time"])
+
+
 @dataclass
 class Injector:
     """One outside fault on one rank of a running job, in a thread (:meth:`start`, :meth:`stop`).
@@ -136,6 +155,8 @@ class Injector:
     notes: list[str] = field(default_factory=list)
     #: When the fault was first applied, ns since the epoch (0: never).
     applied_ns: int = 0
+    #: What the fault held the rank: ``(start_ns, end_ns, held_ns)`` spans (the module doc).
+    held: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.kind, self.knobs = parse(self.spec)
@@ -188,10 +209,15 @@ class Injector:
         try:
             while not self._finished():
                 os.kill(pid, signal.SIGSTOP)
-                self.applied_ns = self.applied_ns or time.time_ns()
+                stopped_ns = time.time_ns()
+                self.applied_ns = self.applied_ns or stopped_ns
                 stops += 1
-                self._stop.wait(stop_s)
-                os.kill(pid, signal.SIGCONT)
+                try:
+                    self._stop.wait(stop_s)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                    now = time.time_ns()
+                    self.held.append((stopped_ns, now, now - stopped_ns))
                 self._stop.wait(max(every_s - stop_s, 0.0))
         finally:
             with contextlib.suppress(OSError):
@@ -213,9 +239,13 @@ class Injector:
             (group / "cpu.cfs_quota_us").write_text(str(quota))
         try:
             (group / "cgroup.procs").write_text(str(pid))
-            self.applied_ns = time.time_ns()
+            self.applied_ns = last_ns = time.time_ns()
+            last = _throttled_ns(group, version)
             while not self._finished():
-                self._stop.wait(0.2)
+                self._stop.wait(SAMPLE_S)
+                now_ns, now = time.time_ns(), _throttled_ns(group, version)
+                self.held.append((last_ns, now_ns, now - last))
+                last_ns, last = now_ns, now
             stat = (group / "cpu.stat").read_text().split()
             self.notes.append(
                 f"cpu_quota: pid {pid} limited to {quota / period:.2f} CPU (cgroup v{version}); "

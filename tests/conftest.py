@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from argus.config import DEFAULT_MIN_LOSS_PCT
+from argus.diagnosis import host_slowed_the_job
 
 #: A live job whose verdict moves with a shared machine's load, kept running and visible in every
 #: report but not asserted: on a 2-core host running 4 CPU ranks the analyzer may also name ranks
@@ -61,18 +61,10 @@ def assert_blames_no_one(found: Sequence[Mapping[str, Any]], context: str = "") 
         AssertionError: a diagnosis blames something; the message shows them all (and
             ``context``: logs, say).
     """
-    blaming = [d for d in found if not _host_slowed_the_job(d)]
+    blaming = [d for d in found if not host_slowed_the_job(d)]
     assert not blaming, json.dumps(list(found), indent=1, default=str)[:6000] + (
         "\n" + context if context else ""
     )
-
-
-def _host_slowed_the_job(d: Mapping[str, Any]) -> bool:
-    """A job-level loss naming no rank, no ranks, no group, its job slower by the loss threshold."""
-    ev = d["evidence"]
-    slower = ev.get("job_step_ms", 0.0) / ev.get("healthy_step_ms", float("inf"))
-    named = d["rank"] is not None or d["ranks"] or d["group"] is not None
-    return not named and slower >= 1 + DEFAULT_MIN_LOSS_PCT / 100
 
 
 _READY = re.compile(r"^argus server: gRPC on (?P<grpc>\S+?)(?: \(TLS\))?, HTTP on (?P<http>\S+), store ")

@@ -59,7 +59,10 @@ size knob:
 
 ``--timeline FILE``: rank 0 writes there, as JSON at exit, the wall time (ns) of
 every step end and of the fault's start, so a benchmark can measure the job's
-throughput without Argus.
+throughput without Argus; and every rank ``r`` writes ``<FILE's stem>.rank<r>.json``
+(:func:`injected_path`): ``{"rank": r, "injected_ns": [...]}``, per step the wall time it spent
+in the injected fault's own work (:meth:`Fault.timed`: the extra passes, the sleeps, the host
+work), so a benchmark can tell what the fault cost without a second run to compare with.
 
 Exit: the process groups are destroyed only after every object that holds one
 (the model, DDP's reducer) is gone, so gloo's worker threads are joined while
@@ -69,6 +72,7 @@ the interpreter is still alive (see :func:`shutdown`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
@@ -102,6 +106,7 @@ __all__ = [
     "Tokens",
     "extra_passes",
     "injected_host_stall",
+    "injected_path",
     "injected_slow_read",
     "main",
     "parse_args",
@@ -141,9 +146,31 @@ class Fault:
         self.ranks = ranks
         self.on_this_rank = int(os.environ.get("RANK", "0")) in ranks
         self.start_ns = start_ns
+        #: Wall time spent in the fault's own work on this rank since the last :meth:`take`, ns.
+        self.spent_ns = 0
 
     def active(self, scenario: str) -> bool:
         return self.scenario == scenario and self.on_this_rank and time.time_ns() >= self.start_ns
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the wall time of the block (the fault's own work) in :attr:`spent_ns`."""
+        t0 = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.spent_ns += time.perf_counter_ns() - t0
+
+    def take(self) -> int:
+        """The fault's wall time since the last call, ns (at each step end: that step's)."""
+        spent, self.spent_ns = self.spent_ns, 0
+        return spent
+
+
+def injected_path(timeline: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its injected time per step beside ``--timeline FILE``."""
+    path = Path(timeline)
+    return path.with_name(f"{path.stem}.rank{rank}.json")
 
 
 def extra_passes(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, repeat: float) -> None:
@@ -187,7 +214,8 @@ class Tokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fault.active("dataloader"):
-            injected_slow_read(self.sample_delay_s)
+            with self.fault.timed():
+                injected_slow_read(self.sample_delay_s)
         row = self.data[i]
         return row[:-1], row[1:]
 
@@ -222,7 +250,8 @@ class TinyLM(nn.Module):
         x = self.encoder(self.embed(tokens))
         if self.fault.active("compute"):
             # Extra work that changes no result: the same activations, recomputed.
-            extra_passes(self.extra or self.encoder, x, self.compute_repeat)
+            with self.fault.timed():
+                extra_passes(self.extra or self.encoder, x, self.compute_repeat)
         logits: torch.Tensor = self.head(x)
         return logits
 
@@ -243,7 +272,8 @@ class FirstStage(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x: torch.Tensor = self.encoder(self.embed(tokens))
         if self.fault.active("compute"):
-            extra_passes(self.encoder, x, self.compute_repeat)
+            with self.fault.timed():
+                extra_passes(self.encoder, x, self.compute_repeat)
         return x
 
 
@@ -259,7 +289,8 @@ class LastStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fault.active("compute"):
-            extra_passes(self.encoder, x, self.compute_repeat)
+            with self.fault.timed():
+                extra_passes(self.encoder, x, self.compute_repeat)
         logits: torch.Tensor = self.head(self.encoder(x))
         return logits
 
@@ -380,7 +411,8 @@ class TPLM(nn.Module):
         for block in self.blocks:
             assert isinstance(block, TPBlock)
             if self.fault.active("compute"):
-                extra_passes(block.local, x, self.compute_repeat)
+                with self.fault.timed():
+                    extra_passes(block.local, x, self.compute_repeat)
             x = block(x)
         logits: torch.Tensor = self.head(self.norm(x))
         return logits
@@ -671,7 +703,8 @@ def shutdown() -> list[str]:
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train until told to stop; returns the timeline (see ``--timeline``) without ``threads_at_exit``."""
+    """Train until told to stop; returns the timeline (see ``--timeline``) without ``threads_at_exit``,
+    with this rank's ``injected_ns`` (its injected time per step, ns)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ranks = _slow_ranks(args, world)
     _check(args, world, ranks)
@@ -685,21 +718,26 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     fault.start_ns = int(start.item())
     seed = torch.zeros(1, dtype=torch.int64)
     step_end_ns: list[int] = []
+    injected_ns: list[int] = []
     started_s = time.monotonic()
     step = 0
     while step < args.steps:
         batch = next(job.batches)
         if fault.active("host_stall") and step % args.stall_every == 0:
-            injected_host_stall(args.stall_s)
+            with fault.timed():
+                injected_host_stall(args.stall_s)
         if fault.active("spiky_stall") and step % args.spike_every == 0:
-            time.sleep(args.spike_s)
+            with fault.timed():
+                time.sleep(args.spike_s)
         if args.sync != "none":
             if fault.active("host_work"):
-                _host_work(args.host_work_s)
+                with fault.timed():
+                    _host_work(args.host_work_s)
             _sync(args.sync, seed)
         loss = job.step(batch)
         step += 1
         step_end_ns.append(time.time_ns())
+        injected_ns.append(fault.take())
         if rank == 0 and step % 50 == 0:
             print(f"step {step} loss {loss:.3f}", flush=True)
         if step % STOP_CHECK_EVERY == 0 and _stop_requested(args, started_s):
@@ -710,6 +748,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "slow_ranks": sorted(ranks),
         "fault_start_ns": fault.start_ns,
         "step_end_ns": step_end_ns,
+        "injected_ns": injected_ns,
     }
 
 
@@ -720,8 +759,11 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
     timeline = train(args)  # the model and DDP's reducer, which hold process groups, end with it
     threads = shutdown()
-    if rank == 0 and args.timeline is not None:
-        Path(args.timeline).write_text(json.dumps({**timeline, "threads_at_exit": threads}))
+    if args.timeline is not None:
+        injected = timeline.pop("injected_ns")
+        injected_path(args.timeline, rank).write_text(json.dumps({"rank": rank, "injected_ns": injected}))
+        if rank == 0:
+            Path(args.timeline).write_text(json.dumps({**timeline, "threads_at_exit": threads}))
 
 
 if __name__ == "__main__":

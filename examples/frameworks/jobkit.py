@@ -9,7 +9,10 @@ them unchanged under Lightning's own launcher or torchrun:
   every :data:`STOP_CHECK_EVERY` steps (an all-reduce of one flag, the job's own collective).
 - ``JOB_TIMELINE``: rank 0 writes there, as JSON at exit, the wall time (ns) of every step end, the
   fault's start and the injected ranks (``step_end_ns``, ``fault_start_ns``, ``slow_ranks``,
-  ``scenario``, ``framework``), so a benchmark measures the job's pace without Argus.
+  ``scenario``, ``framework``), so a benchmark measures the job's pace without Argus; and every
+  rank ``r`` writes ``<its stem>.rank<r>.json``: ``{"rank": r, "injected_ns": [...]}``, per step
+  the wall time it spent in the injected fault (the sleeps below), so a benchmark can tell what
+  the fault cost the job without a second run to compare with.
 - ``JOB_CLOCK_FILE``: rank 0 writes there, when training starts, ``{"fault_start_ns": …}`` (the
   fault's start, ns since the epoch), so that a fault injected from outside the job starts on its clock.
 - ``JOB_OUT_DIR`` (default a folder under the system's temporary one): the framework's logs.
@@ -35,11 +38,13 @@ names, so that a rank's stacks name them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +115,10 @@ class Job:
     #: When the fault starts, ns since the epoch (0 before :meth:`start`).
     fault_start_ns: int = 0
     step_end_ns: list[int] = field(default_factory=list)
+    #: Per step, the wall time this rank spent in the injected fault, ns.
+    injected_ns: list[int] = field(default_factory=list)
     _started_s: float = 0.0
+    _spent_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -139,12 +147,24 @@ class Job:
             self.fault == kind and self.rank == self.fault_rank and 0 < self.fault_start_ns <= time.time_ns()
         )
 
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the wall time of the block (the fault's own work) in this step's injected time."""
+        t0 = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self._spent_ns += time.perf_counter_ns() - t0
+
     def step_end(self) -> bool:
         """A step ended (after its callback fault, if any); True when every rank must stop now."""
         step = len(self.step_end_ns)
         if self.faulty("callback") and step % self.fault_every == 0:
-            injected_callback_stall(self.fault_s)
+            with self.timed():
+                injected_callback_stall(self.fault_s)
         self.step_end_ns.append(time.time_ns())
+        self.injected_ns.append(self._spent_ns)
+        self._spent_ns = 0
         if not self.duration_s or (step + 1) % STOP_CHECK_EVERY:
             return False
         late = self.rank == 0 and time.monotonic() - self._started_s >= self.duration_s
@@ -153,8 +173,14 @@ class Job:
         return bool(flag.item())
 
     def write_timeline(self) -> None:
-        """Rank 0: write the timeline to ``JOB_TIMELINE`` (when set)."""
-        if self.rank != 0 or not self.timeline:
+        """Write this rank's injected time per step beside ``JOB_TIMELINE`` and, on rank 0, the
+        timeline (when set)."""
+        if not self.timeline:
+            return
+        path = Path(self.timeline)
+        mine = path.with_name(f"{path.stem}.rank{self.rank}.json")
+        mine.write_text(json.dumps({"rank": self.rank, "injected_ns": self.injected_ns}))
+        if self.rank != 0:
             return
         doc = {
             "framework": self.framework,
@@ -186,7 +212,8 @@ class TokenData(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         if self.job.faulty("dataset"):
-            injected_slow_read(self.job.fault_s)
+            with self.job.timed():
+                injected_slow_read(self.job.fault_s)
         row = self.tokens[i]
         if self.as_dict:
             return {"input_ids": row[:-1], "labels": row[:-1].clone()}

@@ -112,3 +112,105 @@ def test_a_small_fault_is_scored_but_not_in_recall_and_no_diagnosis_is_all_unexp
     rows, f = live.score(runs, {}, 5.0)
     assert not rows[0].counted and math.isnan(f["recall"]) and math.isnan(f["precision"])
     assert f["unexplained_loss_pct"] == pytest.approx(100.0)
+
+
+def _host_slowed(**kw: Any) -> dict[str, Any]:
+    """A job-level loss naming no rank whose job ran 30 % slower than its healthy pace."""
+    d = _diag(None, [], evidence={"job_step_ms": 130.0, "healthy_step_ms": 100.0})
+    d.update(kw)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("diagnoses", "clean", "dup"),
+    [
+        # Issue 38, must-show 1: one fault told twice.
+        ([_diag(2, [2], "host_stall"), _diag(None, [2])], False, True),  # job-level beside rank-level
+        ([_diag(2, [2], "host_stall"), _diag(2, [2])], False, True),  # two causes, same windows
+        ([_diag(2, [2]), _diag(2, [2], first_window_ns=T0 + 5 * W, last_window_ns=T0 + 6 * W)], False, False),
+        ([_diag(2, [2]), _diag(3, [3])], False, False),  # two ranks, one cause: not two stories
+        # On a faulty job, even a job-level loss the host explains is a second story beside a rank's.
+        ([_diag(2, [2]), _host_slowed()], False, True),
+        # A clean twin's job-level loss naming no rank, backed by a real slowdown of the whole job
+        # (as assert_blames_no_one allows), is in no pair: beside a rank-level one or another cause.
+        ([_diag(1, [1]), _host_slowed()], True, False),
+        ([_diag(None, [], "communication"), _host_slowed()], True, False),
+        # Without that slowdown it is a duplicate on a clean job too.
+        ([_diag(1, [1]), _diag(None, [])], True, True),
+        ([_diag(1, [1]), _host_slowed(ranks=[1])], True, True),  # names a rank: not the host's
+    ],
+)
+def test_duplicated_follows_issue_38s_definition(
+    diagnoses: list[dict[str, Any]], clean: bool, dup: bool
+) -> None:
+    assert live.duplicated(diagnoses, W, clean) is dup
+
+
+def test_a_clean_twins_host_slowdown_beside_a_blamed_rank_is_an_fp_not_a_duplicate() -> None:
+    runs = [
+        _run("dp-compute-large", "compute", [2], 0.25, "dp-compute-large"),
+        _run("dp-compute-large~twin", "none", [], 0.2, "dp-compute-large"),
+    ]
+    found = {
+        "job-dp-compute-large": [_diag(2, [2]), _diag(None, [])],
+        "job-dp-compute-large~twin": [_diag(1, [1]), _host_slowed()],
+    }
+    rows, f = live.score(runs, found, 5.0)
+    by = {r.name: r for r in rows}
+    assert by["dp-compute-large"].duplicate and not by["dp-compute-large~twin"].duplicate
+    assert by["dp-compute-large~twin"].fp == 1 and f["duplicate_diagnoses"] == 1
+
+
+def _with_injected(timeline: dict[str, Any], per_rank: dict[int, list[float]]) -> dict[str, Any]:
+    """``timeline`` with each rank's injected time per step (s, over all its steps)."""
+    return {**timeline, "injected_ns": {str(r): [round(x * NS) for x in v] for r, v in per_rank.items()}}
+
+
+def test_the_jobs_own_account_is_per_step_the_largest_injected_time_of_any_rank() -> None:
+    # 10 steps of 0.2 s before the fault, 20 after. Rank 1 sleeps 0.05 s in every step, rank 3
+    # 0.08 s in every other (ranks delayed in one step wait in parallel: the max, not the sum);
+    # before the fault nothing counts, and no step loses more than it took.
+    tl = _timeline(0.2)
+    r1 = [0.0] * 10 + [0.05] * 20
+    r3 = [0.0] * 10 + [0.08, 0.0] * 10
+    assert live.injected_lost_s(_with_injected(tl, {0: [0.0] * 30, 1: r1, 3: r3})) == pytest.approx(
+        10 * 0.08 + 10 * 0.05
+    )
+    big = [0.0] * 10 + [0.5] * 20  # more than the step's 0.2 s
+    assert live.injected_lost_s(_with_injected(tl, {2: big})) == pytest.approx(20 * 0.2)
+    assert math.isnan(live.injected_lost_s(tl))  # no account kept (an old recording)
+
+
+def test_a_fault_from_outside_is_what_its_injector_held_the_rank_step_by_step() -> None:
+    tl = _with_injected(_timeline(0.2), {0: [0.0] * 30, 2: [0.0] * 30})
+    ends = tl["step_end_ns"]
+    stop = [ends[12] - NS // 10, ends[12] + NS // 10, NS // 5]  # 0.2 s across the 13th step's end
+    early = [ends[2] - NS // 10, ends[2], NS // 10]  # before the fault period: not counted
+    assert live.injected_lost_s(tl, [stop, early]) == pytest.approx(0.2)
+    # A throttled span held 0.1 s of 0.4 s: spread over the two steps it covers.
+    quota = [ends[20], ends[22], NS // 10]
+    assert live.injected_lost_s(tl, [quota]) == pytest.approx(0.1)
+
+
+def test_score_takes_the_jobs_own_account_and_keeps_the_twins_beside_it() -> None:
+    # The twin ran at a quieter moment (0.1 s steps): by it the fault cost 60 %; by the job's own
+    # account (rank 2's extra 0.05 s a step) 20 %.
+    fault = _run("dp-compute-large", "compute", [2], 0.25, "dp-compute-large")
+    assert fault.timeline is not None
+    fault.timeline = _with_injected(fault.timeline, {2: [0.0] * 10 + [0.05] * 20})
+    runs = [fault, _run("dp-compute-large~twin", "none", [], 0.1, "dp-compute-large")]
+    rows, f = live.score(runs, {"job-dp-compute-large": [_diag(2, [2], evidence={"lost_s": 0.5})]}, 5.0)
+    row = rows[0]
+    assert row.lost_by == "job" and row.lost_s == pytest.approx(1.0) and row.cost == pytest.approx(0.2)
+    assert row.twin_lost_s == pytest.approx(20 * 0.15) and row.twin_cost == pytest.approx(0.6)
+    assert f["unexplained_loss_pct"] == pytest.approx(50.0)
+    assert f["twin_unexplained_loss_pct"] == pytest.approx(100 * 2.5 / 3.0)
+
+
+def test_a_cpu_quota_injector_reads_its_cgroups_throttled_time_on_either_version(tmp_path: Path) -> None:
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir()
+    v1.mkdir()
+    (v2 / "cpu.stat").write_text("usage_usec 900\nnr_periods 12\nnr_throttled 5\nthrottled_usec 250000\n")
+    (v1 / "cpu.stat").write_text("nr_periods 12\nnr_throttled 5\nthrottled_time 250000000\n")
+    assert live.outside._throttled_ns(v2, 2) == live.outside._throttled_ns(v1, 1) == 250_000_000
