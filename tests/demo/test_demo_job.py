@@ -56,6 +56,11 @@ def test_layout_trains_and_leaves_no_gloo_thread_at_exit(layout: str, tmp_path: 
     doc = _timeline(timeline)
     assert len(doc["step_end_ns"]) == STEPS
     assert not [t for t in doc["threads_at_exit"] if "gloo" in t], doc["threads_at_exit"]
+    # Every rank's own account of the injected work, per step: the host work (--host-work-s, 30 ms
+    # by default) on rank 1 in every step, nothing elsewhere.
+    injected = {r: _timeline(demo_job.injected_path(timeline, r))["injected_ns"] for r in range(4)}
+    assert all(len(v) == STEPS for v in injected.values())
+    assert all(ns >= 30e6 for ns in injected[1]) and not any(injected[0] + injected[2] + injected[3])
 
 
 @pytest.mark.slow
