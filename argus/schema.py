@@ -528,9 +528,25 @@ INGEST_BATCHES = TableDef(
         _c("table_name", "LowCardinality(String)", pa.string()),
         _c("rows", "UInt64", pa.uint64()),
         _c("part", "UInt64", pa.uint64(), "part of a re-split batch (collector.ingest; 0: whole)", 0),
+        _c(
+            "token",
+            "String",
+            pa.string(),
+            "dedup token of the insert holding its rows ('': recorded after)",
+            "",
+        ),
+        _c("landed", "UInt8", pa.uint8(), "0: recorded before its insert, stored once that token settles", 1),
+        _c(
+            "settled",
+            "Array(String)",
+            pa.list_(pa.string()),
+            "'1:token' (landed) or '0:token' (not): earlier inserts settled (collector.ingest_record)",
+            [],
+        ),
     ),
     ("agent_id", "seq"),
-    "Every stored batch, so a retried one is acknowledged as a duplicate; the analyzer lists the jobs "
+    "Every batch stored (or about to be), so a retried one is acknowledged as a duplicate, and how earlier "
+    "group inserts settled (collector.ingest_record); the analyzer lists the jobs "
     "with batches stored lately from it (``stored_at``, a minmax index: old parts are skipped).",
     wire=False,
     indexes=(STORED_AT_INDEX,),

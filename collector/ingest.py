@@ -15,11 +15,14 @@ agent re-split after a too-large refusal carries its parent's identity
 when it, an ancestor (the batch stored whole before the split) or a descendant
 (its own parts, from a crash between the spool's writes) was stored.
 
-The record is written *after* the data and before the ack. A batch stored alone
-carries its own token, so a crash between the two makes the retry insert again
-with the same token, and ClickHouse's token deduplication drops it: the table
-holds the rows once either way. The same token also covers two collectors racing
-on one retried batch.
+The record is written *before* the data and names the token of the insert that holds
+the batch's rows; whether that insert landed is settled by what the collector remembers,
+by a settlement row, or, after a crash, by a marker inserted under the same token
+(:mod:`argus.collector.ingest_record`). So a batch resent after a collector died between
+its group's record and its data insert (or between the data insert and the settlement)
+is stored once, in whatever grouping it comes back: its rows are found in, or known not
+to be. A batch stored alone, never recorded before, carries its own token, which also
+covers two collectors racing on one retried batch.
 
 :func:`write_group` stores several batches at once: one lookup and one record
 insert for the group, and one data insert per *table* holding the rows of all the
@@ -34,25 +37,26 @@ Retries are idempotent because no insert is ever half written: each data insert 
 batches may come back in any grouping. Without that, ClickHouse committed an insert of more
 than ``min_insert_block_size_rows`` rows block by block: a failure in a later block left the
 earlier ones stored, and the batches, resent into another group under another token, were
-stored twice. A group whose rows are in but whose record insert fails (tried
-:data:`RECORD_ATTEMPTS` times) is remembered in memory (:class:`Unrecorded`): when its batches
-come back they are recorded, not inserted again. What is left: a collector that dies between
-a group's data insert and its record; its batches' rows are then stored twice when resent.
+stored twice. A record insert that fails (tried
+:data:`argus.collector.ingest_record.RECORD_ATTEMPTS` times) comes before any row: nothing is
+stored, and the batches are retried.
 Duplicates seen through ``ingest_batches`` (a lost ack, a resent spool, another collector)
 are still dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from argus.collector import ingest_record as record
 from argus.errors import InvalidBatch, StoreError
 from argus.ipc_size import read_stream
 from argus.jobid import check_job_id
@@ -67,11 +71,9 @@ _E = TypeVar("_E", bound=BaseException)
 
 __all__ = [
     "MAX_INSERT_BYTES",
-    "RECORD_ATTEMPTS",
     "TABLE_BY_ENUM",
     "Decoded",
     "Outcome",
-    "Unrecorded",
     "already_stored",
     "check_values",
     "conform",
@@ -89,13 +91,9 @@ __all__ = [
 #: Wire table name by ``argus.v1.Table`` enum value (TABLE_UNSPECIFIED is absent).
 TABLE_BY_ENUM: dict[int, str] = {pb.Table.Value(name.upper()): name for name in WIRE_TABLES}
 
-#: Tries of a group's ``ingest_batches`` insert before its batches go unacknowledged (module doc).
-RECORD_ATTEMPTS = 3
 #: Most Arrow bytes of one data insert: a group's batches of one table past it go in further inserts,
 #: each one block (module doc), so ClickHouse never holds more than this of one insert at once.
 MAX_INSERT_BYTES = 256 << 20
-#: Most batches :class:`Unrecorded` remembers (about 100 bytes each).
-MAX_UNRECORDED = 100_000
 
 
 @dataclass(frozen=True)
@@ -283,30 +281,60 @@ def _written_before(written: dict[tuple[str, int], dict[int, int]], key: tuple[s
 _Key = tuple[str, int] | tuple[str, int, int]
 
 
+def _stored_parts(
+    records: Sequence[record.Record], landed: Mapping[str, bool]
+) -> tuple[dict[int, int], dict[str, record.Record]]:
+    """The parts of one batch whose rows are stored (part → rows), and the unsettled tokens among its
+    ``records`` (token → a record naming it), given the tokens known to have landed or not."""
+    parts: dict[int, int] = {}
+    unsettled: dict[str, record.Record] = {}
+    for r in records:
+        state = True if not r.token or r.landed else landed.get(r.token)
+        if state:
+            parts[r.part] = r.rows
+        elif state is None:
+            unsettled[r.token] = r
+    return parts, unsettled
+
+
 def stored_rows(store: Store, keys: Sequence[_Key]) -> dict[_Key, int]:
-    """Rows stored before under each key of ``keys`` (one query): ``(agent_id, seq)`` for a whole
-    batch or ``(agent_id, seq, part)``; a key with a related part stored counts (module doc).
+    """Rows stored before under each key of ``keys``: ``(agent_id, seq)`` for a whole batch or
+    ``(agent_id, seq, part)``; a key with a related part stored counts (module doc). A batch recorded
+    under an insert not settled yet (:mod:`argus.collector.ingest_record`) is not counted.
 
     Raises:
         StoreError: the lookup failed.
     """
-    if not keys:
-        return {}
-    found = store.query(
-        "SELECT agent_id, seq, part, rows FROM ingest_batches "
-        "WHERE agent_id IN {agents:Array(String)} AND seq IN {seqs:Array(UInt64)}",
-        {"agents": sorted({k[0] for k in keys}), "seqs": sorted({k[1] for k in keys})},
-    )
-    parts: dict[tuple[str, int], dict[int, int]] = {}
-    columns = (found.column(c).to_pylist() for c in ("agent_id", "seq", "part", "rows"))
-    for a, s, p, n in zip(*columns, strict=True):
-        parts.setdefault((a, s), {})[p] = n
+    full = [(k[0], k[1], k[2] if len(k) == 3 else 0) for k in keys]
+    found = record.lookup(store, full)
+    landed = _settled(store, found, record.Groups())
     out: dict[_Key, int] = {}
-    for key in keys:
-        rows = _found(parts.get((key[0], key[1]), {}), key[2] if len(key) == 3 else 0)
+    for key, (agent_id, seq, part) in zip(keys, full, strict=True):
+        rows = _found(_stored_parts(found.get((agent_id, seq), []), landed)[0], part)
         if rows is not None:
             out[key] = rows
     return out
+
+
+def _settled(
+    store: Store, found: Mapping[tuple[str, int], Sequence[record.Record]], groups: record.Groups
+) -> dict[str, bool]:
+    """Whether the inserts named by the unsettled records of ``found`` landed, as ``groups`` or the
+    settlements written say (token → landed; absent: not settled).
+
+    Raises:
+        StoreError: the lookup failed.
+    """
+    pending = {r.token: r for rs in found.values() for r in rs if r.token and not r.landed}
+    landed: dict[str, bool] = {}
+    for token in pending:
+        state = groups.landed(token)
+        if state is not None:
+            landed[token] = state
+    rest = [t for t in pending if t not in landed]
+    if rest:
+        landed.update(record.settled(store, rest, min(pending[t].stored_s for t in rest)))
+    return landed
 
 
 def already_stored(store: Store, agent_id: str, seq: int, part: int = 0) -> int | None:
@@ -318,29 +346,49 @@ def already_stored(store: Store, agent_id: str, seq: int, part: int = 0) -> int 
     return stored_rows(store, [(agent_id, seq, part)]).get((agent_id, seq, part))
 
 
-def _record(store: Store, stored: Sequence[Decoded], attempts: int = 1) -> None:
-    """Insert the ``ingest_batches`` rows of ``stored``, trying ``attempts`` times.
+@dataclass
+class _Known:
+    """What the store says of a group's keys (:func:`_known`)."""
+
+    #: Rows stored under each key stored before (or a related part).
+    rows: dict[tuple[str, int, int], int]
+    #: Keys not to store now, with why: their earlier insert is not settled, or settling failed.
+    waiting: dict[tuple[str, int, int], StoreError]
+    #: Records found under each key exactly: what makes its next insert's token new (:func:`group_token`).
+    tries: dict[tuple[str, int, int], int]
+
+
+def _known(store: Store, keys: Sequence[tuple[str, int, int]], groups: record.Groups) -> _Known:
+    """Look ``keys`` up; settle every insert they were recorded under that is not settled yet and may
+    be (:mod:`argus.collector.ingest_record`; ``groups`` learns the answers).
 
     Raises:
-        StoreError: the last attempt failed.
+        StoreError: the lookup failed.
     """
-    record = pa.table(
-        {
-            "agent_id": pa.array([d.key[0] for d in stored], pa.string()),
-            "seq": pa.array([d.key[1] for d in stored], pa.uint64()),
-            "part": pa.array([d.key[2] for d in stored], pa.uint64()),
-            "table_name": pa.array([d.table for d in stored], pa.string()),
-            "rows": pa.array([d.data.num_rows for d in stored], pa.uint64()),
-            "job_id": pa.array([d.job_id for d in stored], pa.string()),
-        }
-    )
-    for attempt in range(attempts):
-        try:
-            store.insert("ingest_batches", record)
-            return
-        except StoreError:
-            if attempt == attempts - 1:
-                raise
+    found = record.lookup(store, keys)
+    landed = _settled(store, found, groups)
+    known = _Known({}, {}, {})
+    for key in keys:
+        records = [r for r in found.get(key[:2], []) if _related(r.part, key[2])]
+        known.tries[key] = sum(1 for r in records if r.part == key[2])
+        for token, r in _stored_parts(records, landed)[1].items():
+            if not (store.embedded or groups.mine(token) or r.age_s >= record.SETTLE_AFTER_S):
+                known.waiting[key] = StoreError(
+                    "an earlier insert of this batch by another collector is not settled yet; retry later"
+                )
+                continue
+            try:
+                landed[token] = record.settle(store, token, r.table)
+            except StoreError as exc:
+                known.waiting[key] = exc
+                continue
+            groups.settled_by_marker(token, r.table, landed[token])
+        if key in known.waiting:
+            continue
+        rows = _found(_stored_parts(records, landed)[0], key[2])
+        if rows is not None:
+            known.rows[key] = rows
+    return known
 
 
 def _count(metrics: Metrics, decoded: Decoded, ack: Outcome) -> None:
@@ -375,76 +423,44 @@ def detached(error: _E) -> _E:
     return error
 
 
-class Unrecorded:
-    """Batches whose rows are stored but whose ``ingest_batches`` record failed: key → rows.
-
-    Kept by the collector's writer (one thread) so that the batches, when their agents send them
-    again, are recorded and acknowledged without a second data insert (module doc). At most
-    :data:`MAX_UNRECORDED` are kept, the oldest forgotten first. Not thread-safe.
-    """
-
-    def __init__(self, most: int = MAX_UNRECORDED) -> None:
-        self.most = most
-        self._rows: dict[tuple[str, int, int], int] = {}
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def add(self, batches: Sequence[Decoded]) -> None:
-        """Remember ``batches`` as stored but not recorded."""
-        for decoded in batches:
-            self._rows.pop(decoded.key, None)
-            self._rows[decoded.key] = decoded.data.num_rows
-        while len(self._rows) > self.most:
-            del self._rows[next(iter(self._rows))]
-
-    def rows(self, key: tuple[str, int, int]) -> int | None:
-        """Rows stored under ``key`` and not recorded, or None."""
-        return self._rows.get(key)
-
-    def forget(self, batches: Sequence[Decoded]) -> None:
-        """``batches`` are recorded now."""
-        for decoded in batches:
-            self._rows.pop(decoded.key, None)
-
-
 def write_group(
     store: Store,
     group: Sequence[Decoded],
     metrics: Metrics | None = None,
-    unrecorded: Unrecorded | None = None,
+    groups: record.Groups | None = None,
 ) -> list[Outcome]:
     """Store each batch of ``group`` once; return its ``Ack`` or the error that kept it from storage.
 
     The values of every table's batches are checked together (:func:`check_values`; one batch
     at a time only when that finds a problem, to refuse just the batches that hold it), then
-    one lookup for the whole group, one insert per table holding the rows of every new batch of
-    that table (:func:`group_token`; more than one past :data:`MAX_INSERT_BYTES`), then one
-    insert recording every batch stored. A batch whose key is already stored, or appears earlier
-    in the group, is a DUPLICATE. A batch in ``unrecorded`` (rows stored, record failed) is only
-    recorded. Outcomes are in ``group`` order: an ``InvalidBatch`` outcome is a refusal (never
-    stored); a ``StoreError`` one means not acknowledged, safe to retry (no row of it is stored,
-    or it is in ``unrecorded``).
+    one lookup for the whole group (settling any earlier insert of its batches not settled yet,
+    :mod:`argus.collector.ingest_record`), one ``ingest_batches`` insert recording every new batch
+    under the token of the insert that will hold its rows (with the settlements of ``groups``'s
+    earlier inserts), then one insert per table holding the rows of every new batch of that table
+    (:func:`group_token`; more than one past :data:`MAX_INSERT_BYTES`). A batch whose key is
+    already stored, or appears earlier in the group, is a DUPLICATE. Outcomes are in ``group``
+    order: an ``InvalidBatch`` outcome is a refusal (never stored); a ``StoreError`` one means not
+    acknowledged, safe to retry in any grouping.
+
+    ``groups``: what the caller's earlier calls inserted and settled (the writer keeps one, and its
+    next group's record carries them); without it, this call's settlements are written at its end
+    in an insert of their own (:func:`argus.collector.ingest_record.write_settlements`).
     """
+    own = groups if groups is not None else record.Groups()
     outcomes: list[Outcome | None] = list(_checked(group))
     valid = [i for i, o in enumerate(outcomes) if o is None]
     try:
-        known = stored_rows(store, [group[i].key for i in valid])
+        known = _known(store, [group[i].key for i in valid], own)
     except StoreError as exc:
         return [exc if o is None else o for o in outcomes]
-    written = _insert_new(store, group, _new_by_table(group, valid, known, outcomes), outcomes, unrecorded)
-    if written:
-        try:
-            _record(store, written, RECORD_ATTEMPTS)
-        except StoreError as exc:
-            # The rows are in, but a retry must not be acknowledged before it is recorded:
-            # report failure, and remember them so that the retry only records them.
-            if unrecorded is not None:
-                unrecorded.add(written)
-            outcomes = [exc if isinstance(o, pb.Ack) and o.status == pb.Ack.STORED else o for o in outcomes]
-        else:
-            if unrecorded is not None:
-                unrecorded.forget(written)
+    for i in valid:
+        outcomes[i] = known.waiting.get(group[i].key)
+    fresh = [i for i in valid if outcomes[i] is None]
+    _insert_new(store, group, _new_by_table(group, fresh, known.rows, outcomes), outcomes, known.tries, own)
+    if groups is None and group:
+        # Failing, its inserts are settled by their markers when their batches come back (module doc).
+        with contextlib.suppress(StoreError):
+            record.write_settlements(store, own, group[0].job_id)
     done = [o for o in outcomes if o is not None]
     if metrics is not None:
         for decoded, outcome in zip(group, done, strict=True):
@@ -457,40 +473,53 @@ def _insert_new(
     group: Sequence[Decoded],
     by_table: dict[str, list[int]],
     outcomes: list[Outcome | None],
-    unrecorded: Unrecorded | None,
-) -> list[Decoded]:
-    """Insert the batches ``by_table`` (indices into ``group``; :func:`_inserts`), set each one's
-    STORED ack or ``StoreError`` in ``outcomes``; return those whose rows are in."""
-    written: list[Decoded] = []
-    for table, members in by_table.items():
-        for chunk in _inserts(group, members, unrecorded):
-            batches = [group[i] for i in chunk]
-            try:
-                if unrecorded is None or unrecorded.rows(batches[0].key) is None:
-                    _insert_together(store, table, batches)
-            except StoreError as exc:
-                for i in chunk:
-                    outcomes[i] = exc
-                continue
-            written.extend(batches)
+    tries: Mapping[tuple[str, int, int], int],
+    groups: record.Groups,
+) -> None:
+    """Record, then insert, the batches ``by_table`` (indices into ``group``; :func:`_inserts`); set
+    each one's STORED ack or ``StoreError`` in ``outcomes``; ``groups`` learns each insert's fate."""
+    chunks = [
+        (table, chunk, group_token([group[i] for i in chunk], [tries.get(group[i].key, 0) for i in chunk]))
+        for table, members in by_table.items()
+        for chunk in _inserts(group, members)
+    ]
+    if not chunks:
+        return
+    entries = [
+        record.Entry(group[i].key, table, group[i].data.num_rows, group[i].job_id, token)
+        for table, chunk, token in chunks
+        for i in chunk
+    ]
+    try:
+        record.write(store, entries, groups.unwritten, record.RECORD_ATTEMPTS)
+    except StoreError as exc:
+        for _, chunk, _ in chunks:
             for i in chunk:
-                outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
-    return written
+                outcomes[i] = exc
+        return
+    groups.unwritten = []
+    record.delete_markers(store, groups)
+    for table, chunk, token in chunks:
+        batches = [group[i] for i in chunk]
+        try:
+            store.insert(table, with_job_id(batches), dedup_token=token)
+        except StoreError as exc:
+            groups.failed(token)
+            for i in chunk:
+                outcomes[i] = exc
+            continue
+        groups.inserted(token)
+        for i in chunk:
+            outcomes[i] = pb.Ack(seq=group[i].seq, status=pb.Ack.STORED, rows=group[i].data.num_rows)
 
 
-def _inserts(
-    group: Sequence[Decoded], members: Sequence[int], unrecorded: Unrecorded | None
-) -> list[list[int]]:
+def _inserts(group: Sequence[Decoded], members: Sequence[int]) -> list[list[int]]:
     """``members`` (indices into ``group``, one table's) as the data inserts to make: runs of at most
-    :data:`MAX_INSERT_BYTES` Arrow bytes (a larger batch alone); each batch of ``unrecorded`` alone,
-    never inserted again (:func:`write_group`)."""
+    :data:`MAX_INSERT_BYTES` Arrow bytes (a larger batch alone)."""
     runs: list[list[int]] = []
     run: list[int] = []
     size = 0
     for i in members:
-        if unrecorded is not None and unrecorded.rows(group[i].key) is not None:
-            runs.append([i])
-            continue
         nbytes = group[i].data.nbytes
         if run and size + nbytes > MAX_INSERT_BYTES:
             runs.append(run)
@@ -521,7 +550,10 @@ def _checked(group: Sequence[Decoded]) -> list[InvalidBatch | None]:
 
 
 def _new_by_table(
-    group: Sequence[Decoded], valid: Sequence[int], known: dict[_Key, int], outcomes: list[Outcome | None]
+    group: Sequence[Decoded],
+    valid: Sequence[int],
+    known: Mapping[tuple[str, int, int], int],
+    outcomes: list[Outcome | None],
 ) -> dict[str, list[int]]:
     """The indices of the ``valid`` batches of ``group`` to insert, by table; each of the others
     (stored before or earlier in the group) gets its DUPLICATE ack in ``outcomes``."""
@@ -538,38 +570,43 @@ def _new_by_table(
     return by_table
 
 
-def _insert_together(store: Store, table: str, batches: Sequence[Decoded]) -> None:
-    """One insert of the rows of ``batches`` (all of ``table``) with their ``job_id`` column, under
-    :func:`group_token`.
-
-    Raises:
-        StoreError: nothing was written.
-    """
-    store.insert(table, with_job_id(batches), dedup_token=group_token(batches))
-
-
 def with_job_id(batches: Sequence[Decoded]) -> pa.Table:
     """The rows of ``batches`` (one table's) with each batch's ``job_id`` as a dictionary column:
-    one entry per job, not a copy of the string per row (``job_id`` is LowCardinality)."""
+    one entry per job, not a copy of the string per row (``job_id`` is LowCardinality).
+
+    One chunk per column: ClickHouse derives a block's deduplication id from the token *and* the
+    record batches it was read from (chDB 4.4: a 200-row insert of four record batches and a one-row
+    marker under the same token were both kept), so every insert under a token is one record batch,
+    and a marker under it (:func:`argus.collector.ingest_record.settle`) finds it. The copy costs
+    about what reading the rows once does.
+    """
     data = batches[0].data if len(batches) == 1 else pa.concat_tables([d.data for d in batches])
     jobs = sorted({d.job_id for d in batches})
     index = {job: k for k, job in enumerate(jobs)}
     codes = np.repeat(
         np.array([index[d.job_id] for d in batches], np.int32), [d.data.num_rows for d in batches]
     )
-    return data.append_column("job_id", pa.DictionaryArray.from_arrays(codes, pa.array(jobs, pa.string())))
+    job_ids = pa.DictionaryArray.from_arrays(codes, pa.array(jobs, pa.string()))
+    return data.append_column("job_id", job_ids).combine_chunks()
 
 
-def group_token(batches: Sequence[Decoded]) -> str:
+def group_token(batches: Sequence[Decoded], tries: Sequence[int] | None = None) -> str:
     """The ``insert_deduplication_token`` of one insert of ``batches`` (one table's, in order).
 
-    A batch alone keeps its own token (:attr:`Decoded.dedup_token`); several get one derived
-    from all of theirs, so the same batches in the same order get the same token.
+    ``tries``: per batch, how many records of its key the store holds already (0 when absent): an
+    insert of a batch whose earlier insert never landed gets a token that insert's marker does not
+    hold (:mod:`argus.collector.ingest_record`). A batch alone, never recorded, keeps its own token
+    (:attr:`Decoded.dedup_token`); several get one derived from all of theirs, so the same batches
+    in the same order get the same token.
     """
-    if len(batches) == 1:
-        return batches[0].dedup_token
-    digest = hashlib.sha256("\n".join(d.dedup_token for d in batches).encode()).hexdigest()
-    return f"group:{len(batches)}:{digest}"
+    names = [
+        d.dedup_token if not n else f"{d.dedup_token}#{n}"
+        for d, n in zip(batches, tries if tries is not None else [0] * len(batches), strict=True)
+    ]
+    if len(names) == 1:
+        return names[0]
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return f"group:{len(names)}:{digest}"
 
 
 def ingest(store: Store, batch: pb.Batch, metrics: Metrics | None = None) -> pb.Ack:

@@ -3,8 +3,9 @@
 The collector's event loop (or any thread) decodes and validates batches, then hands them
 here and waits for the outcome. The writer takes every
 batch that queued up while it was busy and stores them with
-:func:`argus.collector.ingest.write_group`: one dedup lookup, one data insert per
-table and one ``ingest_batches`` insert per group instead of per batch. Fixed costs of a
+:func:`argus.collector.ingest.write_group`: one dedup lookup, one ``ingest_batches`` insert
+(the group's records, with the settlements of the group before: no insert of their own) and one
+data insert per table per group instead of per batch. Fixed costs of a
 chDB call (tens of ms for a small insert on a loaded machine) would otherwise be paid three
 times per batch. The outcomes of a group's batches submitted from an event loop are
 handed back to it in one callback (:meth:`BatchWriter.submit_async`), not one wake-up each.
@@ -31,7 +32,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from argus.collector import ingest
+from argus.collector import ingest, ingest_record
 from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
@@ -76,8 +77,9 @@ class BatchWriter:
         self.metrics = metrics
         self.max_group = max_group
         self.interval_s = interval_s
-        #: Batches stored whose record failed, recorded (not stored again) when resent; writer thread only.
-        self.unrecorded = ingest.Unrecorded()
+        #: This writer's inserts and the settlements to write with the next group's record; writer
+        #: thread only (:mod:`argus.collector.ingest_record`).
+        self.groups = ingest_record.Groups()
         self._queue: queue.SimpleQueue[tuple[ingest.Decoded, _Waiter] | None] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="argus-writer", daemon=True)
@@ -173,7 +175,7 @@ class BatchWriter:
                 continue
             try:
                 outcomes: list[ingest.Outcome] = ingest.write_group(
-                    self.store, [d for d, _ in group], self.metrics, self.unrecorded
+                    self.store, [d for d, _ in group], self.metrics, self.groups
                 )
             except Exception as exc:  # a bug, not a store failure: fail the group, keep serving
                 log.exception("storing a group of %d batches failed", len(group))
