@@ -293,6 +293,9 @@ CREATE TABLE IF NOT EXISTS argus.ingest_batches_local ON CLUSTER argus (
     `table_name` LowCardinality(String),
     `rows` UInt64,
     `part` UInt64 DEFAULT 0,
+    `token` String DEFAULT '',
+    `landed` UInt8 DEFAULT 1,
+    `settled` Array(String) DEFAULT [],
     stored_at DateTime DEFAULT now(),
     INDEX stored_at_minmax stored_at TYPE minmax GRANULARITY 1
 )
