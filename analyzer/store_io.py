@@ -67,9 +67,15 @@ def _col(t: pa.Table, name: str, dtype: Any = np.int64) -> NDArray[Any]:
     return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-#: Appended to a query whose ``LowCardinality(String)`` columns are read as Arrow dictionaries
-#: (:func:`_encoded`): a 10,000-rank window's 1.5M kernel names come as 50 strings and indices.
-_AS_DICTIONARY = " SETTINGS output_format_arrow_low_cardinality_as_dictionary = 1"
+#: Appended to a window's reads: ``LowCardinality(String)`` columns come as Arrow dictionaries
+#: (:func:`_encoded`): a 10,000-rank window's 1.5M kernel names as 50 strings and indices; and the
+#: Arrow result is not LZ4-compressed (ClickHouse's default), only to be decompressed here: that
+#: took about 0.2 s of CPU a window for the kernel summaries alone at 10,000 ranks (engine and
+#: pyarrow together; ``bench/window_store.py``). Over HTTP the client's own compression still applies.
+_AS_DICTIONARY = (
+    " SETTINGS output_format_arrow_low_cardinality_as_dictionary = 1,"
+    " output_format_arrow_compression_method = 'none'"
+)
 
 
 def _encoded(t: pa.Table, name: str) -> tuple[NDArray[np.int64], list[str]]:
@@ -407,10 +413,11 @@ def read_watermark(store: Store, job_id: str, since_ns: int) -> int | None:
 def _rank_table(store: Store, job_id: str, w1: int) -> pa.Table:
     return store.query(
         """
-        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, group_name, host
+        SELECT toInt64(rank) AS rank, event, time_ns, exit_code, device, host
         FROM ranks WHERE job_id = {job:String} AND time_ns < {w1:Int64}
         ORDER BY time_ns
-        """,
+        """
+        + _AS_DICTIONARY,
         {"job": job_id, "w1": w1},
     )
 
@@ -437,36 +444,42 @@ def _group_members(store: Store, job_id: str, w1: int) -> dict[str, NDArray[np.i
 
 
 def _status(
-    rt: pa.Table, live: Liveness, host_gpu: set[int], groups: dict[str, NDArray[np.int64]]
+    rt: pa.Table, live: Liveness, host_gpu: NDArray[np.int64], groups: dict[str, NDArray[np.int64]]
 ) -> RankStatus:
+    """Every rank known by the window's end (``ranks`` rows ``rt`` in time order, ``live``), with
+    NumPy over the rows: a 10,000-rank job has 30,000 of them and 10,000 ranks each window."""
     rank = _col(rt, "rank")
-    event = np.asarray(rt.column("event").to_pylist(), dtype=object)
-    known = set(rank.tolist()) | set(live.last_seen) | {r for (_, r) in live.max_seq}
-    ranks = np.array(sorted(known), np.int64)
-    idx = {int(r): i for i, r in enumerate(ranks)}
+    seq_keys = list(live.max_seq)
+    known = [rank, np.fromiter(live.last_seen, np.int64, len(live.last_seen))]
+    known.append(np.fromiter((r for (_, r) in seq_keys), np.int64, len(seq_keys)))
+    ranks = np.unique(np.concatenate(known))
+    event, event_names = _encoded(rt, "event")
+    device, device_names = _encoded(rt, "device")
+    exit_row = event == (event_names.index("exit") if "exit" in event_names else -1)
+    cuda = np.array([str(d).startswith("cuda") for d in device_names], bool)
+    attach_row = event == (event_names.index("attach") if "attach" in event_names else -1)
+    gpu_row = attach_row & cuda[device] if cuda.size else np.zeros(rank.size, bool)
     exited = np.zeros(ranks.size, bool)
     exit_code = np.zeros(ranks.size, np.int64)
-    has_gpu = np.array([r in host_gpu for r in ranks.tolist()], bool)
-    codes = _col(rt, "exit_code")
-    devices = rt.column("device").to_pylist()
-    for j in range(rank.size):
-        i = idx[int(rank[j])]
-        if event[j] == "exit":
-            exited[i] = True
-            exit_code[i] = int(codes[j])
-        elif event[j] == "attach" and str(devices[j]).startswith("cuda"):
-            has_gpu[i] = True
-    seq_groups = tuple(sorted({g for (g, _) in live.max_seq}))
+    # A rank's newest exit row counts (the rows are in time order): the last of each rank's.
+    exits = np.flatnonzero(exit_row)[::-1]
+    exit_rank, newest = np.unique(rank[exits], return_index=True)
+    at = np.searchsorted(ranks, exit_rank)
+    exited[at] = True
+    exit_code[at] = _col(rt, "exit_code")[exits[newest]]
+    has_gpu = np.isin(ranks, host_gpu) | np.isin(ranks, rank[gpu_row])
+    seq_groups = tuple(sorted({g for (g, _) in seq_keys}))
     gidx = {g: i for i, g in enumerate(seq_groups)}
     seq_items = sorted(live.max_seq.items())
+    rank_list = ranks.tolist()
     return RankStatus(
         rank=ranks,
         exited=exited,
         exit_code=exit_code,
-        last_seen_ns=np.array([live.last_seen.get(int(r), -1) for r in ranks], np.int64),
-        last_progress_ns=np.array([live.last_progress.get(int(r), -1) for r in ranks], np.int64),
-        position=np.array([live.position.get(int(r), -1) for r in ranks], np.int64),
-        waiting_since_ns=np.array([live.heartbeat.get(int(r), (-1, -1))[1] for r in ranks], np.int64),
+        last_seen_ns=np.array([live.last_seen.get(r, -1) for r in rank_list], np.int64),
+        last_progress_ns=np.array([live.last_progress.get(r, -1) for r in rank_list], np.int64),
+        position=np.array([live.position.get(r, -1) for r in rank_list], np.int64),
+        waiting_since_ns=np.array([live.heartbeat.get(r, (-1, -1))[1] for r in rank_list], np.int64),
         has_gpu=has_gpu,
         groups=groups,
         seq_groups=seq_groups,
@@ -485,15 +498,19 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     p = {"job": job_id, "w0": w0, "w1": w1, "lo": w0 - STEP_LOOKBACK_NS}
     f = _steps_filter()
     st = store.query(
-        f"SELECT toInt64(rank) AS rank, toInt64(step) AS step, start_ns, dur_ns FROM steps WHERE {f}", p
+        f"SELECT toInt64(rank) AS rank, toInt64(step) AS step, start_ns, dur_ns FROM steps WHERE {f}"
+        + _AS_DICTIONARY,
+        p,
     )
     skipped: dict[str, int] = {}
     st = _within_limits(st, ("step",), skipped, "steps")
     steps = Steps(_col(st, "rank"), _col(st, "step"), _col(st, "start_ns"), _col(st, "dur_ns"))
     in_steps = f"(rank, step) IN (SELECT rank, step FROM steps WHERE {f})"
+    # A phase starts within its step, so after {lo} (with a step's length to spare): the bound lets the
+    # primary key (job_id, rank, start_ns) skip the job's older granules, which the step pairs cannot.
     ph = store.query(
         f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, phase, start_ns, dur_ns FROM phases
-            WHERE job_id = {{job:String}} AND {in_steps}"""
+            WHERE job_id = {{job:String}} AND start_ns >= {{lo:Int64}} - {STEP_LOOKBACK_NS} AND {in_steps}"""
         + _AS_DICTIONARY,
         p,
     )
@@ -545,7 +562,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
                   toInt64(gpu_sm_clock_mhz) AS clock, toInt64(gpu_throttle_reasons) AS reasons,
                   run_delay_ns
            FROM host_samples
-           WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {w0:Int64} AND time_ns < {w1:Int64}""",
+           WHERE job_id = {job:String} AND rank >= 0 AND time_ns >= {w0:Int64} AND time_ns < {w1:Int64}"""
+        + _AS_DICTIONARY,
         p,
     )
     host = HostSamples(
@@ -586,7 +604,7 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         _col(ks, "sum_ns", np.float64),
         kernel_names,
     )
-    host_gpu = set(host.rank[host.gpu_sm_clock_mhz > 0].tolist())
+    host_gpu = host.rank[host.gpu_sm_clock_mhz > 0]
     rt = _rank_table(store, job_id, w1)
     status = _status(rt, live, host_gpu, _group_members(store, job_id, w1))
     links = _links(store, p, rt)
