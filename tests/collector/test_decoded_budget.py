@@ -13,7 +13,7 @@ import pytest
 
 from argus.collector import ingest
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
-from argus.collector.grpc_service import start_collector
+from argus.collector.grpc_service import DECODE_ON_LOOP_BYTES, start_collector
 from argus.config import ServerConfig
 from argus.errors import InvalidBatch
 from argus.ipc_size import declared_bytes
@@ -142,6 +142,32 @@ def test_refused_compressed_batches_of_many_streams_are_not_held_past_the_budget
             assert "steps.dur_ns: negative value -1" in got[0].message
             assert "steps: unknown column(s) bogus" in got[1].message
         assert alive["peak"] <= BUDGET_BYTES, alive
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_a_small_payload_that_decodes_large_is_decoded_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3 kB ZSTD batch that decodes to 4 MiB is decoded in a decoding thread, not on the
+    collector's event loop: on the loop, its decoding held every stream's acks (10-400 ms per 32 MiB
+    batch in bench/soak.py's bursts). The decision is what the batch costs decoded, not its payload."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    server = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
+    decode, where = ingest.decode, []
+
+    def decoded_where(one: pb.Batch) -> ingest.Decoded:  # the real decode, its thread noted
+        where.append(threading.current_thread().name)
+        return decode(one)
+
+    monkeypatch.setattr(ingest, "decode", decoded_where)
+    payload = inflating_steps(4 << 20, extra_column=True)
+    assert len(payload) < DECODE_ON_LOOP_BYTES < batch_cost(payload)
+    try:
+        acks = stream(server.address, iter([batch("steps", payload, seq=1)]), timeout_s=60)
+        assert [a.status for a in acks] == [pb.Ack.REJECTED]
+        assert len(where) == 1 and where[0].startswith("argus-decode"), where
     finally:
         server.stop()
         store.close()
