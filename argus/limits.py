@@ -39,6 +39,9 @@ lists these with their defaults and flags.
     max_job_list_rows     10,000,000        (none)                ingest_batches rows read per pass to list
                                                                   them (after the stored_at index)
     max_memory_usage      4 GiB             (none)                every store call (argus.store)
+    concurrent_part_removal_threshold 2**62 (none)              every table (argus.schema.TABLE_SETTINGS):
+                                                                  outdated parts removed by the cleanup
+                                                                  thread alone, no 128-thread pool kept
 
 A stored row past one of these (a store written before a limit existed) is skipped by the
 analyzer where it reads it, and counted (``argus_analysis_skipped_rows_total``).

@@ -36,6 +36,7 @@ from argus.config import DATABASE, DEFAULT_RETENTION_DAYS
 __all__ = [
     "PHASES",
     "TABLES",
+    "TABLE_SETTINGS",
     "WIRE_TABLES",
     "Column",
     "TableDef",
@@ -630,6 +631,18 @@ def wire_table(table: str, columns: Mapping[str, Any], job_id: str | None = None
 
 #: How many recent insert tokens each table remembers for deduplication.
 DEDUP_WINDOW = 100_000
+#: Outdated parts a table must have at once before ClickHouse removes them in parallel
+#: (``concurrent_part_removal_threshold``, default 100): never, for us. Past the default, one cleanup
+#: runs on a pool of up to 128 threads (``max_parts_cleaning_thread_pool_size``), which stay in the
+#: engine's global pool, idle, for the life of the process: in the embedded store (chDB) that is
+#: the server's own memory. Measured (chDB 4.4, 2026-12-07): 400 one-row-group inserts, then the
+#: cleanup, took the engine from 19 to 144 threads for good; `bench/soak.py`'s server grew 35-40 MB
+#: at that moment (120 threads, their stacks and allocator caches). Removed by the cleanup thread
+#: alone, 791 outdated parts went in one pass of a few seconds.
+PART_REMOVAL_THRESHOLD = 1 << 62
+#: Settings every MergeTree table carries beside its deduplication window (applied to older stores
+#: by :func:`migration_statements`).
+TABLE_SETTINGS: dict[str, int] = {"concurrent_part_removal_threshold": PART_REMOVAL_THRESHOLD}
 
 
 def _engine(table: TableDef, cluster: str | None) -> str:
@@ -666,6 +679,7 @@ def create_statements(
         if cluster
         else f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
     )
+    settings = ", ".join([dedup_setting, *(f"{name} = {value}" for name, value in TABLE_SETTINGS.items())])
     statements = [f"CREATE DATABASE IF NOT EXISTS {database}{on_cluster}"]
     for table in TABLES.values():
         local = f"{table.name}_local" if cluster else table.name
@@ -680,7 +694,7 @@ def create_statements(
             f"ENGINE = {_engine(table, cluster)}\n"
             f"ORDER BY ({', '.join(table.order_by)})\n"
             f"TTL stored_at + INTERVAL {retention_days} DAY\n"
-            f"SETTINGS {dedup_setting}"
+            f"SETTINGS {settings}"
         )
         if cluster:
             statements.append(
@@ -693,7 +707,7 @@ def create_statements(
 
 def migration_statements(*, database: str = DATABASE, cluster: str | None = None) -> list[str]:
     """``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` for every column with a default, in table order,
-    then ``ADD INDEX IF NOT EXISTS`` for every index.
+    then ``ADD INDEX IF NOT EXISTS`` for every index, then ``MODIFY SETTING`` of :data:`TABLE_SETTINGS`.
 
     Idempotent: run on every start, they add to a store created before a column existed
     what it lacks (ClickHouse fills old parts with the default on read; an index added so covers
@@ -716,4 +730,6 @@ def migration_statements(*, database: str = DATABASE, cluster: str | None = None
         local = f"{table.name}_local" if cluster else table.name
         for index in table.indexes:
             statements.append(f"ALTER TABLE {database}.{local}{on_cluster} ADD INDEX IF NOT EXISTS {index}")
+        modify = ", ".join(f"{name} = {value}" for name, value in TABLE_SETTINGS.items())
+        statements.append(f"ALTER TABLE {database}.{local}{on_cluster} MODIFY SETTING {modify}")
     return statements

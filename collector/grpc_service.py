@@ -8,7 +8,12 @@ handing every batch from one to the next under the GIL: the server stored ~1,250
 second on 1.3 cores (``bench/scale.py``, 400 agents), a few times its decode and store cost.
 Small batches are decoded on the loop (~0.1 ms each, less than a hand-off to a thread);
 a large one in a thread of :data:`DECODE_THREADS` (pyarrow releases the GIL), so the loop keeps
-serving the other streams meanwhile.
+serving the other streams meanwhile. Large is what a batch costs to hold decoded (its payload plus
+what it declares decoded, :func:`~argus.collector.decoded_budget.batch_cost`), not its payload: a
+3 kB ZSTD batch that decodes to 32 MiB held the loop, and every stream's acks, for 10-400 ms.
+A large batch's values are checked there too (:func:`_decoded_and_checked`), so one that breaks a
+row rule is refused at once, its decoded-bytes charge given back, not held until the writer's next
+group (groups start at most every half second) with every stream's batches queued behind it.
 
 Errors of :mod:`argus.errors` map to gRPC status codes in one place, :data:`GRPC_CODES`:
 
@@ -65,6 +70,7 @@ from argus.errors import (
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
+from argus.rowrules import check_values
 from argus.store import Store
 
 __all__ = [
@@ -97,7 +103,8 @@ STREAM_LIMIT = (
 PIPELINE_DEPTH = 64
 #: ... and at most this many bytes of their Arrow payloads: four messages of the largest size.
 PIPELINE_BYTES = 4 * MAX_MESSAGE_BYTES
-#: A batch whose Arrow payload is larger than this (bytes) is decoded in a thread, not on the loop.
+#: A batch that costs more than this to hold decoded (bytes, :func:`batch_cost`) is decoded in a
+#: thread, not on the loop.
 DECODE_ON_LOOP_BYTES = 256 << 10
 #: Threads decoding large batches.
 DECODE_THREADS = 2
@@ -106,6 +113,19 @@ DECODE_THREADS = 2
 _Item = tuple[pb.Batch, "asyncio.Future[pb.Ack]", float, int]
 #: Calls beyond ``max_streams``: Clock calls and the refusals of streams past the limit.
 _SPARE_CALLS = 32
+
+
+def _decoded_and_checked(batch: pb.Batch) -> ingest.Decoded:
+    """:func:`ingest.decode`, then the row rules (:func:`argus.rowrules.check_values`): for a large
+    batch, in a decoding thread (module doc). The writer checks its group again; for a large batch
+    that is ~10 ms per 32 MiB.
+
+    Raises:
+        InvalidBatch: what :func:`ingest.decode` raises, or the first row rule broken.
+    """
+    decoded = ingest.decode(batch)
+    check_values(decoded.table, decoded.data)
+    return decoded
 
 
 def grpc_code(exc: BaseException) -> grpc.StatusCode:
@@ -199,10 +219,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._open = 0  # streams open; touched on the event loop only
         self._decoders = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="argus-decode")
 
-    async def _submit(self, batch: pb.Batch, size: int) -> asyncio.Future[pb.Ack]:
+    async def _submit(self, batch: pb.Batch, cost: int) -> asyncio.Future[pb.Ack]:
         """Decode ``batch`` and queue it for the writer; the future holds its Ack or its error.
 
-        A small batch is decoded on the loop, a large one in a decoding thread.
+        A batch that costs at most :data:`DECODE_ON_LOOP_BYTES` decoded (``cost``, bytes) is
+        decoded on the loop, a larger one in a decoding thread.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[pb.Ack]
@@ -211,10 +232,10 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             future.set_exception(StoreError(SHUTTING_DOWN))
             return future
         try:
-            if size <= DECODE_ON_LOOP_BYTES:
+            if cost <= DECODE_ON_LOOP_BYTES:
                 decoded = ingest.decode(batch)
             else:
-                decoded = await loop.run_in_executor(self._decoders, ingest.decode, batch)
+                decoded = await loop.run_in_executor(self._decoders, _decoded_and_checked, batch)
             future = self.writer.submit_async(decoded)
         except asyncio.CancelledError:
             self._gate.leave()
@@ -271,7 +292,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                     cost = batch_cost(batch.arrow_ipc)
                     await self.decoded.acquire(cost)
                     try:
-                        future = await self._submit(batch, size)
+                        future = await self._submit(batch, cost)
                     except BaseException:
                         self.decoded.release(cost)
                         raise

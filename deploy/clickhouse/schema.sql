@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS argus.jobs_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.jobs ON CLUSTER argus AS argus.jobs_local
 ENGINE = Distributed(argus, argus, jobs_local, cityHash64(job_id));
@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS argus.ranks_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, rank, time_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.ranks ON CLUSTER argus AS argus.ranks_local
 ENGINE = Distributed(argus, argus, ranks_local, cityHash64(job_id));
@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS argus.steps_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, rank, start_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.steps ON CLUSTER argus AS argus.steps_local
 ENGINE = Distributed(argus, argus, steps_local, cityHash64(job_id));
@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS argus.phases_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, rank, start_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.phases ON CLUSTER argus AS argus.phases_local
 ENGINE = Distributed(argus, argus, phases_local, cityHash64(job_id));
@@ -97,7 +97,7 @@ CREATE TABLE IF NOT EXISTS argus.collectives_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, process_group, seq, rank)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.collectives ON CLUSTER argus AS argus.collectives_local
 ENGINE = Distributed(argus, argus, collectives_local, cityHash64(job_id));
@@ -127,7 +127,7 @@ CREATE TABLE IF NOT EXISTS argus.kernel_summaries_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, window_start_ns, kernel, rank)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.kernel_summaries ON CLUSTER argus AS argus.kernel_summaries_local
 ENGINE = Distributed(argus, argus, kernel_summaries_local, cityHash64(job_id));
@@ -149,7 +149,7 @@ CREATE TABLE IF NOT EXISTS argus.kernel_events_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, rank, start_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.kernel_events ON CLUSTER argus AS argus.kernel_events_local
 ENGINE = Distributed(argus, argus, kernel_events_local, cityHash64(job_id));
@@ -193,7 +193,7 @@ CREATE TABLE IF NOT EXISTS argus.host_samples_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, rank, time_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.host_samples ON CLUSTER argus AS argus.host_samples_local
 ENGINE = Distributed(argus, argus, host_samples_local, cityHash64(job_id));
@@ -216,7 +216,7 @@ CREATE TABLE IF NOT EXISTS argus.stacks_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, rank, time_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.stacks ON CLUSTER argus AS argus.stacks_local
 ENGINE = Distributed(argus, argus, stacks_local, cityHash64(job_id));
@@ -244,7 +244,7 @@ CREATE TABLE IF NOT EXISTS argus.diagnoses_local ON CLUSTER argus (
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', updated_ns)
 ORDER BY (job_id, id)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.diagnoses ON CLUSTER argus AS argus.diagnoses_local
 ENGINE = Distributed(argus, argus, diagnoses_local, cityHash64(job_id));
@@ -264,7 +264,7 @@ CREATE TABLE IF NOT EXISTS argus.analysis_windows_local ON CLUSTER argus (
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', updated_ns)
 ORDER BY (job_id, window_start_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.analysis_windows ON CLUSTER argus AS argus.analysis_windows_local
 ENGINE = Distributed(argus, argus, analysis_windows_local, cityHash64(job_id));
@@ -281,7 +281,7 @@ CREATE TABLE IF NOT EXISTS argus.roles_local ON CLUSTER argus (
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', updated_ns)
 ORDER BY (job_id, rank)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.roles ON CLUSTER argus AS argus.roles_local
 ENGINE = Distributed(argus, argus, roles_local, cityHash64(job_id));
@@ -302,7 +302,7 @@ CREATE TABLE IF NOT EXISTS argus.ingest_batches_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (agent_id, seq)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.ingest_batches ON CLUSTER argus AS argus.ingest_batches_local
 ENGINE = Distributed(argus, argus, ingest_batches_local, cityHash64(job_id));
@@ -323,7 +323,7 @@ CREATE TABLE IF NOT EXISTS argus.stack_requests_local ON CLUSTER argus (
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
 ORDER BY (job_id, requested_ns)
 TTL stored_at + INTERVAL 30 DAY
-SETTINGS replicated_deduplication_window = 100000;
+SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
 CREATE TABLE IF NOT EXISTS argus.stack_requests ON CLUSTER argus AS argus.stack_requests_local
 ENGINE = Distributed(argus, argus, stack_requests_local, cityHash64(job_id));

@@ -13,7 +13,7 @@ import pytest
 
 from argus.collector import ingest
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
-from argus.collector.grpc_service import start_collector
+from argus.collector.grpc_service import DECODE_ON_LOOP_BYTES, start_collector
 from argus.config import ServerConfig
 from argus.errors import InvalidBatch
 from argus.ipc_size import declared_bytes
@@ -142,6 +142,44 @@ def test_refused_compressed_batches_of_many_streams_are_not_held_past_the_budget
             assert "steps.dur_ns: negative value -1" in got[0].message
             assert "steps: unknown column(s) bogus" in got[1].message
         assert alive["peak"] <= BUDGET_BYTES, alive
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_a_small_payload_that_decodes_large_is_decoded_and_refused_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 kB ZSTD batches that decode to 4 MiB are decoded in a decoding thread, not on the
+    collector's event loop (there, their decoding held every stream's acks: 10-400 ms per 32 MiB
+    batch in bench/soak.py's bursts): the decision is what a batch costs decoded, not its payload.
+    The one whose last row ends before it starts is refused there too, never handed to the writer,
+    whose next group may be half a second away while it holds its charge."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    server = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
+    decode, where, handed = ingest.decode, [], []
+    submit = server.servicer.writer.submit_async
+
+    def decoded_where(one: pb.Batch) -> ingest.Decoded:  # the real decode, its thread noted
+        where.append(threading.current_thread().name)
+        return decode(one)
+
+    def submitted(decoded: Any) -> Any:  # the real writer, what it is handed noted
+        handed.append(decoded.seq)
+        return submit(decoded)
+
+    monkeypatch.setattr(ingest, "decode", decoded_where)
+    server.servicer.writer.submit_async = submitted  # type: ignore[method-assign]
+    payloads = [inflating_steps(4 << 20, extra_column=k == 1) for k in range(2)]
+    assert all(len(p) < DECODE_ON_LOOP_BYTES < batch_cost(p) for p in payloads)
+    try:
+        acks = stream(
+            server.address, (batch("steps", p, seq=k + 1) for k, p in enumerate(payloads)), timeout_s=60
+        )
+        assert [a.status for a in acks] == [pb.Ack.REJECTED] * 2
+        assert "ends before it starts" in acks[0].message or "dur_ns" in acks[0].message, acks[0].message
+        assert len(where) == 2 and all(w.startswith("argus-decode") for w in where), where
+        assert handed == []
     finally:
         server.stop()
         store.close()
