@@ -669,7 +669,10 @@ def _best_ranks(
     of them). A rank's noise is that of its difference with the fastest rank step by step (what
     every rank shares at a step cancels), as in a pair. It is behind when it exceeds the level by
     :data:`K_SIGMA` times that standard error combined with the spread of the ranks behind (ranks
-    slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``.
+    slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``;
+    and only when its own self time in the window exceeds the fastest rank's: the scheduling
+    correction clears a rank, it never puts a faster one behind a rank the host held back (a
+    rank held to a CPU quota, less its wait for a CPU, would be the level).
 
     Evidence pools over the windows of a fault (``prior``, a sequential test): a rank's mean is
     over those windows' steps and this one's, its standard error that of this window's per-step
@@ -716,6 +719,11 @@ def _best_ranks(
         return None
     bias = _expected_max(idx.size) * se_level
     excess = mean - float(mean[fastest]) - bias
+    # The scheduling correction only clears a rank: a rank whose own self time is below the level
+    # rank's is not behind it (a rank held to a CPU quota waits for a CPU most of its step; less
+    # that wait it would lead, and every faster rank would look behind it).
+    raw = np.nanmean(x, axis=1)
+    excess = np.where(raw > raw[fastest], excess, -np.inf)
     behind = excess >= np.fmax(K_SIGMA * se, floor_ns)
     if 2 * np.count_nonzero(behind) <= idx.size:
         return None
