@@ -176,9 +176,9 @@ def test_a_many_rank_diagnosis_absorbs_single_ones_and_members_have_hysteresis()
     # 2 kept at 0.6, 6 joins at 1.2; 5 at 0.3 stays until RESOLVE_WINDOWS windows in a row did
     # not keep it (as a diagnosis resolves: one window of few steps names few ranks)
     assert m2.id == m.id and m2.ranks == [1, 2, 3, 4, 5, 6]
-    for k in range(3, 2 + RESOLVE_WINDOWS):
+    for k in range(3, 1 + RESOLVE_WINDOWS):
         assert t.update(k * W, [later], {0, 1, 2, 3, 4, 5, 6})[0].ranks == [1, 2, 3, 4, 5, 6]
-    m3 = t.update((2 + RESOLVE_WINDOWS) * W, [later], {0, 1, 2, 3, 4, 5, 6})[0]
+    m3 = t.update((1 + RESOLVE_WINDOWS) * W, [later], {0, 1, 2, 3, 4, 5, 6})[0]
     assert m3.id == m.id and m3.ranks == [1, 2, 3, 4, 6]
 
 
