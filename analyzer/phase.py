@@ -176,6 +176,10 @@ class PhaseResult:
             beyond its role's, ns; steps)``, shape ``(n, 2)`` (0 in roles of fewer than
             :data:`MIN_PEERS`): the best-ranks test's evidence of this window, which a later
             window of the same fault pools with its own (``best_carried`` of :func:`compare_phases`).
+        pair_sums: Per rank of a role of two, ``(its mean excess over its partner per step times
+            its steps, ns; steps)``, shape ``(n, 2)`` (0 elsewhere): the pair test's evidence of
+            this window, which a later window of the same fault pools with its own
+            (``pair_carried`` of :func:`compare_phases`).
     """
 
     rank: NDArray[np.int64]
@@ -207,6 +211,7 @@ class PhaseResult:
     change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_noise_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     best_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
+    pair_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
         """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
@@ -311,6 +316,7 @@ def compare_phases(
     carried: Mapping[int, tuple[float, int]] | None = None,
     best_carried: Mapping[int, tuple[float, int]] | None = None,
     host: HostResult | None = None,
+    pair_carried: Mapping[int, tuple[float, int]] | None = None,
 ) -> PhaseResult:
     """Compare every rank's self time, per step and component, with its references (module doc).
 
@@ -329,6 +335,10 @@ def compare_phases(
             (:func:`_best_ranks`) judges the ranks' mean over those windows and this one, as a
             sequential test would: a fault from the first step that one window's few steps
             leave below the bar is named when the next windows add theirs.
+        pair_carried: Per rank, the ``pair_sums`` of those windows, summed: in a role of two the
+            difference is judged over those windows and this one (a sequential test, as the
+            best ranks' is): a rank behind its partner from the first step by less than one
+            window's noise is named when the next windows add their steps.
         host: The window's host signals (:func:`~argus.analyzer.host.host_signals` of ``w.host``,
             which the caller has for the causes already); computed here when None and needed.
 
@@ -338,7 +348,8 @@ def compare_phases(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
         return _compare(
-            w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {}, host
+            w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {}, host,
+            pair_carried or {},
         )
 
 
@@ -351,6 +362,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     carried: Mapping[int, tuple[float, int]],
     best_carried: Mapping[int, tuple[float, int]],
     signals: HostResult | None,
+    pair_carried: Mapping[int, tuple[float, int]],
 ) -> PhaseResult:
     step_cols = _step_columns(w)
     if step_cols.size == 0:
@@ -386,6 +398,8 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     host: dict[str, tuple[F64, F64]] = {}
     best_sums = np.zeros((n_r, 2))
     best_prior = np.array([best_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
+    pair_sums = np.zeros((n_r, 2))
+    pair_prior = np.array([pair_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
     for g in np.unique(role):
         members = role == g
         scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
@@ -471,7 +485,16 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
         # A pair's difference moves between windows with nothing wrong, as a rank's mean does; the
         # best ranks' level is itself uncertain (the standard error of a rank's mean).
-        pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(n_steps - 1, 1)), pair_drift if j == 0 else 0.0)
+        pair_n = n_steps
+        if j == 0:
+            # A pair's total difference pools over the fault's windows so far (``pair_carried``):
+            # its mean over their steps and this window's, its standard error this window's
+            # per-step noise over all of them (the best ranks' sequential test, for two ranks).
+            ok_pair = paired & np.isfinite(p_stat)
+            pair_sums[ok_pair] = np.stack([p_stat * n_steps, n_steps], axis=1)[ok_pair]
+            pair_n = n_steps + np.where(ok_pair, pair_prior[:, 1], 0).astype(np.int64)
+            p_stat = np.where(ok_pair, (p_stat * n_steps + pair_prior[:, 0]) / np.maximum(pair_n, 1), p_stat)
+        pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(pair_n - 1, 1)), pair_drift if j == 0 else 0.0)
         pair_err = np.hypot(pair_err, best_err)
         pair_thr = np.fmax(K_SIGMA * pair_err, REL_FLOOR * peer_step)
         # Against the best ranks only the total counts: one component's share moves with the
@@ -550,6 +573,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         change_sum_ns=change_sum,
         behind_noise_ns=behind_noise,
         best_sums=best_sums,
+        pair_sums=pair_sums,
     )
 
 
