@@ -545,7 +545,9 @@ class Tracker:
         ranks = list(f.ranks)
         if f.member_scores:
             was = set(o.diagnosis.ranks) if o.diagnosis.evidence else set()
-            kept = {r for r, s in f.member_scores.items() if s >= OPEN_SCORE or (r in was and s >= KEEP_SCORE)}
+            kept = {
+                r for r, s in f.member_scores.items() if s >= OPEN_SCORE or (r in was and s >= KEEP_SCORE)
+            }
             # A rank leaves the diagnosis as a diagnosis resolves: after RESOLVE_WINDOWS windows in
             # a row that did not keep it (one window of few steps, the job's last, names few ranks).
             o.member_clean = {r: 0 if r in kept else o.member_clean.get(r, 0) + 1 for r in kept | was}

@@ -348,7 +348,14 @@ def compare_phases(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
         return _compare(
-            w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {}, host,
+            w,
+            roles,
+            baseline or {},
+            recent_spikes or {},
+            d,
+            carried or {},
+            best_carried or {},
+            host,
             pair_carried or {},
         )
 
@@ -485,15 +492,8 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
         # A pair's difference moves between windows with nothing wrong, as a rank's mean does; the
         # best ranks' level is itself uncertain (the standard error of a rank's mean).
-        pair_n = n_steps
-        if j == 0:
-            # A pair's total difference pools over the fault's windows so far (``pair_carried``):
-            # its mean over their steps and this window's, its standard error this window's
-            # per-step noise over all of them (the best ranks' sequential test, for two ranks).
-            ok_pair = paired & np.isfinite(p_stat)
-            pair_sums[ok_pair] = np.stack([p_stat * n_steps, n_steps], axis=1)[ok_pair]
-            pair_n = n_steps + np.where(ok_pair, pair_prior[:, 1], 0).astype(np.int64)
-            p_stat = np.where(ok_pair, (p_stat * n_steps + pair_prior[:, 0]) / np.maximum(pair_n, 1), p_stat)
+        # The total only: a pair's difference pools over the fault's windows (``pair_carried``).
+        p_stat, pair_n = _pooled_pair(p_stat, n_steps, paired & (j == 0), pair_prior, pair_sums)
         pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(pair_n - 1, 1)), pair_drift if j == 0 else 0.0)
         pair_err = np.hypot(pair_err, best_err)
         pair_thr = np.fmax(K_SIGMA * pair_err, REL_FLOOR * peer_step)
@@ -759,6 +759,26 @@ def _best_ranks(
     ok[idx[~behind]] = True
     add = bias + np.maximum(starved - float(np.median(starved[idx[~behind]])), 0.0)
     return ok, add, se_level
+
+
+def _pooled_pair(
+    stat: F64, n_steps: NDArray[np.int64], paired: NDArray[np.bool_], prior: F64, sums: F64
+) -> tuple[F64, NDArray[np.int64]]:
+    """A pair's mean difference per step pooled over the fault's earlier windows, and its steps.
+
+    The best ranks' sequential test, for two ranks: the mean over those windows' steps and this
+    one's; the caller takes its standard error as this window's per-step noise over all of them.
+
+    Args:
+        stat: Per rank, this window's mean excess over its partner per step, ns.
+        paired: Ranks of a role of two (the others are returned as they are).
+        prior: Per rank, ``(sum ns, steps)`` of the fault's earlier windows, shape ``(n, 2)``.
+        sums: Filled in place for the paired ranks: this window's ``(sum ns, steps)`` (to carry).
+    """
+    ok = paired & np.isfinite(stat)
+    sums[ok] = np.stack([stat * n_steps, n_steps], axis=1)[ok]
+    n = n_steps + np.where(ok, prior[:, 1], 0).astype(np.int64)
+    return np.where(ok, (stat * n_steps + prior[:, 0]) / np.maximum(n, 1), stat), n
 
 
 def _noise(x: NDArray[np.float64], healthy: NDArray[np.bool_], valid: NDArray[np.bool_]) -> float:

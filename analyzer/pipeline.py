@@ -125,7 +125,8 @@ class JobAnalysis:
         self._carried: dict[int, deque[tuple[float, int]]] = {}
         #: Per rank, the best-ranks test's (sum_ns, steps) of those windows (``PhaseResult.best_sums``).
         self._carried_best: dict[int, deque[tuple[float, int]]] = {}
-        #: Per rank of a role of two, the pair test's (sum_ns, steps) of those windows (``PhaseResult.pair_sums``).
+        #: Per rank of a role of two, the pair test's (sum_ns, steps) of those windows
+        #: (``PhaseResult.pair_sums``).
         self._carried_pair: dict[int, deque[tuple[float, int]]] = {}
         self._suspects: list[tuple[int, float]] = []
         #: Subjects of the last window's findings at the opening score.
@@ -342,7 +343,7 @@ class JobAnalysis:
     def _carry(self, l2: PhaseResult) -> None:
         """Keep a window that became no reference: its ranks' change against their own past
         (the baselines it was measured against stay until a healthy window moves them), and the
-        best-ranks test's evidence (``PhaseResult.best_sums``)."""
+        best-ranks and pair tests' evidence (``PhaseResult.best_sums``, ``pair_sums``)."""
         for i, r in enumerate(l2.rank.tolist()):
             if np.isfinite(l2.change_sum_ns[i]):
                 entry = (float(l2.change_sum_ns[i]), int(l2.steps[i]))
