@@ -29,7 +29,8 @@ Order of the rules, each applied to what the earlier ones left:
    finding with ``rank = None`` and every rank listed. A straggler compared
    against fewer than :data:`MIN_REFERENCE` healthy ranks ``needs_confirmation``;
    if, besides, half the compared ranks or more look slow (2 of 4), it is
-   ``ambiguous`` (the lifecycle then asks for a strong score held for two windows).
+   ``ambiguous`` (the lifecycle then asks for a strong score held for two windows);
+   never in a role of two, whose comparison has a side (the rank its partner waited for).
 3. ``communication`` — a process group with long transfers and no late
    arrival (:func:`argus.analyzer.collectives.slow_links`); L3 adds the
    communication kernel of its ranks that is slowest against its peers. Only
@@ -282,8 +283,11 @@ def _straggler(ctx: _Context, rank: int) -> Finding | None:
         # Half the role or more looks slow against a thin reference (2 of 4): the one-sided rule is
         # at its breakdown point, and on a shared host the scheduler slows ranks in such sets (two
         # ranks sharing a core with another process). Not so against the role's best ranks: there
-        # the ranks behind are alike, by more than their spread and beyond their scheduling delay.
-        ambiguous = l2.basis[i] == "peers" and healthy < MIN_REFERENCE and 2 * slow >= compared
+        # the ranks behind are alike, by more than their spread and beyond their scheduling delay;
+        # nor in a role of two, whose comparison has a side: the rank its partner waited for at the
+        # synchronisation points they share (its partner's score is the negative of its own).
+        pair = int(np.count_nonzero(ctx.role == ctx.role[i])) == PAIR
+        ambiguous = l2.basis[i] == "peers" and not pair and healthy < MIN_REFERENCE and 2 * slow >= compared
         if ambiguous:
             ev["ranks_looking_slow"] = f"{slow} of {compared}"
     return Finding(

@@ -52,7 +52,9 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   id and first window; :meth:`Tracker._adopt_job_loss`): one fault, one diagnosis.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
-  open every straggler of its cause joins it.
+  open every straggler of its cause joins it. A rank it names leaves it as a diagnosis
+  resolves: after :data:`RESOLVE_WINDOWS` windows in a row that did not keep it (a job's short
+  last window, whose few steps score low, does not drop two of three slow ranks).
 
 The tracker is pure state over findings; the service writes what it returns.
 Its bookkeeping (subject, cause votes, the lost-time sums) is its own state, not
@@ -119,6 +121,8 @@ class _Open:
     wall_ns: float = 0.0
     #: Of ``lost_ns``, the job's residual loss it took in (see :meth:`Tracker._fold_job_loss`), ns.
     knock_on_ns: float = 0.0
+    #: Of a many-rank diagnosis, per rank it names: consecutive windows since one last kept it.
+    member_clean: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -186,6 +190,9 @@ class Tracker:
             o.lost_ns = float(state.get("lost_ns", 0.0))
             o.wall_ns = float(state.get("wall_ns", 0.0))
             o.knock_on_ns = float(state.get("knock_on_ns", 0.0))
+            clean = state.get("member_clean", {})
+            if isinstance(clean, dict):
+                o.member_clean = {int(k): int(v) for k, v in clean.items()}
             self._open[(family(d.cause, o.subject), o.subject)] = o
 
     def state(self, diagnosis_id: str) -> dict[str, Any]:
@@ -198,6 +205,7 @@ class Tracker:
                     "lost_ns": o.lost_ns,
                     "wall_ns": o.wall_ns,
                     "knock_on_ns": o.knock_on_ns,
+                    "member_clean": {str(r): n for r, n in o.member_clean.items()},
                 }
         return {}
 
@@ -537,9 +545,13 @@ class Tracker:
         ranks = list(f.ranks)
         if f.member_scores:
             was = set(o.diagnosis.ranks) if o.diagnosis.evidence else set()
-            ranks = sorted(
+            kept = {
                 r for r, s in f.member_scores.items() if s >= OPEN_SCORE or (r in was and s >= KEEP_SCORE)
-            )
+            }
+            # A rank leaves the diagnosis as a diagnosis resolves: after RESOLVE_WINDOWS windows in
+            # a row that did not keep it (one window of few steps, the job's last, names few ranks).
+            o.member_clean = {r: 0 if r in kept else o.member_clean.get(r, 0) + 1 for r in kept | was}
+            ranks = sorted(r for r, n in o.member_clean.items() if n < self.resolve_windows)
         return replace(
             o.diagnosis,
             rank=f.rank,

@@ -176,6 +176,10 @@ class PhaseResult:
             beyond its role's, ns; steps)``, shape ``(n, 2)`` (0 in roles of fewer than
             :data:`MIN_PEERS`): the best-ranks test's evidence of this window, which a later
             window of the same fault pools with its own (``best_carried`` of :func:`compare_phases`).
+        pair_sums: Per rank of a role of two, ``(its mean excess over its partner per step times
+            its steps, ns; steps)``, shape ``(n, 2)`` (0 elsewhere): the pair test's evidence of
+            this window, which a later window of the same fault pools with its own
+            (``pair_carried`` of :func:`compare_phases`).
     """
 
     rank: NDArray[np.int64]
@@ -207,6 +211,7 @@ class PhaseResult:
     change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_noise_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     best_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
+    pair_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
         """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
@@ -311,6 +316,7 @@ def compare_phases(
     carried: Mapping[int, tuple[float, int]] | None = None,
     best_carried: Mapping[int, tuple[float, int]] | None = None,
     host: HostResult | None = None,
+    pair_carried: Mapping[int, tuple[float, int]] | None = None,
 ) -> PhaseResult:
     """Compare every rank's self time, per step and component, with its references (module doc).
 
@@ -329,6 +335,10 @@ def compare_phases(
             (:func:`_best_ranks`) judges the ranks' mean over those windows and this one, as a
             sequential test would: a fault from the first step that one window's few steps
             leave below the bar is named when the next windows add theirs.
+        pair_carried: Per rank, the ``pair_sums`` of those windows, summed: in a role of two the
+            difference is judged over those windows and this one (a sequential test, as the
+            best ranks' is): a rank behind its partner from the first step by less than one
+            window's noise is named when the next windows add their steps.
         host: The window's host signals (:func:`~argus.analyzer.host.host_signals` of ``w.host``,
             which the caller has for the causes already); computed here when None and needed.
 
@@ -338,7 +348,15 @@ def compare_phases(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks or steps without data
         return _compare(
-            w, roles, baseline or {}, recent_spikes or {}, d, carried or {}, best_carried or {}, host
+            w,
+            roles,
+            baseline or {},
+            recent_spikes or {},
+            d,
+            carried or {},
+            best_carried or {},
+            host,
+            pair_carried or {},
         )
 
 
@@ -351,6 +369,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     carried: Mapping[int, tuple[float, int]],
     best_carried: Mapping[int, tuple[float, int]],
     signals: HostResult | None,
+    pair_carried: Mapping[int, tuple[float, int]],
 ) -> PhaseResult:
     step_cols = _step_columns(w)
     if step_cols.size == 0:
@@ -386,6 +405,8 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     host: dict[str, tuple[F64, F64]] = {}
     best_sums = np.zeros((n_r, 2))
     best_prior = np.array([best_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
+    pair_sums = np.zeros((n_r, 2))
+    pair_prior = np.array([pair_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
     for g in np.unique(role):
         members = role == g
         scores = one_sided_scores(np.where(members, med_self, np.nan), floor=REL_FLOOR * ref_step)
@@ -471,7 +492,9 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
         # A pair's difference moves between windows with nothing wrong, as a rank's mean does; the
         # best ranks' level is itself uncertain (the standard error of a rank's mean).
-        pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(n_steps - 1, 1)), pair_drift if j == 0 else 0.0)
+        # The total only: a pair's difference pools over the fault's windows (``pair_carried``).
+        p_stat, pair_n = _pooled_pair(p_stat, n_steps, paired & (j == 0), pair_prior, pair_sums)
+        pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(pair_n - 1, 1)), pair_drift if j == 0 else 0.0)
         pair_err = np.hypot(pair_err, best_err)
         pair_thr = np.fmax(K_SIGMA * pair_err, REL_FLOOR * peer_step)
         # Against the best ranks only the total counts: one component's share moves with the
@@ -550,6 +573,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         change_sum_ns=change_sum,
         behind_noise_ns=behind_noise,
         best_sums=best_sums,
+        pair_sums=pair_sums,
     )
 
 
@@ -669,7 +693,10 @@ def _best_ranks(
     of them). A rank's noise is that of its difference with the fastest rank step by step (what
     every rank shares at a step cancels), as in a pair. It is behind when it exceeds the level by
     :data:`K_SIGMA` times that standard error combined with the spread of the ranks behind (ranks
-    slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``.
+    slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``;
+    and only when its own self time in the window exceeds the fastest rank's: the scheduling
+    correction clears a rank, it never puts a faster one behind a rank the host held back (a
+    rank held to a CPU quota, less its wait for a CPU, would be the level).
 
     Evidence pools over the windows of a fault (``prior``, a sequential test): a rank's mean is
     over those windows' steps and this one's, its standard error that of this window's per-step
@@ -716,6 +743,11 @@ def _best_ranks(
         return None
     bias = _expected_max(idx.size) * se_level
     excess = mean - float(mean[fastest]) - bias
+    # The scheduling correction only clears a rank: a rank whose own self time is below the level
+    # rank's is not behind it (a rank held to a CPU quota waits for a CPU most of its step; less
+    # that wait it would lead, and every faster rank would look behind it).
+    raw = np.nanmean(x, axis=1)
+    excess = np.where(raw > raw[fastest], excess, -np.inf)
     behind = excess >= np.fmax(K_SIGMA * se, floor_ns)
     if 2 * np.count_nonzero(behind) <= idx.size:
         return None
@@ -727,6 +759,26 @@ def _best_ranks(
     ok[idx[~behind]] = True
     add = bias + np.maximum(starved - float(np.median(starved[idx[~behind]])), 0.0)
     return ok, add, se_level
+
+
+def _pooled_pair(
+    stat: F64, n_steps: NDArray[np.int64], paired: NDArray[np.bool_], prior: F64, sums: F64
+) -> tuple[F64, NDArray[np.int64]]:
+    """A pair's mean difference per step pooled over the fault's earlier windows, and its steps.
+
+    The best ranks' sequential test, for two ranks: the mean over those windows' steps and this
+    one's; the caller takes its standard error as this window's per-step noise over all of them.
+
+    Args:
+        stat: Per rank, this window's mean excess over its partner per step, ns.
+        paired: Ranks of a role of two (the others are returned as they are).
+        prior: Per rank, ``(sum ns, steps)`` of the fault's earlier windows, shape ``(n, 2)``.
+        sums: Filled in place for the paired ranks: this window's ``(sum ns, steps)`` (to carry).
+    """
+    ok = paired & np.isfinite(stat)
+    sums[ok] = np.stack([stat * n_steps, n_steps], axis=1)[ok]
+    n = n_steps + np.where(ok, prior[:, 1], 0).astype(np.int64)
+    return np.where(ok, (stat * n_steps + prior[:, 0]) / np.maximum(n, 1), stat), n
 
 
 def _noise(x: NDArray[np.float64], healthy: NDArray[np.bool_], valid: NDArray[np.bool_]) -> float:

@@ -125,6 +125,9 @@ class JobAnalysis:
         self._carried: dict[int, deque[tuple[float, int]]] = {}
         #: Per rank, the best-ranks test's (sum_ns, steps) of those windows (``PhaseResult.best_sums``).
         self._carried_best: dict[int, deque[tuple[float, int]]] = {}
+        #: Per rank of a role of two, the pair test's (sum_ns, steps) of those windows
+        #: (``PhaseResult.pair_sums``).
+        self._carried_pair: dict[int, deque[tuple[float, int]]] = {}
         self._suspects: list[tuple[int, float]] = []
         #: Subjects of the last window's findings at the opening score.
         self._strong: frozenset[str] = frozenset()
@@ -246,8 +249,9 @@ class JobAnalysis:
         recent = {r: int(sum(v)) for r, v in self._spikes.items()}
         carried = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried.items() if v}
         best = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_best.items() if v}
+        pair = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_pair.items() if v}
         host = host_signals(w.host)
-        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried, best, host)
+        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried, best, host, pair)
         l3 = score_kernels(w.kernels, roles=roles)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
         links = slow_links(d, c.group_names, history) if d is not None else []
@@ -322,6 +326,7 @@ class JobAnalysis:
             return
         self._carried.clear()  # the references move: a change against the old ones is stale
         self._carried_best.clear()
+        self._carried_pair.clear()
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)
@@ -338,7 +343,7 @@ class JobAnalysis:
     def _carry(self, l2: PhaseResult) -> None:
         """Keep a window that became no reference: its ranks' change against their own past
         (the baselines it was measured against stay until a healthy window moves them), and the
-        best-ranks test's evidence (``PhaseResult.best_sums``)."""
+        best-ranks and pair tests' evidence (``PhaseResult.best_sums``, ``pair_sums``)."""
         for i, r in enumerate(l2.rank.tolist()):
             if np.isfinite(l2.change_sum_ns[i]):
                 entry = (float(l2.change_sum_ns[i]), int(l2.steps[i]))
@@ -346,6 +351,9 @@ class JobAnalysis:
             if l2.best_sums.shape[0] == l2.rank.size and l2.best_sums[i, 1] > 0:
                 best = (float(l2.best_sums[i, 0]), int(l2.best_sums[i, 1]))
                 self._carried_best.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(best)
+            if l2.pair_sums.shape[0] == l2.rank.size and l2.pair_sums[i, 1] > 0:
+                pair = (float(l2.pair_sums[i, 0]), int(l2.pair_sums[i, 1]))
+                self._carried_pair.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(pair)
 
 
 def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _RankWindow]:
