@@ -46,6 +46,14 @@ LOAD_DEPENDENT_VERDICT = pytest.mark.xfail(
 
 __all__ = ["LOAD_DEPENDENT_VERDICT", "ArgusServer", "assert_blames_no_one"]
 
+# A test run started in the background (`cmd &` from a script: no job control) gets SIGINT ignored,
+# and an ignored signal stays ignored across exec, so every process the tests start would ignore
+# the Ctrl-C that tests/agent/test_run_signals.py and tests/demo/test_demo_interrupt.py press (both
+# failed so in a fresh-clone .ci/run started with `&`). The tests stand in for a terminal, whose
+# foreground job has SIGINT's default: give it back to this process, which its children inherit.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def assert_blames_no_one(found: Sequence[Mapping[str, Any]], context: str = "") -> None:
     """Assert that the diagnoses (docs/design.md §7 objects) of a job that ran no fault blame nothing.
