@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 #: `argus_jobs` counts jobs active within this many seconds.
 _RECENT_S = 3600
-_AUTH_RESPONSE: dict[int | str, dict[str, Any]] = {401: ERROR_RESPONSES[401]}
+#: What the app's own paths answer besides their own: a wrong token (401), a Host the server does not
+#: answer to (403, the origin middleware, before any route).
+_AUTH_RESPONSE: dict[int | str, dict[str, Any]] = {401: ERROR_RESPONSES[401], 403: ERROR_RESPONSES[403]}
 _PAGE = Path(__file__).with_name("page")
 _ASSET_TYPES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 
@@ -143,7 +145,12 @@ def create_app(  # noqa: C901  (the app's routes are declared inside it, over it
 
     app.include_router(build_router(reads, settings), dependencies=secured)
 
-    @app.get("/healthz", response_model=Health, summary="Liveness (no token needed)")
+    @app.get(
+        "/healthz",
+        response_model=Health,
+        summary="Liveness (no token needed)",
+        responses={403: ERROR_RESPONSES[403]},
+    )
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 

@@ -61,6 +61,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
 #: OpenAPI description of the error answers every endpoint may give.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or wrong bearer token (only when the server has a token)"},
+    403: {"description": "A Host the server does not answer to, or a write from another site's page"},
     503: {"description": "The store failed or cannot be reached"},
 }
 
