@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import grp
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -73,7 +75,7 @@ from argus.config import AgentConfig
 from argus.errors import ConfigError
 from argus.window_grid import WindowGrid
 
-__all__ = ["NodeAgent", "main", "new_agent_id"]
+__all__ = ["STOP_GRACE_S", "STOP_SIGNALS", "NodeAgent", "main", "new_agent_id", "stop_signal_fd"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,12 @@ log = logging.getLogger(__name__)
 LINK_EVERY_S = 1.0
 #: Seconds between two lines of upload statistics in the log.
 STATS_EVERY_S = 60.0
+
+
+#: The signals that stop `argus agent` as at a job's end: drain, then exit (:func:`main`).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds past its drain a stopping agent may take before it exits anyway (:func:`main`).
+STOP_GRACE_S = 20.0
 
 
 def new_agent_id() -> str:
@@ -201,10 +209,16 @@ class NodeAgent:
         """The offset added to timestamps taken now, ns."""
         return self.clock.current_ns
 
-    def wait(self) -> None:
-        """Block until :meth:`stop` is called (from a signal handler or another thread)."""
+    def wait(self, wakeup_fd: int | None = None) -> None:
+        """Block until :meth:`stop` is called from another thread or, given ``wakeup_fd``, until that
+        descriptor is readable (a stop signal: :func:`stop_signal_fd`). Wakes once a second for the
+        stats line."""
         next_stats = time.monotonic() + STATS_EVERY_S
-        while not self._stop.wait(1.0):
+        while not self._stop.is_set():
+            if wakeup_fd is None:
+                self._stop.wait(1.0)
+            elif select.select([wakeup_fd], [], [], 1.0)[0]:
+                return
             if time.monotonic() >= next_stats:
                 self._log_stats()
                 next_stats += STATS_EVERY_S
@@ -327,6 +341,30 @@ def _bind(path: str, group: str | None = None) -> socket.socket:
     return sock
 
 
+def _no_op(_signum: int, _frame: Any) -> None:
+    """The Python-level handler of the stop signals: the work is the wakeup descriptor's."""
+
+
+def stop_signal_fd(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> int:
+    """A descriptor that becomes readable (one byte per delivery: the signal's number) when one of
+    ``signals`` arrives, from whichever thread the kernel delivers it to. Call from the main thread.
+
+    The Python-level handlers do nothing and take no lock; the interpreter's C handler writes the
+    byte (``signal.set_wakeup_fd``). A handler that set a ``threading.Event`` deadlocked the agent
+    when a signal ran it while the main thread held that Event's lock (inside ``Event.wait`` or
+    ``set``, or a first handler's ``set``): `argus run`'s death sends SIGTERM once per thread it
+    had (``PR_SET_PDEATHSIG`` follows each reparenting), close together, and a burst of SIGTERM
+    did it too. The handlers stay installed, so a second signal never kills a draining agent.
+    """
+    read_fd, write_fd = os.pipe()
+    for fd in (read_fd, write_fd):
+        os.set_blocking(fd, False)
+    for sig in signals:
+        signal.signal(sig, _no_op)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    return read_fd
+
+
 def main(args: argparse.Namespace) -> int:
     """`argus agent`: run until SIGINT/SIGTERM, then drain to the collector for a few seconds.
 
@@ -344,14 +382,13 @@ def main(args: argparse.Namespace) -> int:
         tls_cert=settings.tls_cert,
         socket_group=settings.socket_group,
     )
+    wakeup = stop_signal_fd()
     agent.start()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("argus agent: signal %d, stopping", signum)
-        agent._stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    agent.wait()
+    agent.wait(wakeup)
+    with contextlib.suppress(OSError):
+        log.info("argus agent: signal %s, stopping", ", ".join(str(b) for b in set(os.read(wakeup, 64))))
+    # Past its drain and this grace the agent exits anyway, its threads' tracebacks in its log first:
+    # whatever it acknowledged is spooled, so a stop that hangs (a lock, gRPC at exit) loses nothing.
+    faulthandler.dump_traceback_later(settings.drain_s + STOP_GRACE_S, exit=True)
     agent.stop(drain_s=settings.drain_s)
     return 0

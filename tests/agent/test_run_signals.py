@@ -4,7 +4,9 @@
   foreground process group) reaches COMMAND once, not twice;
 - SIGHUP, SIGUSR1 and SIGUSR2 sent to `argus run` with ``kill`` are passed on to COMMAND;
 - the node agent `argus run` started dies with it, on SIGKILL of `argus run` and on a SIGINT
-  while the agent is starting.
+  while the agent is starting;
+- a node agent stops and exits on a flood of SIGTERM (its handler once deadlocked on a lock the
+  main thread held: the way `argus run`'s death, one SIGTERM per thread it had, left it running).
 """
 
 from __future__ import annotations
@@ -141,6 +143,11 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _log(work: Path) -> str:
+    path = work / "agent.log"
+    return path.read_text(errors="replace")[-4000:] if path.exists() else "(no agent log)"
+
+
 def test_the_agent_argus_run_started_dies_when_argus_run_is_killed() -> None:
     with short_dir() as work:
         # A collector that refuses connections: the agent starts, spools, and keeps running.
@@ -163,7 +170,7 @@ def test_the_agent_argus_run_started_dies_when_argus_run_is_killed() -> None:
             _signals(work)
             proc.kill()  # SIGKILL: argus run runs no code of its own on the way out
             proc.wait()
-            assert _wait_gone(agent, 30), "the agent outlived argus run"
+            assert _wait_gone(agent, 30), "the agent outlived argus run:\n" + _log(work)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the COMMAND
@@ -198,3 +205,39 @@ def test_ctrl_c_while_the_agent_starts_stops_the_agent() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             if agent and _alive(agent):
                 os.kill(agent, signal.SIGKILL)
+
+
+def test_a_flood_of_sigterm_stops_the_agent_as_at_a_job_s_end() -> None:
+    """SIGTERM sent again and again while the agent stops: each delivery runs its handler, at any
+    point of the main thread. The agent drains, writes its last stats line and exits (0, or by one
+    of the SIGTERMs that came after the interpreter gave the signal its default back on the way out)."""
+    with short_dir() as work:
+        sock = work / "agent.sock"
+        with (work / "agent.log").open("wb") as out:
+            agent = [
+                sys.executable,
+                "-m",
+                "argus.cli",
+                "agent",
+                "--socket",
+                str(sock),
+                "--collector",
+                "127.0.0.1:1",
+            ]
+            proc = subprocess.Popen(
+                agent, env=job_env(work, ARGUS_AGENT_DRAIN_S="1"), stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            deadline = time.monotonic() + 60
+            while not sock.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, _log(work)
+                time.sleep(0.05)
+            flood_end = time.monotonic() + 3
+            while proc.poll() is None and time.monotonic() < flood_end:
+                proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) in (0, -signal.SIGTERM), _log(work)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert "argus agent: batches stored 0" in _log(work), _log(work)
