@@ -188,6 +188,8 @@ class NodeAgent:
         self._stop.set()
         if self._listener is not None:
             try:
+                with contextlib.suppress(OSError):  # wakes the accept thread: close() alone does not
+                    self._listener.shutdown(socket.SHUT_RDWR)
                 self._listener.close()
             finally:
                 Path(self.socket_path).unlink(missing_ok=True)

@@ -138,6 +138,25 @@ def test_a_second_agent_on_the_same_socket_is_refused() -> None:
             sink.stop()
 
 
+def test_stop_ends_the_thread_accepting_probes() -> None:
+    """Closing a listening socket does not wake an ``accept()`` blocked in another thread (Linux):
+    stop() shuts the socket down first, so the accepting thread has ended when stop() returns
+    (before, stop() waited out its 2 s join of it, and so did every `argus run` at its end)."""
+    sink = Sink()
+    with short_dir() as work:
+        agent = NodeAgent(
+            str(work / "a.sock"), sink.address, str(work / "s"), 1 << 20, WindowGrid.from_seconds(1.0)
+        )
+        agent.start()
+        try:
+            accept = [t for t in agent._threads if t.name == "argus-accept"]
+            assert len(accept) == 1 and accept[0].is_alive()
+        finally:
+            agent.stop(drain_s=0)
+            sink.stop()
+        assert not accept[0].is_alive()
+
+
 def test_hello_json_round_trips() -> None:
     assert decode_json(encode_json(FrameType.HELLO, 0, HELLO)[13:]) == HELLO
 
