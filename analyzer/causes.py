@@ -33,7 +33,10 @@ Order of the rules, each applied to what the earlier ones left:
    never in a role of two, whose comparison has a side (the rank its partner waited for).
 3. ``communication`` — a process group with long transfers and no late
    arrival (:func:`argus.analyzer.collectives.slow_links`); L3 adds the
-   communication kernel of its ranks that is slowest against its peers. Only
+   communication kernel of its ranks that is slowest against its peers. A group
+   judged against its own past only is not a slow link when the job's ranks waited
+   for a CPU, beyond their own work's wait, at least as long per step as its extra
+   transfers cost (a busier host: :func:`_links`). Only
    when a window has no collective records at all (an imported kernel trace)
    do slower communication kernels alone make the finding, and then only
    while no rank is a compute straggler: a straggler makes its peers'
@@ -51,6 +54,7 @@ A diagnosis's ``score`` is the latest window's.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import replace
@@ -652,11 +656,28 @@ def _link_waited(w: Window, l2: PhaseResult, group: str, link: LinkFinding) -> t
 
 
 def _links(
-    w: Window, l2: PhaseResult, links: list[LinkFinding], l1: IterationResult, stragglers: dict[int, float]
+    w: Window,
+    l2: PhaseResult,
+    links: list[LinkFinding],
+    l1: IterationResult,
+    stragglers: dict[int, float],
+    host_delay_ns: float,
 ) -> list[Finding]:
+    """Slow links as findings (module doc, rule 3).
+
+    A link judged against its own past only (``basis`` ``history``: no group of its kind stands
+    beside it now to share what the host does to all) is the host's, not the link's, when the
+    job's ranks waited longer for a CPU than their own work explains (``host_delay_ns``, per step,
+    against the job's healthy windows) by at least what the link's extra transfers cost each
+    step: every transfer needs its ranks on a CPU, so a busier host lengthens them all; that
+    lost time is the job-level finding's, whose cause then names the run queue.
+    """
     out = []
     for link in links:
         if link.score < KEEP_SCORE:
+            continue
+        waited = _link_waited(w, l2, link.group, link)
+        if link.basis == "history" and waited and host_delay_ns >= float(np.mean(waited)):
             continue
         members = w.status.groups.get(link.group)
         if members is None or members.size == 0:
@@ -677,7 +698,7 @@ def _links(
                 score=link.score,
                 slowdown_pct=l1.slowdown_pct,
                 subject=f"group:{link.group}",
-                waited_ns=_link_waited(w, l2, link.group, link),
+                waited_ns=waited,
                 evidence={
                     "transfer_ms": _ms(link.transfer_ns),
                     "reference_transfer_ms": _ms(link.reference_ns),
@@ -738,10 +759,13 @@ def attribute(
     links: list[LinkFinding],
     unresponsive: list[Unresponsive],
     watched: Collection[int] = (),
+    host_delay_ns: float = math.nan,
 ) -> list[Finding]:
     """Turn one window's level results into findings, one cause each (rules in the module doc).
 
     ``watched``: ranks of the job's open diagnoses; their top kernel counts at face value.
+    ``host_delay_ns``: the ranks' run-queue delay per step beyond their own work's against the
+    job's healthy windows (:meth:`~argus.analyzer.loss.JobProfile.host_delay_ns`; NaN unknown).
 
     Returns:
         Findings with ``score >= KEEP_SCORE``; the lifecycle decides which open or update diagnoses.
@@ -782,7 +806,7 @@ def attribute(
             found.append(f)
     out.extend(_merge_many(_drop_hidden(found, l2), l2))
     stragglers = {f.rank: f.score for f in found if f.rank is not None and f.score >= 1.0}
-    comm = [_with_link_kernel(ctx, f) for f in _links(w, l2, links, l1, stragglers)]
+    comm = [_with_link_kernel(ctx, f) for f in _links(w, l2, links, l1, stragglers, host_delay_ns)]
     out.extend(comm)
     if not stragglers and w.collectives.rank.size == 0:
         out.extend(_kernel_links(ctx, l1, {f.subject for f in comm}))

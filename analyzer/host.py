@@ -19,7 +19,7 @@ from argus.analyzer.window import HostSamples
 
 F64 = NDArray[np.float64]
 
-__all__ = ["THROTTLE_MASK", "HostResult", "host_signals", "starved_wait"]
+__all__ = ["THROTTLE_MASK", "HostResult", "delay_per_step", "host_signals", "starved_wait"]
 
 #: NVML clocks-event reasons that mean the GPU slowed itself down: SW power cap (0x4),
 #: HW slowdown (0x8), SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
@@ -108,3 +108,18 @@ def starved_wait(
     own_rate = np.divide(wait_a, cpu_a, out=np.zeros(np.broadcast(wait_a, cpu_a).shape), where=cpu_a > 0)
     shared = np.minimum(cpu_a, work_cpu)
     return np.asarray(wait_a - shared * wait_per_cpu - np.maximum(cpu_a - work_cpu, 0.0) * own_rate)
+
+
+def delay_per_step(host: HostResult, ranks: NDArray[np.int64], step_ns: F64) -> tuple[F64, F64]:
+    """Per rank of ``ranks`` (sorted), its run-queue delay and its CPU time per step, ns: its share
+    of wall time (:func:`host_signals`) times its mean step (``step_ns``, shape ``(n, steps)``,
+    NaN where missing); 0 where its run-queue delay is unknown."""
+    rq, cpu = np.zeros(ranks.size), np.zeros(ranks.size)
+    known = np.isin(host.rank, ranks) & np.isfinite(host.wait_frac)
+    if not np.any(known):
+        return rq, cpu
+    idx = np.searchsorted(ranks, host.rank[known])
+    step = np.nan_to_num(np.nanmean(step_ns, axis=1), nan=0.0)
+    rq[idx] = host.wait_frac[known] * step[idx]
+    cpu[idx] = host.cpu_frac[known] * step[idx]
+    return rq, cpu

@@ -33,8 +33,10 @@ Definitions (one of each, used everywhere):
   ``job``), its cause from what grew against the job's own healthy profile:
   compute phases → ``compute``, ``data`` → ``dataloader``, untracked host time →
   ``host_stall``, transfers (the least-blocked rank's blocked time: what nobody
-  waits for but the link) → ``communication``; ``unknown`` when nothing
-  identifiable grew. Its loss must also stand out from the noise of a window's
+  waits for but the link) → ``communication``, and, when no rank behind explains
+  it, the ranks' wait for a CPU beyond what their own work explains
+  (:meth:`JobProfile.host_delay_ns`: a busier host) → ``host_stall``; ``unknown``
+  when nothing identifiable grew. Its loss must also stand out from the noise of a window's
   mean step time (:data:`JOB_K_SIGMA` standard errors of the healthy steps):
   a job whose pace includes periodic pauses (checkpoints, evaluation) has
   windows that differ by whole pauses.
@@ -45,6 +47,7 @@ Definitions (one of each, used everywhere):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,6 +56,7 @@ from numpy.typing import NDArray
 
 from argus.analyzer.causes import HIDDEN_SHARE
 from argus.analyzer.findings import JOB_SUBJECT, KEEP_SCORE, STRAGGLER_CAUSES, Finding
+from argus.analyzer.host import HostResult, delay_per_step, starved_wait
 from argus.analyzer.iteration import IterationResult
 from argus.analyzer.phase import COMPONENTS, PhaseResult, fell_behind
 from argus.config import DEFAULT_MIN_LOSS_PCT
@@ -84,24 +88,49 @@ class JobProfile:
             synchronisation nobody waits for but the data movement).
         attributable_ns: Mean over steps of the time the job waited for one rank beyond all
             the others (:attr:`~argus.analyzer.phase.PhaseResult.attributable_ns` per step).
+        run_queue_ns: Mean over its ranks with host samples of their run-queue delay per step
+            (runnable, waiting for a CPU; :func:`~argus.analyzer.host.delay_per_step`), NaN
+            without any.
+        cpu_ns: The same ranks' mean CPU time per step, NaN without any.
     """
 
     comp_ns: NDArray[np.float64]
     transfer_ns: float
     attributable_ns: float = 0.0
+    run_queue_ns: float = math.nan
+    cpu_ns: float = math.nan
+
+    def host_delay_ns(self, healthy: JobProfile | None) -> float:
+        """The run-queue delay per step its ranks' own work does not explain against the job's
+        healthy windows (``healthy``), ns: what a busier host cost every rank, on average
+        (:func:`~argus.analyzer.host.starved_wait`, the one rule, with the healthy windows as
+        the work's reference: their CPU time per step, their delay per CPU second). NaN without
+        host samples now or then."""
+        if healthy is None or not healthy.cpu_ns > 0 or not np.isfinite(self.run_queue_ns + self.cpu_ns):
+            return math.nan
+        rate = healthy.run_queue_ns / healthy.cpu_ns
+        return float(starved_wait(self.run_queue_ns, self.cpu_ns, healthy.cpu_ns, rate))
 
 
-def job_profile(l2: PhaseResult) -> JobProfile | None:
-    """The :class:`JobProfile` of one window's L2 result (None without steps)."""
+def job_profile(l2: PhaseResult, host: HostResult | None = None) -> JobProfile | None:
+    """The :class:`JobProfile` of one window's L2 result and host signals (None without steps)."""
     t = l2.times
     if t is None or t.step_ns.size == 0 or not np.any(np.isfinite(t.step_ns)):
         return None
     comp = np.nanmean(np.nanmean(t.comp_self_ns, axis=1), axis=1)
     least_blocked = np.nanmin(t.blocked_ns, axis=0)
+    run_queue = cpu = math.nan
+    if host is not None:
+        sampled = np.isin(t.rank, host.rank[np.isfinite(host.wait_frac)])
+        if np.any(sampled):
+            rq_ns, cpu_ns = delay_per_step(host, t.rank, t.step_ns)
+            run_queue, cpu = float(np.mean(rq_ns[sampled])), float(np.mean(cpu_ns[sampled]))
     return JobProfile(
         np.nan_to_num(comp, nan=0.0),
         float(np.nan_to_num(np.nanmean(least_blocked), nan=0.0)),
         l2.attributable_ns / max(l2.step_cols.size, 1),
+        run_queue,
+        cpu,
     )
 
 
@@ -253,13 +282,19 @@ def _job_finding(
         # job as a whole against its healthy windows.
         d = profile.comp_ns - healthy.comp_ns
         mine = np.isin(l2.rank, behind)
+        # The job as a whole: also its ranks' wait for a CPU beyond their work's (a busier host
+        # slows every phase and transfer of every rank; the ranks behind are judged against the
+        # ranks not behind, who share the host).
+        host_delay = profile.host_delay_ns(healthy)
         if behind and float(np.mean(l2.behind_ns[mine])) >= GROWTH_SHARE * per_step:
             d = np.nanmean(l2.behind_comp_ns[mine], axis=0)
+            host_delay = math.nan
         growth = {
             "data": float(d[0]),
             "compute": float(d[1] + d[2] + d[3]),
             "untracked": float(d[4]),
             "transfer": profile.transfer_ns - healthy.transfer_ns,
+            **({"run_queue": host_delay} if np.isfinite(host_delay) else {}),
         }
     cause = Cause.UNKNOWN
     phase = None
@@ -270,6 +305,7 @@ def _job_finding(
                 "data": Cause.DATALOADER,
                 "compute": Cause.COMPUTE,
                 "untracked": Cause.HOST_STALL,
+                "run_queue": Cause.HOST_STALL,
                 "transfer": Cause.COMMUNICATION,
             }[name]
             if name == "data":

@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 from scipy.stats import norm
 
 from argus.analyzer.collectives import Decomposition
-from argus.analyzer.host import HostResult, host_signals, starved_wait
+from argus.analyzer.host import HostResult, delay_per_step, host_signals, starved_wait
 from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
 from argus.analyzer.roles import Roles, one_role
 from argus.analyzer.waits import COMPONENTS, StepTimes, step_times
@@ -317,6 +317,7 @@ def compare_phases(
     best_carried: Mapping[int, tuple[float, int]] | None = None,
     host: HostResult | None = None,
     pair_carried: Mapping[int, tuple[float, int]] | None = None,
+    levels: Mapping[int, RankBaseline] | None = None,
 ) -> PhaseResult:
     """Compare every rank's self time, per step and component, with its references (module doc).
 
@@ -341,6 +342,10 @@ def compare_phases(
             window's noise is named when the next windows add their steps.
         host: The window's host signals (:func:`~argus.analyzer.host.host_signals` of ``w.host``,
             which the caller has for the causes already); computed here when None and needed.
+        levels: Per rank without a ``baseline``, its means over the same healthy windows (kept
+            out of its own past: it was flagged in them, or its partner was): not a reference of
+            its own, but its vote on the job's common change (a rank that did not change since
+            says the job did not), so a whole role that slowed together is not taken for the job.
 
     Returns:
         :class:`PhaseResult`; empty when no rank has :data:`MIN_STEPS` steps past warm-up.
@@ -357,6 +362,7 @@ def compare_phases(
             best_carried or {},
             host,
             pair_carried or {},
+            levels or {},
         )
 
 
@@ -370,6 +376,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     best_carried: Mapping[int, tuple[float, int]],
     signals: HostResult | None,
     pair_carried: Mapping[int, tuple[float, int]],
+    levels: Mapping[int, RankBaseline] | None = None,
 ) -> PhaseResult:
     step_cols = _step_columns(w)
     if step_cols.size == 0:
@@ -442,7 +449,6 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
 
     # --- own past, less the job's common change ---
     base_self = np.array([baseline[r].self_ns if r in baseline else np.nan for r in ranks.tolist()])
-    base_sigma = np.array([baseline[r].sigma_ns if r in baseline else np.nan for r in ranks.tolist()])
     base_comp = np.array(
         [baseline[r].comp_ns if r in baseline else np.full(len(COMPONENTS), np.nan) for r in ranks.tolist()]
     ).reshape(n_r, len(COMPONENTS))
@@ -461,12 +467,18 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     change_sum = np.where(np.isfinite(base_self) & (n_steps > 0), np.nansum(change, axis=1), np.nan)
     prior = np.array([carried.get(r, (0.0, 0)) for r in ranks.tolist()], dtype=np.float64).reshape(n_r, 2)
     pooled_n = n_steps + prior[:, 1].astype(np.int64)
-    pooled = (change_sum + prior[:, 0]) / np.maximum(pooled_n, 1)
-    common, unchanged = _common_change(pooled, base_sigma, pooled_n, base_step)
-    x_past = change - _common_steps(change, unchanged, common)
+    # The job's common change also hears the ranks whose healthy windows are no reference of their
+    # own (``levels``: a rank flagged in them, and its partner): what every rank shared since.
+    vote = _with_levels(ranks, baseline, levels or {})
+    vote_change = self_t - vote.self_ns[:, None]
+    vote_sum = np.where(np.isfinite(vote.self_ns) & (n_steps > 0), np.nansum(vote_change, axis=1), np.nan)
+    pooled = (vote_sum + prior[:, 0]) / np.maximum(pooled_n, 1)
+    common, unchanged = _common_change(pooled, vote.sigma_ns, pooled_n, vote.step_ns)
+    x_past = change - _common_steps(vote_change, unchanged, common)
     comp_change = comps - base_comp.T[:, :, None]  # (5, n, s)
+    vote_comp = comps - vote.comp_ns.T[:, :, None]
     x_past_comp = np.stack(
-        [comp_change[k] - _common_steps(comp_change[k], unchanged, 0.0) for k in range(len(COMPONENTS))]
+        [comp_change[k] - _common_steps(vote_comp[k], unchanged, 0.0) for k in range(len(COMPONENTS))]
     )
     common_comp = np.nan_to_num(np.nanmean(comp_change - x_past_comp, axis=(1, 2)), nan=0.0)
 
@@ -592,6 +604,33 @@ def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
     return np.nan_to_num(l2.behind_ns, nan=-np.inf) >= floor
 
 
+@dataclass(frozen=True)
+class _Levels:
+    """Per rank, the means the job's common change is measured from: its own past's, else its
+    level's over the same healthy windows (NaN: neither). Shapes ``(n,)``; ``comp_ns`` ``(n, 5)``."""
+
+    self_ns: F64
+    sigma_ns: F64
+    step_ns: F64
+    comp_ns: F64
+
+
+def _with_levels(
+    ranks: NDArray[np.int64], baseline: Mapping[int, RankBaseline], levels: Mapping[int, RankBaseline]
+) -> _Levels:
+    """:class:`_Levels` of ``ranks``: ``baseline`` where a rank has one, else ``levels``."""
+    src = [baseline.get(r, levels.get(r)) for r in ranks.tolist()]
+    nan_comp = np.full(len(COMPONENTS), np.nan)
+    return _Levels(
+        np.array([b.self_ns if b is not None else np.nan for b in src]),
+        np.array([b.sigma_ns if b is not None else np.nan for b in src]),
+        np.array([b.step_ns if b is not None else np.nan for b in src]),
+        np.array([b.comp_ns if b is not None else nan_comp for b in src]).reshape(
+            ranks.size, len(COMPONENTS)
+        ),
+    )
+
+
 def _common_change(
     change: NDArray[np.float64],
     sigma: NDArray[np.float64],
@@ -632,21 +671,6 @@ def _expected_max(n: int) -> float:
     ``Φ⁻¹((n − 0.375) / (n + 0.25))``: 0.0, 0.55, 0.85, 1.03 for n = 1..4; 1.54 for 10): how far
     below the centre the smallest of ``n`` noisy means lies, in standard errors."""
     return float(norm.ppf((n - 0.375) / (n + 0.25))) if n > 1 else 0.0
-
-
-def _run_queue_per_step(host: HostResult, ranks: NDArray[np.int64], step_ns: F64) -> tuple[F64, F64]:
-    """Per rank, its run-queue delay and its CPU time per step, ns: its share of wall time
-    (:func:`~argus.analyzer.host.host_signals`, the one owner of these shares) times its mean
-    step; 0 where its run-queue delay is unknown."""
-    rq, cpu = np.zeros(ranks.size), np.zeros(ranks.size)
-    known = np.isin(host.rank, ranks) & np.isfinite(host.wait_frac)
-    if not np.any(known):
-        return rq, cpu
-    idx = np.searchsorted(ranks, host.rank[known])
-    step = np.nan_to_num(np.nanmean(step_ns, axis=1), nan=0.0)
-    rq[idx] = host.wait_frac[known] * step[idx]
-    cpu[idx] = host.cpu_frac[known] * step[idx]
-    return rq, cpu
 
 
 def _starved_per_step(rq: F64, cpu: F64, members: NDArray[np.bool_]) -> F64:
@@ -705,7 +729,7 @@ def _best_ranks(
 
     Args:
         signals: The window's host signals (None: computed from ``w.host`` when needed).
-        host: Cache of :func:`_run_queue_per_step` for the window (filled on first use).
+        host: Cache of :func:`~argus.analyzer.host.delay_per_step` for the window (filled on first use).
         prior: Per rank of ``t``, ``(sum of self time less scheduling delay, steps)`` of the
             fault's earlier windows (zeros: none), shape ``(n, 2)``.
         sums: Filled in place for the members: this window's ``(sum, steps)`` (to carry).
@@ -719,7 +743,7 @@ def _best_ranks(
     if idx.size < MIN_PEERS:
         return None
     if "rq" not in host:
-        host["rq"] = _run_queue_per_step(
+        host["rq"] = delay_per_step(
             signals if signals is not None else host_signals(w.host), t.rank, t.step_ns
         )
     starved = _starved_per_step(*host["rq"], members)

@@ -119,6 +119,9 @@ class JobAnalysis:
         self._steps: deque[float] = deque(maxlen=HISTORY_STEPS)
         self._links: dict[tuple[str, int], deque[float]] = {}
         self._ranks: dict[int, deque[_RankWindow]] = {}
+        #: Per rank, its healthy windows kept out of ``_ranks`` (flagged in them, or its partner
+        #: was): with ``_ranks``, its level in every healthy window, the common change's vote.
+        self._levels: dict[int, deque[_RankWindow]] = {}
         self._profiles: deque[JobProfile] = deque(maxlen=PROFILE_WINDOWS)
         self._spikes: dict[int, deque[int]] = {}
         #: Per rank, (change_sum_ns, steps) of the recent windows that became no reference.
@@ -162,7 +165,12 @@ class JobAnalysis:
         large, and with it the noise of a window's mean (see :func:`argus.analyzer.loss.account`)."""
         return float(np.std(self._steps)) if len(self._steps) >= CONFIDENT_STEPS else 0.0
 
-    def _baselines(self) -> dict[int, RankBaseline]:
+    def _level_baselines(self) -> dict[int, RankBaseline]:
+        """Per rank without an own past, its means over every healthy window (``_levels``)."""
+        wanted = [r for r, w in self._levels.items() if w and not self._ranks.get(r)]
+        return self._baselines({r: self._levels[r] for r in wanted}) if wanted else {}
+
+    def _baselines(self, windows: dict[int, deque[_RankWindow]] | None = None) -> dict[int, RankBaseline]:
         """Each rank's own past (:class:`RankBaseline`) from its healthy windows.
 
         A window's mean moves from window to window with nothing wrong (a shared host's
@@ -170,19 +178,20 @@ class JobAnalysis:
         of each rank's means about its role's, pooled over the ranks with two windows or more
         (the rank's own once it has :data:`DRIFT_WINDOWS`, if larger); 0 before any two windows.
         """
-        ranks = [r for r, w in self._ranks.items() if w]
+        source = self._ranks if windows is None else windows
+        ranks = [r for r, w in source.items() if w]
         n_comp = 1 + len(COMPONENTS)
         # Ranks with the same number of windows are stacked and reduced along the windows' axis: the
         # same operations per rank as one rank at a time, without 10 numpy calls for each of 10,000.
         by_count: dict[int, list[int]] = {}
         for pos, r in enumerate(ranks):
-            by_count.setdefault(len(self._ranks[r]), []).append(pos)
+            by_count.setdefault(len(source[r]), []).append(pos)
         spread = np.zeros((len(ranks), n_comp))
         two = np.zeros(len(ranks), bool)  # ranks with two windows or more
         stats: dict[int, tuple[NDArray[np.float64], ...]] = {}
         for k, positions in by_count.items():
-            windows = [self._ranks[ranks[p]] for p in positions]
-            dev = np.array([[[x.self_dev_ns, *x.comp_dev_ns] for x in w] for w in windows])  # (n, k, 1+C)
+            kept = [source[ranks[p]] for p in positions]
+            dev = np.array([[[x.self_dev_ns, *x.comp_dev_ns] for x in w] for w in kept])  # (n, k, 1+C)
             if k >= 2:
                 spread[positions] = np.var(dev, axis=1, ddof=1)
                 two[positions] = True
@@ -190,10 +199,10 @@ class JobAnalysis:
             stats[k] = (
                 np.sqrt(spread[positions, 0]),
                 own,
-                np.mean(np.array([[x.self_ns for x in w] for w in windows]), axis=1),
-                np.median(np.array([[x.sigma_ns for x in w] for w in windows]), axis=1),
-                np.mean(np.array([[x.comp_ns for x in w] for w in windows]), axis=1),
-                np.median(np.array([[x.step_ns for x in w] for w in windows]), axis=1),
+                np.mean(np.array([[x.self_ns for x in w] for w in kept]), axis=1),
+                np.median(np.array([[x.sigma_ns for x in w] for w in kept]), axis=1),
+                np.mean(np.array([[x.comp_ns for x in w] for w in kept]), axis=1),
+                np.median(np.array([[x.step_ns for x in w] for w in kept]), axis=1),
             )
         pooled = np.sqrt(np.mean(spread[two], axis=0)) if np.any(two) else np.zeros(n_comp)
         out = {}
@@ -216,10 +225,16 @@ class JobAnalysis:
     def _healthy_profile(self) -> JobProfile | None:
         if not self._profiles:
             return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # no host samples in any healthy window
+            run_queue = float(np.nanmedian([p.run_queue_ns for p in self._profiles]))
+            cpu = float(np.nanmedian([p.cpu_ns for p in self._profiles]))
         return JobProfile(
             np.median(np.stack([p.comp_ns for p in self._profiles]), axis=0),
             float(np.median([p.transfer_ns for p in self._profiles])),
             float(np.median([p.attributable_ns for p in self._profiles])),
+            run_queue,
+            cpu,
         )
 
     def _roles(self, w: Window, d: Decomposition | None, group_sizes: dict[str, int]) -> Roles | None:
@@ -251,7 +266,9 @@ class JobAnalysis:
         best = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_best.items() if v}
         pair = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_pair.items() if v}
         host = host_signals(w.host)
-        l2 = compare_phases(w, d, roles, self._baselines(), recent, carried, best, host, pair)
+        l2 = compare_phases(
+            w, d, roles, self._baselines(), recent, carried, best, host, pair, self._level_baselines()
+        )
         l3 = score_kernels(w.kernels, roles=roles)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
         links = slow_links(d, c.group_names, history) if d is not None else []
@@ -262,11 +279,20 @@ class JobAnalysis:
             typical_step_ns=self.typical_step_ns,
         )
         watched = {r for d in self.tracker.open for r in d.ranks}
+        profile = job_profile(l2, host)
+        healthy_profile = self._healthy_profile()
         findings = attribute(
-            w, l1=l1, l2=l2, l3=l3, host=host, links=links, unresponsive=unresponsive, watched=watched
+            w,
+            l1=l1,
+            l2=l2,
+            l3=l3,
+            host=host,
+            links=links,
+            unresponsive=unresponsive,
+            watched=watched,
+            host_delay_ns=profile.host_delay_ns(healthy_profile) if profile is not None else float("nan"),
         )
         findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
-        profile = job_profile(l2)
         findings, acc = account(
             findings,
             l1,
@@ -274,14 +300,16 @@ class JobAnalysis:
             pace_ns=self.pace_ns,
             pace_sigma_ns=self.pace_sigma_ns,
             profile=profile,
-            healthy_profile=self._healthy_profile(),
+            healthy_profile=healthy_profile,
             min_loss_pct=self.min_loss_pct,
             repeated=self._strong,
             held=self._held,
         )
         strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
-        # A straggler kept at the keep score (nothing repeated at the opening score) is still one.
-        repeated = bool(self._strong & strong) or any(continues(f, self._held) for f in findings)
+        repeated = bool(self._strong & strong)
+        # A straggler kept at the keep score (nothing repeated at the opening score) is still one:
+        # the window is no pace, nor its ranks' own past (``_remember``).
+        kept = frozenset(r for f in findings if continues(f, self._held) for r in f.ranks if r in self._held)
         self._strong = strong
         self._held = held_ranks(findings, self._held)
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
@@ -290,7 +318,7 @@ class JobAnalysis:
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
         lossy = acc.wall_ns > 0 and 100.0 * acc.lost_ns >= self.min_loss_pct * acc.wall_ns
-        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated)
+        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated, kept)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
@@ -306,16 +334,22 @@ class JobAnalysis:
         profile: JobProfile | None,
         lossy: bool,
         repeated: bool,
+        kept: frozenset[int] = frozenset(),
     ) -> None:
         """Keep what later windows compare with: only a healthy window's numbers become references.
 
         Healthy: nothing open, no loss at the threshold (a loss nobody explained yet must not
         become the pace that hides it), no finding at the opening score repeated from the
-        previous window and none at the keep score on a held rank (a fault from the job's first
-        step that dips below the opening score for a window is still there). A rank with a
-        finding at the opening score keeps its window out of its own past; the others'
-        references grow (one rank's noise in one window must not keep every reference from
-        growing).
+        previous window. A finding at the keep score on a held rank (``kept``: a fault from the
+        job's first step that dips below the opening score for a window is still there) keeps
+        the window out of the job's pace, profile and link history and out of those ranks' own
+        past (and their partners'); the other ranks' own past grows (a rank 0 that a 2-core
+        host's scheduler holds back through a job's warm-up must not leave every other rank
+        without a reference, to take the fault's first windows as one). A rank with a finding
+        at the opening score keeps its window out of its own past; the others' references grow
+        (one rank's noise in one window must not keep every reference from growing). A rank
+        kept out of its own past still has its level in the window: its vote on the job's
+        common change (``compare_phases``'s ``levels``).
         """
         for i, r in enumerate(l2.rank.tolist()):
             self._spikes.setdefault(r, deque(maxlen=SPIKE_MEMORY_WINDOWS)).append(int(l2.spikes[i]))
@@ -324,27 +358,50 @@ class JobAnalysis:
         if not healthy:
             self._carry(l2)
             return
-        self._carried.clear()  # the references move: a change against the old ones is stale
-        self._carried_best.clear()
-        self._carried_pair.clear()
+        self._move_references(l2, kept)
+        if l2.times is not None:
+            self._keep_rank_windows(
+                l2.times, l2.roles, {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks} | kept
+            )
+        if kept:  # a held rank's fault is still in the job's steps: no pace, profile or link history
+            return
         self._steps.extend(step_ns.tolist())
         if profile is not None:
             self._profiles.append(profile)
-        if l2.times is not None:
-            flagged = {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks}
-            for r, entry in _rank_windows(l2.times, l2.roles, flagged).items():
-                self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
         if d is not None:
             slow = {f.group for f in findings if f.cause == "communication"}
             for key, value in transfer_medians(d, w.collectives.group_names).items():
                 if key[0] not in slow:
                     self._links.setdefault(key, deque(maxlen=LINK_HISTORY_WINDOWS)).append(value)
 
-    def _carry(self, l2: PhaseResult) -> None:
+    def _move_references(self, l2: PhaseResult, kept: frozenset[int]) -> None:
+        """A healthy window moves the references: a change against the old ones is stale, but for
+        the ``kept`` ranks, whose fault goes on (their evidence keeps pooling, this window's too)."""
+        for carried in (self._carried, self._carried_best, self._carried_pair):
+            for r in [r for r in carried if r not in kept]:
+                del carried[r]
+        if kept:
+            self._carry(l2, kept)
+
+    def _keep_rank_windows(self, t: StepTimes, roles: Roles, flagged: set[int]) -> None:
+        """A healthy window's entry of each rank: its own past's, or, for the ranks of ``flagged``
+        (and their partners), its level's (the common change's vote, never its own reference)."""
+        own = _rank_windows(t, roles, flagged)
+        for r, entry in own.items():
+            self._ranks.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
+        if flagged:
+            for r, entry in _rank_windows(t, roles, set()).items():
+                if r not in own:
+                    self._levels.setdefault(r, deque(maxlen=RANK_HISTORY_WINDOWS)).append(entry)
+
+    def _carry(self, l2: PhaseResult, only: frozenset[int] | None = None) -> None:
         """Keep a window that became no reference: its ranks' change against their own past
         (the baselines it was measured against stay until a healthy window moves them), and the
-        best-ranks and pair tests' evidence (``PhaseResult.best_sums``, ``pair_sums``)."""
+        best-ranks and pair tests' evidence (``PhaseResult.best_sums``, ``pair_sums``); of the
+        ranks of ``only`` alone when given (a window that became the others' reference)."""
         for i, r in enumerate(l2.rank.tolist()):
+            if only is not None and r not in only:
+                continue
             if np.isfinite(l2.change_sum_ns[i]):
                 entry = (float(l2.change_sum_ns[i]), int(l2.steps[i]))
                 self._carried.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(entry)

@@ -257,7 +257,11 @@ def _job(d: Diagnosis, ev: Mapping[str, Any]) -> list[str]:
     if d.cause == "unknown":
         clauses.append("no phase or transfer grew enough to name a cause")
     elif grown is not None and grown[1] > 0:
-        name = {"untracked": "untracked host time", "transfer": "transfers"}.get(grown[0], grown[0])
+        name = {
+            "untracked": "untracked host time",
+            "transfer": "transfers",
+            "run_queue": "the wait for a CPU",
+        }.get(grown[0], grown[0])
         clauses.append(f"{name} grew by {_ms(grown[1])} per step")
     if d.ranks:
         one = len(d.ranks) == 1

@@ -67,9 +67,12 @@ def test_every_recording_holds_every_job() -> None:
     for recording in _WRONG:
         assert recording_jobs(RECORDINGS / recording) == sorted(f"real-{name}" for name in JOBS)
         assert (RECORDINGS / recording / "README").is_file()
-    assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted([*_WRONG, "onset", "recall"])
+    assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted(
+        [*_WRONG, "onset", "recall", "wrong_two"]
+    )
     assert recording_jobs(RECORDINGS / "onset") == sorted(ONSET)
     assert recording_jobs(RECORDINGS / "recall") == sorted(RECALL)
+    assert recording_jobs(RECORDINGS / "wrong_two") == sorted(WRONG_TWO)
 
 
 @pytest.mark.parametrize(
@@ -193,3 +196,50 @@ def test_a_fault_of_the_whole_live_set_is_named_with_all_its_ranks(
     named = [{d.rank} if d.rank is not None else set(d.ranks) for d in found]
     assert all(n <= set(ranks) for n in named), found
     assert [d.cause for d, n in zip(found, named, strict=True) if n == set(ranks)] == [cause], found
+
+
+#: Jobs of the ``wrong_two`` recording (the same whole set as ``recall``; its README): the ranks a
+#: diagnosis may name and its cause; none for the clean twin. Wrong at 8fd8519: the pipeline's
+#: slow stage opened nothing, the twin got a ``communication`` diagnosis naming every rank.
+WRONG_TWO: dict[str, tuple[tuple[int, ...], str] | None] = {
+    "wrong-pp-stage1-compute": ((2, 3), "compute"),
+    "wrong-fsdp-dataloader-twin": None,
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_two_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Diagnosis]]:
+    """The ``wrong_two`` recording analysed: job -> diagnoses."""
+    store = open_store(f"chdb://{tmp_path_factory.mktemp('wrong_two')}")
+    try:
+        load_recording(store, RECORDINGS / "wrong_two")
+        out = {}
+        for job in WRONG_TWO:
+            Analyzer(
+                store, window=WindowGrid.from_seconds(_RECALL_WINDOW_S), job=job, backlog_s=None
+            ).run_once(now_ns=time.time_ns())
+            out[job] = read_diagnoses(store, job)
+        return out
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("job", sorted(WRONG_TWO))
+def test_a_held_rank_leaves_the_others_references_and_a_busier_host_is_no_slow_link(
+    wrong_two_verdicts: dict[str, list[Diagnosis]], job: str
+) -> None:
+    """A rank held at the keep score through a pipeline's warm-up keeps only its own (and its
+    partner's) windows out of the references: the slow stage is measured against its own warm-up,
+    less the change the other stage's levels say the job shared, and named with its cause. A
+    world group's transfers that grew while every rank waited longer for a CPU than its work
+    explains are the host's, not a slow link: the clean twin blames no one."""
+    found = wrong_two_verdicts[job]
+    expected = WRONG_TWO[job]
+    if expected is None:
+        assert_blames_no_one([d.to_dict() for d in found])
+        return
+    ranks, cause = expected
+    named = [{d.rank} if d.rank is not None else set(d.ranks) for d in found]
+    assert found, "nothing opened"
+    assert all(n and n <= set(ranks) for n in named), found
+    assert [d.cause for d in found] == [cause], found
