@@ -13,7 +13,7 @@ Two allocators hold the server's large buffers, and neither is Python's:
   The engine reads its allocator's options once, when its library loads, from
   ``JE_MALLOC_CONF`` (chDB's jemalloc is built with the ``je_`` prefix), so
   :func:`set_engine_allocator` sets it (unless the operator did) before the first embedded store
-  opens; :func:`engine_dirty_decay_ms` reads back what the engine runs with.
+  opens (what the engine runs with: ``opt.dirty_decay_ms`` in ``system.jemalloc_stats``).
 - Arrow's (batches decoded from agents): pyarrow's default pool, mimalloc, keeps the pages it
   freed for later allocations until ``release_unused()``. After the first burst of large batches
   the soak's server kept about what the burst had decoded (+140 MB of anonymous memory with
@@ -35,19 +35,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
-
-if TYPE_CHECKING:
-    from argus.store import Store
 
 __all__ = [
     "ENGINE_MALLOC_CONF",
     "ENGINE_MALLOC_CONF_VAR",
     "decoding_pool",
-    "engine_dirty_decay_ms",
     "release_arrow_pool",
     "set_engine_allocator",
 ]
@@ -57,8 +51,6 @@ ENGINE_MALLOC_CONF_VAR = "JE_MALLOC_CONF"
 #: The embedded engine's allocator options: freed pages given back within a second.
 ENGINE_MALLOC_CONF = "dirty_decay_ms:1000"
 
-_DIRTY_DECAY = re.compile(r"opt\.dirty_decay_ms: (-?\d+)")
-
 
 def set_engine_allocator() -> None:
     """Give the embedded engine :data:`ENGINE_MALLOC_CONF`, unless ``JE_MALLOC_CONF`` is set already.
@@ -67,28 +59,6 @@ def set_engine_allocator() -> None:
     reads the variable once, when it loads. Child processes inherit it.
     """
     os.environ.setdefault(ENGINE_MALLOC_CONF_VAR, ENGINE_MALLOC_CONF)
-
-
-def engine_dirty_decay_ms(store: Store) -> int | None:
-    """The ``dirty_decay_ms`` the store's engine allocator runs with, ms; None if it reports none.
-
-    Read from ``system.jemalloc_stats`` (jemalloc's ``opt.dirty_decay_ms``): None for a server
-    without that table or an engine built without jemalloc.
-
-    Raises:
-        StoreError: the query failed for another reason than a missing table.
-    """
-    from argus.errors import StoreError
-
-    try:
-        stats = store.query("SELECT * FROM system.jemalloc_stats")
-    except StoreError as exc:
-        if "UNKNOWN_TABLE" in str(exc):
-            return None
-        raise
-    text = "\n".join(str(value) for column in stats.columns for value in column.to_pylist())
-    found = _DIRTY_DECAY.search(text)
-    return int(found.group(1)) if found else None
 
 
 @functools.cache
