@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 import pyarrow as pa
 
 __all__ = ["declared_bytes", "read_stream"]
 
+_T = TypeVar("_T")
 _RECORD_BATCH = 3
 _DICTIONARY_BATCH = 2  # MessageHeader: Schema 1, DictionaryBatch 2, RecordBatch 3
 
@@ -106,13 +109,20 @@ def _schema(message: pa.ipc.Message) -> pa.Schema:
     return schema
 
 
-def read_stream(payload: bytes, check: Callable[[int], object]) -> pa.Table:
+def read_stream(
+    payload: bytes, check: Callable[[int], object], pool: pa.MemoryPool | None = None
+) -> pa.Table:
     """The table of the IPC stream ``payload``: one schema message, then record batches.
 
     ``check`` is called with the bytes the stream's record batches declare decoded, in
     total up to and including the next one, before that one is decoded; what it raises
     passes through (it refuses a stream that declares too much before anything is allocated).
     The buffers are not validated (``pa.Table.validate(full=True)`` is the caller's).
+
+    With ``pool``, the decoded (decompressed) buffers are allocated there: every batch is
+    checked first, then the stream is read again by Arrow's stream reader, which takes a pool
+    (``read_record_batch`` does not: it allocates from Arrow's default pool). For large batches
+    (:func:`argus.memory.decoding_pool`); the schema is then parsed once per call.
 
     Raises:
         ValueError: not a readable stream: malformed messages or metadata, no schema first,
@@ -142,11 +152,19 @@ def read_stream(payload: bytes, check: Callable[[int], object]) -> pa.Table:
         except (struct.error, IndexError) as exc:
             raise ValueError(f"malformed IPC message metadata ({exc})") from exc
         check(total)
-        try:
-            batches.append(pa.ipc.read_record_batch(message, schema))
-        except (pa.ArrowException, OSError) as exc:
-            raise ValueError(f"unreadable record batch ({exc})") from exc
+        if pool is None:
+            batches.append(_decoded(partial(pa.ipc.read_record_batch, message, schema)))
+    if pool is not None:
+        return _decoded(lambda: pa.ipc.open_stream(pa.py_buffer(payload), memory_pool=pool).read_all())
     return pa.Table.from_batches(batches, schema)
+
+
+def _decoded(read: Callable[[], _T]) -> _T:
+    """``read()``, Arrow's errors raised as ValueError (an unreadable record batch)."""
+    try:
+        return read()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"unreadable record batch ({exc})") from exc
 
 
 def declared_bytes(payload: bytes) -> int:

@@ -42,6 +42,8 @@ lists these with their defaults and flags.
     concurrent_part_removal_threshold 2**62 (none)              every table (argus.schema.TABLE_SETTINGS):
                                                                   outdated parts removed by the cleanup
                                                                   thread alone, no 128-thread pool kept
+    engine dirty_decay_ms 1,000 ms          JE_MALLOC_CONF        the embedded engine's freed pages given
+                                                                  back within a second (argus.memory)
 
 A stored row past one of these (a store written before a limit existed) is skipped by the
 analyzer where it reads it, and counted (``argus_analysis_skipped_rows_total``).

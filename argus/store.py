@@ -73,6 +73,7 @@ from argus.config import (
     DEFAULT_STORE_TIMEOUT_S,
 )
 from argus.errors import ConfigError, StoreError, StoreLocked, TooManyRows
+from argus.memory import set_engine_allocator
 from argus.private import private_dir
 from argus.schema import TABLES, create_statements, migration_statements
 
@@ -230,6 +231,7 @@ class ClickHouseStore:
 
         if not self.embedded:
             return _server_client(self.url)
+        set_engine_allocator()  # before the engine's library loads (argus.memory)
         client = clickhouse_connect.get_client(interface="chdb", path=self.url.removeprefix("chdb://"))
         client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
         client.database = self.database

@@ -49,9 +49,10 @@ decoded-bytes budget; ``bad_inputs``: refused or dropped as they should be / sen
 per kind) plus ``new_jobs`` (stored / sent), ``agent_alive``, ``agent_peak_rss_mb``,
 ``analysis_lag_s``, ``drain_s``, ``reads``, ``read_errors`` and ``server_ack_p99_le_ms`` (the
 server's own view: the bucket of ``argus_ingest_ack_seconds``, from a batch's arrival on its
-stream to its ack, that holds its p99; an upper bound). Goals: ``lost=0 duplicates=0``, every bad
-input refused or dropped, ``rss_held=yes`` (peak RSS within the budget plus the first minute's),
-ack p99 <= 1,000 ms.
+stream to its ack, that holds its p99; an upper bound), ``active_parts_max`` (the most active
+parts of one table as the server left the store: merges kept up, nothing piled up). Goals:
+``lost=0 duplicates=0``, every bad input refused or dropped, ``rss_held=yes`` (peak RSS within
+the budget plus the first minute's), ack p99 <= 1,000 ms.
 
     python bench/soak.py [--minutes 10] [--agents 50] [--agent-processes 5] [--readers 2]
         [--probe-ranks 4] [--max-decoded-mb 128] [--inflate-mb 32] [--burst-streams 8]
@@ -395,11 +396,16 @@ def _upload(http: str, trace: bytes) -> int:
         return 0
 
 
-def count_rows(data_dir: Path, jobs: dict[str, tuple[str, ...]]) -> tuple[int, int]:
-    """Rows stored of each job of ``jobs`` in its tables (of :data:`KEYS`), and how many of them are
-    duplicates."""
+def count_rows(data_dir: Path, jobs: dict[str, tuple[str, ...]]) -> tuple[int, int, dict[str, int]]:
+    """Rows stored of each job of ``jobs`` in its tables (of :data:`KEYS`), how many of them are
+    duplicates, and the active parts of each table as the server left them (merges kept up)."""
     store = open_store(f"chdb://{data_dir}")
     try:
+        found = store.query(
+            "SELECT table, count() AS n FROM system.parts WHERE active AND database = currentDatabase() "
+            "GROUP BY table"
+        ).to_pylist()
+        parts = {str(row["table"]): int(row["n"]) for row in found}
         stored = duplicates = 0
         for table, key in KEYS.items():
             names = [job for job, tables in jobs.items() if table in tables]
@@ -410,7 +416,7 @@ def count_rows(data_dir: Path, jobs: dict[str, tuple[str, ...]]) -> tuple[int, i
             ).to_pylist()[0]
             stored += int(row["n"])
             duplicates += int(row["n"]) - int(row["u"])
-        return stored, duplicates
+        return stored, duplicates, parts
     finally:
         store.close()
 
@@ -583,7 +589,7 @@ def main() -> None:
     offered = sum(t["offered"] for t in tallies) + probes.offered
     acked = sum(t["acked"] for t in tallies) + probes.acked
     drain_s = max(t["drain_s"] for t in tallies)
-    stored, duplicates = count_rows(
+    stored, duplicates, parts = count_rows(
         root / "data", {**dict.fromkeys(jobs, tuple(KEYS)), PROBE_JOB: PROBE_TABLES}
     )
     acks = np.concatenate([np.asarray(t["ack_ms"], float) for t in tallies])
@@ -597,6 +603,7 @@ def main() -> None:
         **counts,
     }
     detail["rss_mb_every_10_s"] = rss_every_10_s
+    detail["active_parts"] = parts
     print(json.dumps({**detail, **vars(args)}), file=sys.stderr)
     lost = offered - (stored - duplicates)
     kinds = [k for k in bad.sent if k != "new_jobs"]
@@ -613,6 +620,7 @@ def main() -> None:
         "agent_peak_rss_mb": f"{agent_peak:.0f}", "analysis_lag_s": f"{figures['analysis_lag_s']:.1f}",
         "drain_s": f"{drain_s:.0f}", "reads": counts["reads"], "read_errors": counts["read_errors"],
         "server_ack_p99_le_ms": f"{figures['ack_p99_le_ms']:.0f}",
+        "active_parts_max": max(parts.values(), default=0),
     }  # fmt: skip
     print(" ".join(f"{key}={value}" for key, value in last.items()))
 

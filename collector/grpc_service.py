@@ -11,7 +11,9 @@ a large one in a thread of :data:`DECODE_THREADS` (pyarrow releases the GIL), so
 serving the other streams meanwhile. Large is what a batch costs to hold decoded (its payload plus
 what it declares decoded, :func:`~argus.collector.decoded_budget.batch_cost`), not its payload: a
 3 kB ZSTD batch that decodes to 32 MiB held the loop, and every stream's acks, for 10-400 ms.
-A large batch's values are checked there too (:func:`_decoded_and_checked`), so one that breaks a
+Its decompressed buffers come from :func:`argus.memory.decoding_pool`, which gives their pages
+back when they are freed. A large batch's values are checked there too
+(:func:`_decoded_and_checked`), so one that breaks a
 row rule is refused at once, its decoded-bytes charge given back, not held until the writer's next
 group (groups start at most every half second) with every stream's batches queued behind it.
 
@@ -67,6 +69,7 @@ from argus.errors import (
     StoreError,
     Unauthenticated,
 )
+from argus.memory import decoding_pool
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
@@ -123,7 +126,7 @@ def _decoded_and_checked(batch: pb.Batch) -> ingest.Decoded:
     Raises:
         InvalidBatch: what :func:`ingest.decode` raises, or the first row rule broken.
     """
-    decoded = ingest.decode(batch)
+    decoded = ingest.decode(batch, decoding_pool())
     check_values(decoded.table, decoded.data)
     return decoded
 

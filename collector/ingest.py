@@ -144,9 +144,9 @@ def _refuse_past_limit(decoded: int) -> None:
         raise InvalidBatch(str(exc)) from exc
 
 
-def _read_ipc(payload: bytes) -> pa.Table:
+def _read_ipc(payload: bytes, pool: pa.MemoryPool | None = None) -> pa.Table:
     try:
-        data = read_stream(payload, _refuse_past_limit)
+        data = read_stream(payload, _refuse_past_limit, pool)
     except ValueError as exc:
         raise InvalidBatch(f"arrow_ipc: not a readable Arrow IPC stream ({exc})") from exc
     try:
@@ -212,8 +212,11 @@ def conform(table: str, data: pa.Table) -> pa.Table:
 _checked_job_id = functools.lru_cache(maxsize=4096)(check_job_id)
 
 
-def decode(batch: pb.Batch) -> Decoded:
+def decode(batch: pb.Batch, pool: pa.MemoryPool | None = None) -> Decoded:
     """Check a batch's header and payload, and conform its columns to the wire schema.
+
+    ``pool``: where its decompressed buffers go (:func:`argus.ipc_size.read_stream`); Arrow's
+    default pool when None.
 
     The values are checked later, with the other batches of its table in a group
     (:func:`write_group`, :func:`check_values`): per batch, those checks would cost more than
@@ -236,7 +239,7 @@ def decode(batch: pb.Batch) -> Decoded:
     if table is None:
         known = ", ".join(TABLE_BY_ENUM.values()).upper()
         raise InvalidBatch(f"table: unknown or unspecified table {batch.table} (expected one of {known})")
-    data = conform(table, _read_ipc(batch.arrow_ipc))
+    data = conform(table, _read_ipc(batch.arrow_ipc, pool))
     parent = None
     if batch.HasField("parent"):
         if not batch.parent.agent_id:

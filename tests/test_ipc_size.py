@@ -33,6 +33,18 @@ def test_reads_every_batch_of_the_stream_as_arrow_does() -> None:
     assert got.num_rows == 9
 
 
+def test_with_a_pool_the_decoded_buffers_are_its_own_and_every_batch_is_checked_first() -> None:
+    payload = _stream(_batch(1000), _batch(2000), compression="zstd")
+    pool = (
+        pa.jemalloc_memory_pool() if "jemalloc" in pa.supported_memory_backends() else pa.system_memory_pool()
+    )
+    before, seen = pool.bytes_allocated(), []
+    got = read_stream(payload, seen.append, pool)
+    assert got.equals(pa.ipc.open_stream(payload).read_all())
+    assert pool.bytes_allocated() - before >= 3000 * 8  # decompressed into the pool given
+    assert len(seen) == 2 and seen[-1] == declared_bytes(payload)
+
+
 def test_equal_names_with_other_types_get_their_own_schema() -> None:
     # Schemas are remembered by their message's bytes: a type change is a different schema.
     first = read_stream(_stream(_batch(2, pa.int64())), lambda _: None)

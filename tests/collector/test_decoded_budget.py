@@ -17,6 +17,7 @@ from argus.collector.grpc_service import DECODE_ON_LOOP_BYTES, start_collector
 from argus.config import ServerConfig
 from argus.errors import InvalidBatch
 from argus.ipc_size import declared_bytes
+from argus.memory import decoding_pool
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.store import open_store
@@ -157,12 +158,13 @@ def test_a_small_payload_that_decodes_large_is_decoded_and_refused_off_the_event
     whose next group may be half a second away while it holds its charge."""
     store = open_store(f"chdb://{tmp_path / 'store'}")
     server = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
-    decode, where, handed = ingest.decode, [], []
+    decode, where, handed, pools = ingest.decode, [], [], []
     submit = server.servicer.writer.submit_async
 
-    def decoded_where(one: pb.Batch) -> ingest.Decoded:  # the real decode, its thread noted
+    def decoded_where(one: pb.Batch, pool: Any = None) -> ingest.Decoded:  # the real decode, noted
         where.append(threading.current_thread().name)
-        return decode(one)
+        pools.append(pool)
+        return decode(one, pool)
 
     def submitted(decoded: Any) -> Any:  # the real writer, what it is handed noted
         handed.append(decoded.seq)
@@ -179,6 +181,7 @@ def test_a_small_payload_that_decodes_large_is_decoded_and_refused_off_the_event
         assert [a.status for a in acks] == [pb.Ack.REJECTED] * 2
         assert "ends before it starts" in acks[0].message or "dur_ns" in acks[0].message, acks[0].message
         assert len(where) == 2 and all(w.startswith("argus-decode") for w in where), where
+        assert pools == [decoding_pool()] * 2  # pages given back when freed (argus/memory.py)
         assert handed == []
     finally:
         server.stop()
