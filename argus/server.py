@@ -62,9 +62,13 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
         StoreError: the store cannot be opened (StoreLocked: another process holds it).
     """
     stop = stop if stop is not None else threading.Event()
+    # The handler takes no lock: Python runs it in the main thread between two bytecodes, possibly
+    # inside ``stop.wait`` holding the Event's own lock, where ``stop.set()`` would deadlock (the
+    # node agent hung so under a burst of SIGTERMs). The loop below sees the signal within 0.5 s.
+    signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        signals.append(signum)
 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,7 +105,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
             f"store {_without_password(store.url)}{notes[1]}",
             flush=True,
         )
-        while not stop.wait(0.5):
+        while not signals and not stop.wait(0.5):
             pass
         log.info("stopping")
     finally:
