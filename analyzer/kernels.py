@@ -33,6 +33,7 @@ pairwise distances (``bench/analyzer_scale.py`` measures both).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +44,8 @@ from argus.analyzer.wasserstein import U_WEIGHTS, frechet_median, mixture_quanti
 from argus.analyzer.window import KernelClusters
 
 __all__ = ["COLLECTIVE_REL_FLOOR", "MIN_RANKS", "REL_FLOOR", "KernelScores", "score_kernels"]
+
+_T = TypeVar("_T", bound=np.generic)
 
 #: Smallest W1 excess worth a diagnosis, as a fraction of the reference mean duration.
 REL_FLOOR = 0.05
@@ -91,6 +94,28 @@ def _no_scores(names: tuple[str, ...]) -> KernelScores:
     return KernelScores(zi, zi, np.zeros(0, bool), zi, z, z, z, z, z, z, names)
 
 
+def _group_order(*keys: NDArray[np.int64]) -> NDArray[np.intp] | None:
+    """The stable order that sorts rows by ``keys`` (first key major), as ``np.lexsort(keys[::-1])``;
+    None when the rows are in that order already (a window read in the store's order often is).
+
+    The keys are packed into one int64 where they fit (one sort instead of one per key).
+    """
+    n = keys[0].size
+    packed = np.zeros(n, np.int64)
+    room = 1
+    for key in keys:
+        lo, hi = (int(key.min()), int(key.max())) if n else (0, 0)
+        span = hi - lo + 1
+        room *= span
+        if room >= 2**62:
+            return np.lexsort(keys[::-1])
+        packed *= span
+        packed += key - lo
+    if bool(np.all(packed[1:] >= packed[:-1])):
+        return None
+    return np.argsort(packed, kind="stable")
+
+
 def score_kernels(
     kc: KernelClusters,
     *,
@@ -114,11 +139,14 @@ def score_kernels(
         return _no_scores(kc.kernel_names)
     role_of = roles.of(kc.rank) if roles is not None else np.zeros(kc.rank.size, np.int64)
     # Sort clusters by (role, kernel, stream, rank): a (group, rank) item is contiguous.
-    order = np.lexsort((kc.rank, kc.stream, kc.kernel, role_of))
-    kern, strm, rank = kc.kernel[order], kc.stream[order], kc.rank[order]
-    role = role_of[order]
-    count = kc.count[order].astype(np.float64)
-    total = kc.sum_ns[order]
+    order = _group_order(role_of, kc.kernel, kc.stream, kc.rank)
+
+    def sort(x: NDArray[_T]) -> NDArray[_T]:
+        return x if order is None else x[order]
+
+    kern, strm, rank, role = sort(kc.kernel), sort(kc.stream), sort(kc.rank), sort(role_of)
+    count = sort(kc.count).astype(np.float64)
+    total = sort(kc.sum_ns)
     new_item = np.r_[
         True,
         (kern[1:] != kern[:-1]) | (strm[1:] != strm[:-1]) | (rank[1:] != rank[:-1]) | (role[1:] != role[:-1]),
@@ -130,7 +158,7 @@ def score_kernels(
     item_sum = np.bincount(item, total, n_items)
     item_kern, item_strm, item_rank, item_role = kern[first], strm[first], rank[first], role[first]
     item_coll = np.zeros(n_items, bool)
-    np.logical_or.at(item_coll, item, kc.collective[order])
+    item_coll[item[sort(kc.collective)]] = True  # any of the item's clusters
     new_group = np.r_[
         True,
         (item_kern[1:] != item_kern[:-1])
@@ -139,8 +167,8 @@ def score_kernels(
     ]
     group_start = np.flatnonzero(new_group)
     group_end = np.r_[group_start[1:], n_items]
-    p50, p99 = kc.p50_ns[order], kc.p99_ns[order]
-    log_lo, log_hi = kc.log_lo[order], kc.log_hi[order]
+    p50, p99 = sort(kc.p50_ns), sort(kc.p99_ns)
+    log_lo, log_hi = sort(kc.log_lo), sort(kc.log_hi)
     item_row_end = np.r_[first[1:], item.size]
 
     keep_items: list[NDArray[np.int64]] = []

@@ -438,21 +438,56 @@ def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _R
         if np.any(members):
             typical[role == g] = np.median(means[members])
             comp_typical[:, role == g] = np.median(comp_means[:, members], axis=1)[:, None]
-    out = {}
-    for i, r in enumerate(t.rank.tolist()):
-        own = t.self_ns[i][np.isfinite(t.self_ns[i])]
-        if own.size < CONFIDENT_STEPS or r in flagged:
-            continue
-        med = float(np.median(own))
-        out[r] = _RankWindow(
-            float(np.mean(own)),
-            MAD_TO_SIGMA * float(np.median(np.abs(own - med))),
-            comp_means[:, i],
-            float(np.nanmedian(t.step_ns[i])),
-            float(means[i] - typical[i]),
-            comp_means[:, i] - comp_typical[:, i],
+    # Per rank: mean, MAD and median of its finite self times, and the median of its step times,
+    # for all ranks at once (10,000 ranks: one NumPy pass instead of 10,000 rows of small calls).
+    keep = np.isfinite(t.self_ns).sum(axis=1) >= CONFIDENT_STEPS
+    if flagged:
+        keep &= ~np.isin(t.rank, np.fromiter(flagged, np.int64, len(flagged)))
+    rows = np.flatnonzero(keep)
+    self_ns = t.self_ns[rows]
+    mean_ns, sigma_ns = _row_stats(self_ns, mad=True)
+    step_ns, _ = _row_stats(t.step_ns[rows], mad=False)
+    comp = np.ascontiguousarray(comp_means[:, rows].T)  # (kept, 5)
+    comp_dev = np.ascontiguousarray((comp_means - comp_typical)[:, rows].T)
+    dev = (means - typical)[rows]
+    return {
+        r: _RankWindow(m, s, comp[j], st, d, comp_dev[j])
+        for j, (r, m, s, st, d) in enumerate(
+            zip(
+                t.rank[rows].tolist(),
+                mean_ns.tolist(),
+                (MAD_TO_SIGMA * sigma_ns).tolist(),
+                step_ns.tolist(),
+                dev.tolist(),
+                strict=True,
+            )
         )
-    return out
+    }
+
+
+def _row_stats(x: NDArray[np.float64], *, mad: bool) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Per row of ``x`` ``(n, s)``, over its finite values (NaN where a row has none): with ``mad``,
+    their mean and median absolute deviation from their median; without it, their median (and zeros).
+
+    The same numbers as ``np.mean``, ``np.median`` (and ``np.nanmedian``) of each row's finite values
+    in their order, bit for bit: rows are packed left by their count of finite values and reduced a
+    count at a time, so each row's sum runs over the same values in the same order as one row alone.
+    """
+    finite = np.isfinite(x)
+    count = finite.sum(axis=1)
+    packed = np.take_along_axis(x, np.argsort(~finite, axis=1, kind="stable"), axis=1)
+    first = np.full(x.shape[0], np.nan)
+    second = np.zeros(x.shape[0]) if not mad else np.full(x.shape[0], np.nan)
+    for k in np.unique(count[count > 0]).tolist():
+        rows = np.flatnonzero(count == k)
+        own = packed[rows, :k]
+        if not mad:
+            first[rows] = np.median(own, axis=1)
+            continue
+        med = np.median(own, axis=1)
+        first[rows] = np.mean(own, axis=1)
+        second[rows] = np.median(np.abs(own - med[:, None]), axis=1)
+    return first, second
 
 
 def _suspects(

@@ -115,7 +115,10 @@ def mixture_quantiles(
         # to its own range): those mixtures have closed-form quantiles. Clusters joined from
         # several kernel windows may overlap: those are inverted numerically.
         m_idx = np.flatnonzero(multi)
-        order = m_idx[np.lexsort((lo[m_idx], it[m_idx]))]
+        # Sorted by lo within each mixture (the stable lexsort's order); KDE clusters come so already.
+        m_it, m_lo = it[m_idx], lo[m_idx]
+        descends = (m_it[1:] == m_it[:-1]) & (m_lo[1:] < m_lo[:-1])
+        order = m_idx[np.lexsort((m_lo, m_it))] if bool(np.any(descends)) else m_idx
         same = it[order][1:] == it[order][:-1]
         overlap_pair = same & (hi[order][:-1] > lo[order][1:])
         bad_items = np.unique(it[order][:-1][overlap_pair])
@@ -178,15 +181,15 @@ def _disjoint_quantiles(
     for k in range(padded.shape[1] - 1):
         j += U_POINTS[None, :] >= padded[:, k : k + 1]
     j += starts[:, None]
-    w_j = weight[j]
-    v = U_POINTS[None, :] - (cum_end[j] - w_j)
-    v /= w_j
+    v = U_POINTS[None, :] - (cum_end - weight)[j]
+    v /= weight[j]
     np.clip(v, 0.0, 1.0, out=v)
     mu, sigma = component_params(p50, p99)  # per cluster, then gathered
     x: NDArray[np.float64] = ndtri(v)
     with np.errstate(invalid="ignore"):  # 0 * inf where a cluster has no spread: its median
         x *= sigma[j]
-    np.nan_to_num(x, copy=False, nan=0.0)
+    if not (bool(np.all(sigma > 0)) and bool(np.all(weight > 0))):  # else no NaN can arise
+        np.nan_to_num(x, copy=False, nan=0.0)
     return _to_ns(x, mu[j], lo[j], hi[j])
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from argus.analyzer.kernels import score_kernels
+from argus.analyzer.kernels import _group_order, score_kernels
 from argus.analyzer.window import KernelClusters
 from argus.kde import compress
 
@@ -116,3 +116,18 @@ def test_clusters_of_several_kernel_windows_join_one_mixture() -> None:
     assert int(s.rank.size) == 12
     i = int(np.flatnonzero(s.rank == 3)[0])
     assert s.mean_ns[i] / s.ref_mean_ns[i] > 1.25
+
+
+def test_group_order_is_the_stable_lexsort_order() -> None:
+    """Rows sorted by (role, kernel, stream, rank) as ``np.lexsort`` sorts them, ties (the clusters of
+    one rank's mixture) in their order; None for rows in that order already; past int64, lexsort."""
+    rng = np.random.default_rng(40)
+    n = 5000
+    role = rng.integers(-1, 3, n)
+    kernel, stream, rank = rng.integers(0, 7, n), rng.choice([7, 13, 2**31], n), rng.integers(0, 50, n)
+    order = _group_order(role, kernel, stream, rank)
+    assert order is not None
+    np.testing.assert_array_equal(order, np.lexsort((rank, stream, kernel, role)))
+    assert _group_order(role[order], kernel[order], stream[order], rank[order]) is None
+    huge = rng.integers(0, 2**40, n)
+    np.testing.assert_array_equal(_group_order(huge, huge, rank), np.lexsort((rank, huge, huge)))

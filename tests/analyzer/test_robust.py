@@ -103,3 +103,18 @@ def test_highest_of_keeps_a_real_outlier_and_never_raises_a_score() -> None:
     assert np.all(adjusted <= top)
     assert adjusted[2] > 4.5 and adjusted[3] == 40.0
     assert adjusted[0] < 0.5 < adjusted[1]
+
+
+def test_grouped_median_equals_each_groups_median() -> None:
+    """Per key, the median of its values (NaN ignored; ties and even sizes too), NaN for a key with none."""
+    rng = np.random.default_rng(40)
+    keys = rng.integers(0, 300, 20_000)
+    values = np.round(rng.normal(0.0, 1.0, keys.size), 1)  # many ties
+    values[rng.random(keys.size) < 0.05] = np.nan
+    got = grouped_median(keys, values, 301)
+    for g in range(301):
+        own = values[(keys == g) & ~np.isnan(values)]
+        if own.size:
+            assert got[g] == np.median(own)
+        else:
+            assert np.isnan(got[g])
