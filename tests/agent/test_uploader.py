@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -168,3 +169,27 @@ def test_a_collector_that_does_not_acknowledge_gets_fewer_larger_batches(tmp_pat
         assert up.stats.flushes_held == 1
     finally:
         up.close(0)
+
+
+def _timeslices(thread: threading.Thread) -> int:
+    """Times ``thread`` was scheduled onto a CPU so far (a wake-up, or a preemption while it ran)."""
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+def test_the_flush_thread_sleeps_until_a_flush_can_be_due(sink: Sink, tmp_path: Path) -> None:
+    # It polled flush_due ten times a flush period: an idle node agent woke ten times a second.
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-w", flush_s=1.0)
+    up.start()
+    try:
+        assert up._flusher is not None
+        up.add("job", "steps", steps(0, 4))
+        wait_for(lambda: sink.table("steps").num_rows == 4)  # flushed after a period, acknowledged
+        before = _timeslices(up._flusher)
+        time.sleep(3.0)
+        woke = _timeslices(up._flusher) - before
+        assert woke <= 8, f"the flush thread woke {woke} times in 3 s with nothing to do"
+        up.add("job", "steps", steps(4, 4))  # and still flushes within a period
+        wait_for(lambda: sink.table("steps").num_rows == 8)
+    finally:
+        up.close(1)
