@@ -81,6 +81,7 @@ core). Progress goes to stdout; the last line holds every figure::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -296,18 +297,27 @@ def measure(args: argparse.Namespace) -> None:
         return
     if not args.inprocess_pairs:
         train(ddp, opt, steps=args.warmup)
-        cpu0 = time.process_time()
+        cpu0, threads0, wall0 = time.process_time(), argus_thread_cpu(), time.time()
         times, flags = train(ddp, opt, steps=args.steps, seconds=args.measure_s)
+        threads1, wall1 = argus_thread_cpu(), time.time()
         cpu_per_step = (time.process_time() - cpu0) / max(len(times), 1)
+        # Per thread: (CPU ns, timeslices) spent during the measured steps.
+        spent = {
+            k: [b - a for a, b in zip(threads0[k], v, strict=True)]
+            for k, v in threads1.items()
+            if k in threads0
+        }
         every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, cpu_per_step)
+        dist.all_gather_object(every, (cpu_per_step, spent))
         if rank == 0:
             doc = {
                 "times": times,
                 "capturing": flags,
-                "cpu_per_step": sum(every),
+                "cpu_per_step": sum(c for c, _ in every),
                 "steps_total": args.warmup + len(times),
                 "ends_ns": ends_ns,
+                "threads": [t for _, t in every],
+                "measured_wall": [wall0, wall1],
             }
             Path(args.out).write_text(json.dumps(doc))
     else:
@@ -359,6 +369,50 @@ def graph_run(args: argparse.Namespace, step: Callable[[], None], probe: Any) ->
         doc = {"times": times, "capturing": [], "cpu_per_step": float("nan"), "steps_total": len(times)}
         doc["replays"] = args.warmup + len(times)
     Path(args.out).write_text(json.dumps(doc))
+
+
+def thread_cpu(tid: int, pid: int | str = "self") -> tuple[int, int]:
+    """``(CPU ns, timeslices)`` of thread ``tid`` of process ``pid`` so far, from the scheduler's
+    statistics (``/proc/PID/task/TID/schedstat``: time on a CPU in ns, run-queue wait, timeslices
+    run); ``(0, 0)`` when the thread is gone. A timeslice begins at each wake-up or preemption."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def _argus_run_pid() -> int | None:
+    """The `argus run` process this one runs under (an ancestor), or None."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            return None
+        if b"argus.cli" in argv and b"run" in argv:
+            return pid
+        pid = int(stat[1])
+    return None
+
+
+def argus_thread_cpu() -> dict[str, tuple[int, int]]:
+    """:func:`thread_cpu` of this process's main thread (``main``: training and its hooks), of the
+    probe's shipper thread (``shipper``; absent without a probe) and, on rank 0, every thread of the
+    `argus run` process the job runs under (``run``, summed; absent without one)."""
+    out = {"main": thread_cpu(threading.main_thread().native_id or 0)}
+    for t in threading.enumerate():
+        if t.name == "argus-probe" and t.native_id is not None:
+            out["shipper"] = thread_cpu(t.native_id)
+    run_pid = _argus_run_pid() if os.environ.get("RANK", "0") == "0" else None
+    if run_pid is not None:
+        with contextlib.suppress(OSError):
+            tids = os.listdir(f"/proc/{run_pid}/task")
+            spent = [thread_cpu(int(tid), run_pid) for tid in tids]
+            out["run"] = (sum(ns for ns, _ in spent), sum(n for _, n in spent))
+    return out
 
 
 def _probe() -> Any:
