@@ -73,7 +73,7 @@ class ThreadSampler:
         self.children_s: list[float] = []
         #: Thread id -> its Python name (threads py-spy saw; others keep their kernel ``comm``).
         self.names: dict[int, str] = {}
-        self._spy = shutil.which("py-spy")
+        self._spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
