@@ -53,7 +53,8 @@ mean step over ``--framework-steps`` steps after ``--framework-warmup``, from th
 (``JOB_TIMELINE``), except the demo's: its steps are a third of the frameworks' (about 37 ms on 4 CPU
 ranks), so it measures ``--framework-demo-steps`` steps (default 200, about 7.5 s: what 60 Lightning
 steps take) after its warm-up; 60 demo steps (2.2 s) read anywhere from 0.81 to 1.09 on an idle
-machine. Progress lines add the node agent's CPU per probed run (% of one core); detail lines give each
+machine. Progress lines add the node agent's CPU per probed run (% of one core; the demo's also its
+probes' shipper threads, ``bench/host_cpu.py`` has the whole account); detail lines give each
 job's pairs, a bootstrap 95 % interval and the median-step ratio; the last line is
 ``lightning_step_ratio=… hf_step_ratio=… demo_step_ratio=… pairs=… failed_runs=… load_avg=START/END``.
 
@@ -530,6 +531,8 @@ class Run:
     steps_total: int = 0
     #: Each measured step's end, ns since the epoch.
     ends_ns: list[int] = field(default_factory=list)
+    #: The probes' shipper threads' CPU seconds per second of the measured steps, summed over the ranks.
+    shipper_cpu: float = 0.0
 
     def mark_captures(self, captures: set[tuple[int, int]]) -> None:
         """Flag (in ``capturing``) the steps that overlap one of ``captures`` ((start, end) ns)."""
@@ -555,6 +558,13 @@ class Run:
         if len(on) < 5 or len(off) < 5:
             return None
         return statistics.fmean(on) / statistics.fmean(off)
+
+
+def shipper_cpu(doc: dict[str, Any]) -> float:
+    """The shipper threads' CPU seconds per second of a worker's measured steps (0 without probes)."""
+    t0, t1 = doc.get("measured_wall", (0.0, 0.0))
+    spent = sum(r.get("shipper", (0, 0))[0] for r in doc.get("threads", []))
+    return spent / 1e9 / (t1 - t0) if t1 > t0 else 0.0
 
 
 def free_port() -> int:
@@ -672,6 +682,7 @@ class Bench:
             job_id,
             steps,
             [int(t) for t in got.get("ends_ns", [])],
+            shipper_cpu(got),
         )
         if arm == "stacks" and self.collector is not None:
             self.collector.capture_jobs.discard(job_id)
@@ -686,7 +697,9 @@ class Bench:
             extra = ["--steps", str(self.args.framework_demo_steps), "--measure-s", "0"]
             cmd, out = self.job("demo", self.args.ranks, extra)
             got = self.launch(cmd, out, arm, sock, job_id)
-            return Run(got["times"], agent_cpu=got.get("agent_cpu", 0.0), job_id=job_id)
+            return Run(
+                got["times"], agent_cpu=got.get("agent_cpu", 0.0), job_id=job_id, shipper_cpu=shipper_cpu(got)
+            )
         out = self.work / f"timeline-{self.runs}.json"
         self.runs += 1
         script = str(FRAMEWORK_JOBS / f"{kind}_job.py")
@@ -725,7 +738,8 @@ class Bench:
                     f"{os.getloadavg()[0]:.1f}): plain {plain.mean * 1e3:.1f} ms (median "
                     f"{statistics.median(plain.times) * 1e3:.1f}), argus {argus.mean * 1e3:.1f} ms (median "
                     f"{statistics.median(argus.times) * 1e3:.1f}); argus/plain "
-                    f"{argus.mean / plain.mean:.4f}; agent {argus.agent_cpu * 100:.1f} % of a core",
+                    f"{argus.mean / plain.mean:.4f}; agent {argus.agent_cpu * 100:.1f} % of a core"
+                    + (f", shippers {argus.shipper_cpu * 100:.2f} %" if kind == "demo" else ""),
                     flush=True,
                 )
         return out
@@ -756,7 +770,12 @@ class Bench:
             out.append(got)
             plain = got["plain"].mean
             parts = [
-                f"{arm} {got[arm].mean * 1e3:.2f} ms ({got[arm].cpu_per_step * 1e3:.1f} ms CPU)"
+                f"{arm} {got[arm].mean * 1e3:.2f} ms ({got[arm].cpu_per_step * 1e3:.1f} ms CPU"
+                + (
+                    f"; shippers {got[arm].shipper_cpu * 100:.2f} % of a core)"
+                    if got[arm].shipper_cpu
+                    else ")"
+                )
                 for arm in arms
             ]
             ratios = [f"{arm}/plain {got[arm].mean / plain:.4f}" for arm in arms if arm != "plain"]
