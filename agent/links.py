@@ -5,8 +5,8 @@ bytes and packets each way, errors and drops (``psutil.net_io_counters``, i.e. t
 kernel's ``/proc/net/dev`` of the agent's network namespace); the capacity each way
 (``psutil.net_if_stats`` link speed; for sending, the rate of a ``tbf`` root qdisc when
 that is lower, as ``tc`` reports it); and the root qdisc's backlog (bytes queued at
-the sample), overlimits (times a shaper held a packet back) and drops (``tc -s -j
-qdisc show``, iproute2; left 0 where ``tc`` is missing).
+the sample), overlimits (times a shaper held a packet back) and drops (rtnetlink, as ``tc -s
+qdisc show`` reads them: :mod:`argus.agent.qdiscs`; left 0 where neither netlink nor ``tc`` answers).
 
 Why these: in a ring all-reduce every link carries the same bytes, so throughput
 alone does not tell which node's link is slow. What does is how long each link
@@ -20,10 +20,8 @@ A row has the ``host_samples`` wire columns with ``rank`` = -1 (a node-level row
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +29,10 @@ from typing import Any
 import psutil
 import pyarrow as pa
 
+from argus.agent.qdiscs import Qdisc, read_netlink, read_tc
 from argus.schema import TABLES, wire_schema
 
 __all__ = ["LinkSample", "LinkSampler", "link_rows"]
-
-#: Seconds ``tc`` may take before a sample goes without qdisc figures.
-TC_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -59,42 +55,12 @@ class LinkSample:
     qdisc_drops: int
 
 
-@dataclass(frozen=True)
-class _Qdisc:
-    backlog: int
-    overlimits: int
-    drops: int
-    rate_bps: int  # shaping rate of a tbf root qdisc, 0 if none
-
-
-def _read_qdiscs(tc: str | None) -> dict[str, _Qdisc]:
-    """Root qdisc of every interface, from ``tc -s -j qdisc show``; {} when tc is missing or fails."""
-    if tc is None:
-        return {}
-    try:
-        out = subprocess.run(
-            [tc, "-s", "-j", "qdisc", "show"], capture_output=True, timeout=TC_TIMEOUT_S, check=False
-        ).stdout
-        entries: list[dict[str, Any]] = json.loads(out or b"[]")
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return {}
-    found: dict[str, _Qdisc] = {}
-    for e in entries:
-        if not e.get("root") or "dev" not in e:
-            continue
-        rate = int(e.get("options", {}).get("rate", 0)) * 8 if e.get("kind") == "tbf" else 0
-        found[str(e["dev"])] = _Qdisc(
-            int(e.get("backlog", 0)), int(e.get("overlimits", 0)), int(e.get("drops", 0)), rate
-        )
-    return found
-
-
 class LinkSampler:
     """Produces one :class:`LinkSample` per interface per call to :meth:`sample` (none on the first)."""
 
     def __init__(self) -> None:
         self._tc = shutil.which("tc")
-        self._last: dict[str, tuple[Any, _Qdisc | None]] = {}
+        self._last: dict[str, tuple[Any, Qdisc | None]] = {}
         self._last_ns = 0
 
     def sample(self) -> list[LinkSample]:
@@ -102,7 +68,9 @@ class LinkSampler:
         now = time.time_ns()
         counters = psutil.net_io_counters(pernic=True)
         stats = psutil.net_if_stats()
-        qdiscs = _read_qdiscs(self._tc)
+        qdiscs = read_netlink()
+        if qdiscs is None:  # no netlink here: ask tc
+            qdiscs = read_tc(self._tc)
         out = []
         interval = now - self._last_ns
         for name, c in counters.items():

@@ -4,11 +4,22 @@ Every :data:`FLUSH_S` seconds it closes a step end held too long, decodes the CU
 notes new process groups, samples the host signals (the rank's heartbeat, every
 :data:`SAMPLE_S`), turns every buffer's rows into a batch of its table's wire schema
 (:func:`argus.agent.rows.record_batch`) and hands them to the
-:class:`~argus.agent.sink.AgentLink`. Between shipments it wakes at the edges of the CUPTI duty
-cycle. When the node agent asks (a ``SAMPLE`` frame: it could not attach py-spy), a thread of
-its own samples this process's threads (:func:`argus.agent.stacks.sample_threads`) and the next
-shipment carries the ``stacks`` rows. It never raises into training: a failed shipment is
-logged (the first three) and counted.
+:class:`~argus.agent.sink.AgentLink`. It ships earlier when a row buffer reaches half its
+capacity (:meth:`argus.agent.buffers.RowBuffer.wake_at_half`), so a burst is taken before a buffer
+fills; between shipments it wakes at the edges of the CUPTI duty cycle, and nothing else.
+
+Why once a second: each shipment costs about the same whatever its rows (a frame per table: its
+Arrow batch and IPC stream here, its decoding and row checks in the node agent), and with more
+ranks than cores every cycle Argus spends on the host is one training does not get
+(``bench/host_cpu.py``). Half a second cost the 4 probes of the demo job 0.96 % of a core and the
+node agent's frame intake 0.99 %. A second is the heartbeat's period, so every shipment carries
+one: the heartbeat past a window's end, which the analyzer waits for (docs/design.md §6.1), and
+every row recorded before it leave together, as soon as before.
+
+When the node agent asks (a ``SAMPLE`` frame: it could not attach py-spy), a thread of its own
+samples this process's threads (:func:`argus.agent.stacks.sample_threads`) and the next shipment
+carries the ``stacks`` rows. It never raises into training: a failed shipment is logged (the first
+three) and counted.
 """
 
 from __future__ import annotations
@@ -39,15 +50,15 @@ log = logging.getLogger(__name__)
 
 _Rows = TypeVar("_Rows", pa.Table, pa.RecordBatch)
 
-#: Seconds between two shipments to the node agent.
-FLUSH_S = 0.5
+#: Seconds between two shipments to the node agent (earlier when a row buffer is half full).
+FLUSH_S = 1.0
 #: Seconds between two host samples (the heartbeat).
 SAMPLE_S = 1.0
 #: A step end held for another optimizer is closed after this long without activity.
 IDLE_STEP_NS = 1_000_000_000
 
 
-def _start_thread(run: Callable[[], None], stop: threading.Event) -> threading.Thread:
+def _start_thread(run: Callable[[], None], stop: Callable[[], None]) -> threading.Thread:
     """Start the shipper thread so that it has ended before the interpreter finalizes.
 
     A daemon thread still inside native code (pyarrow) when Python finalizes is
@@ -61,7 +72,7 @@ def _start_thread(run: Callable[[], None], stop: threading.Event) -> threading.T
     register = getattr(threading, "_register_atexit", None)
     thread = threading.Thread(target=run, name="argus-probe", daemon=register is None)
     if register is not None:
-        register(stop.set)
+        register(stop)
     thread.start()
     return thread
 
@@ -95,6 +106,8 @@ class Shipper:
         self.identity: Identity | None = None
         self.link: AgentLink | None = None
         self._stop = threading.Event()
+        #: Wakes the thread: a row buffer is half full, or it is told to stop.
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_sample = 0.0
         self._dropped_reported = 0
@@ -114,12 +127,18 @@ class Shipper:
         return self.identity is not None
 
     def start(self) -> None:
-        """Start the thread."""
-        self._thread = _start_thread(self._run, self._stop)
+        """Start the thread; a row buffer half full wakes it."""
+        for buf in self.recorder.buffers.values():
+            buf.wake_at_half(self._wake)
+        self._thread = _start_thread(self._run, self._halt)
+
+    def _halt(self) -> None:
+        self._stop.set()
+        self._wake.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the thread (from another one) and wait for it for at most ``timeout_s``."""
-        self._stop.set()
+        self._halt()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=timeout_s)
 
@@ -136,13 +155,17 @@ class Shipper:
             wait = next_ship - time.monotonic()
             if self.gpu is not None and self.gpu.active:
                 wait = min(wait, (self.gpu.next_edge_ns - time.time_ns()) / 1e9)
-            if self._stop.wait(max(wait, 0.0)):
+            woken = self._wake.wait(max(wait, 0.0))
+            if self._stop.is_set():
                 return
+            self._wake.clear()  # before the rows are taken: a buffer half full after this wakes again
             try:
                 if self.gpu is not None:
                     self.gpu.edge(time.time_ns())
                 if time.monotonic() >= next_ship:
                     next_ship = time.monotonic() + self.flush_s
+                    self.ship()
+                elif woken:
                     self.ship()
             except Exception:
                 self._errors += 1
@@ -167,7 +190,10 @@ class Shipper:
         recorder.scan_groups()
         mono = time.monotonic()
         if force_sample or mono >= self._next_sample:
-            self._next_sample = mono + SAMPLE_S
+            # Due a period after the last one was due, but half a period ahead of this one at least:
+            # every timed shipment (SAMPLE_S apart, give or take the wake-up's latency) samples, an
+            # early one (a buffer half full) half a period after a sample does not.
+            self._next_sample = max(self._next_sample + SAMPLE_S, mono + SAMPLE_S / 2)
             sample = HostRow._make((*self.sampler.sample(), self._take_dropped(), *recorder.oldest_pending()))
             recorder.buffers["host_samples"].append(sample)
         self._enqueue_buffers(link, identity)

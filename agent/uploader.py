@@ -210,10 +210,11 @@ class Uploader:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = collector_pb2_grpc.CollectorStub(self._channel)
-        #: Set when the channel failed to reach the collector, cleared when it is connected again:
-        #: a drain then has nothing to wait for.
+        #: Set when this agent's stream failed to reach the collector (``UNAVAILABLE``), cleared by its
+        #: next acknowledgement: a drain then has nothing to wait for. (Not the channel's connectivity
+        #: callback: gRPC polls the channel five times a second for it, a thread of its own and its
+        #: event engine's, half of an idle agent's CPU.)
         self._unreachable = threading.Event()
-        self._channel.subscribe(self._on_connectivity, try_to_connect=False)
         self._stream = self._channel.stream_stream(
             _STREAM_METHOD,
             request_serializer=lambda b: b,
@@ -231,6 +232,8 @@ class Uploader:
         self._dropped_unreported = 0
         self._spool_warn_after = 0.0
         self._stop = threading.Event()
+        #: Wakes the flush thread: this agent's batches are all acknowledged, or it stops.
+        self._flush_wake = threading.Event()
         self._flusher: threading.Thread | None = None
         self._senders: dict[str, _Sender] = {}
 
@@ -333,25 +336,19 @@ class Uploader:
 
     def drain(self, timeout_s: float) -> bool:
         """Flush and wait until the spool is empty or ``timeout_s`` passes, or at once when the
-        channel's last attempt to reach the collector failed (nothing would drain); True when empty."""
+        stream's last attempt to reach the collector failed (nothing would drain); True when empty."""
         self.flush()
         deadline = time.monotonic() + timeout_s
         while len(self.spool) and time.monotonic() < deadline and not self._unreachable.is_set():
             time.sleep(0.05)
         return len(self.spool) == 0
 
-    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
-        """The channel's state changed (a gRPC thread): note whether the collector is out of reach."""
-        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            self._unreachable.set()
-        elif state is grpc.ChannelConnectivity.READY:
-            self._unreachable.clear()
-
     def close(self, drain_s: float = 5.0) -> None:
         """Drain for at most ``drain_s``, stop the threads; unsent batches stay spooled."""
         with contextlib.suppress(Exception):
             self.drain(drain_s)
         self._stop.set()
+        self._flush_wake.set()
         for sender in list(self._senders.values()):
             sender.stop()
         if self._flusher is not None:
@@ -423,13 +420,20 @@ class Uploader:
         return seq
 
     def _flush_loop(self) -> None:
-        """Flush when :func:`flush_due` says so, checking every tenth of a flush period."""
+        """Flush when :func:`flush_due` says so, asleep until it may: until a flush period has passed,
+        then, while batches are unacknowledged, until the hold ends or the sender wakes it with every
+        batch acknowledged. (It polled ten times a period: an idle agent woke 10 times a second.)"""
         last, held = time.monotonic(), False
-        while not self._stop.wait(self.flush_s / 10):
+        while True:
+            self._flush_wake.clear()  # before reading the state: a wake-up after this is not lost
+            if self._stop.is_set():
+                return
             waited = time.monotonic() - last
             sender = self._senders.get(self.agent_id)
             if not flush_due(waited, sender.unacked() if sender is not None else 0, self.flush_s):
                 held = held or waited >= self.flush_s
+                until_s = self.flush_s if waited < self.flush_s else HOLD_FLUSHES * self.flush_s
+                self._flush_wake.wait(max(until_s - waited, 0.0))
                 continue
             self.stats.flushes_held += held
             last, held = time.monotonic(), False
@@ -550,6 +554,8 @@ class _Sender:
                         break
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
+                if code == grpc.StatusCode.UNAVAILABLE and not got_ack:
+                    self.up._unreachable.set()  # no collector answered this stream
                 self._on_error(code, exc)
                 self._blame_oldest(code, exc)
             finally:
@@ -626,9 +632,11 @@ class _Sender:
 
     def _on_ack(self, ack: collector_pb2.Ack) -> None:
         stats = self.up.stats
+        self.up._unreachable.clear()
         with self._cond:
             sent = self._inflight.pop(ack.seq, None)
             self._cond.notify_all()
+            drained = self.own and not self._queue and not self._inflight
         if sent is not None:
             stats.ack_ms.append((time.monotonic() - sent) * 1e3)
         self._failures.pop(ack.seq, None)
@@ -641,8 +649,10 @@ class _Sender:
         if ack.status == collector_pb2.Ack.STORED:
             stats.batches_stored += 1
             stats.rows_stored += ack.rows
+            self.up.spool.remove(self.agent_id, ack.seq)
         elif ack.status == collector_pb2.Ack.DUPLICATE:
             stats.batches_duplicate += 1
+            self.up.spool.remove(self.agent_id, ack.seq)
         else:
             entry = self.up.spool.remove(self.agent_id, ack.seq)
             rows = entry.rows if entry is not None else 0
@@ -652,5 +662,7 @@ class _Sender:
             stats.rejections.append(reason)
             log.warning("argus agent: collector rejected a batch (%d rows): %s", rows, reason)
             self.up.count_dropped(rows)
-            return
-        self.up.spool.remove(self.agent_id, ack.seq)
+        if drained:
+            # A flush held for these acknowledgements may go now (after the rows rejected are
+            # counted: the next batch reports them).
+            self.up._flush_wake.set()

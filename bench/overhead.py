@@ -53,7 +53,8 @@ mean step over ``--framework-steps`` steps after ``--framework-warmup``, from th
 (``JOB_TIMELINE``), except the demo's: its steps are a third of the frameworks' (about 37 ms on 4 CPU
 ranks), so it measures ``--framework-demo-steps`` steps (default 200, about 7.5 s: what 60 Lightning
 steps take) after its warm-up; 60 demo steps (2.2 s) read anywhere from 0.81 to 1.09 on an idle
-machine. Progress lines add the node agent's CPU per probed run (% of one core); detail lines give each
+machine. Progress lines add the node agent's CPU per probed run (% of one core; the demo's also its
+probes' shipper threads, ``bench/host_cpu.py`` has the whole account); detail lines give each
 job's pairs, a bootstrap 95 % interval and the median-step ratio; the last line is
 ``lightning_step_ratio=… hf_step_ratio=… demo_step_ratio=… pairs=… failed_runs=… load_avg=START/END``.
 
@@ -81,6 +82,7 @@ core). Progress goes to stdout; the last line holds every figure::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -296,18 +298,27 @@ def measure(args: argparse.Namespace) -> None:
         return
     if not args.inprocess_pairs:
         train(ddp, opt, steps=args.warmup)
-        cpu0 = time.process_time()
+        cpu0, threads0, wall0 = time.process_time(), argus_thread_cpu(), time.time()
         times, flags = train(ddp, opt, steps=args.steps, seconds=args.measure_s)
+        threads1, wall1 = argus_thread_cpu(), time.time()
         cpu_per_step = (time.process_time() - cpu0) / max(len(times), 1)
+        # Per thread: (CPU ns, timeslices) spent during the measured steps.
+        spent = {
+            k: [b - a for a, b in zip(threads0[k], v, strict=True)]
+            for k, v in threads1.items()
+            if k in threads0
+        }
         every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, cpu_per_step)
+        dist.all_gather_object(every, (cpu_per_step, spent))
         if rank == 0:
             doc = {
                 "times": times,
                 "capturing": flags,
-                "cpu_per_step": sum(every),
+                "cpu_per_step": sum(c for c, _ in every),
                 "steps_total": args.warmup + len(times),
                 "ends_ns": ends_ns,
+                "threads": [t for _, t in every],
+                "measured_wall": [wall0, wall1],
             }
             Path(args.out).write_text(json.dumps(doc))
     else:
@@ -359,6 +370,50 @@ def graph_run(args: argparse.Namespace, step: Callable[[], None], probe: Any) ->
         doc = {"times": times, "capturing": [], "cpu_per_step": float("nan"), "steps_total": len(times)}
         doc["replays"] = args.warmup + len(times)
     Path(args.out).write_text(json.dumps(doc))
+
+
+def thread_cpu(tid: int, pid: int | str = "self") -> tuple[int, int]:
+    """``(CPU ns, timeslices)`` of thread ``tid`` of process ``pid`` so far, from the scheduler's
+    statistics (``/proc/PID/task/TID/schedstat``: time on a CPU in ns, run-queue wait, timeslices
+    run); ``(0, 0)`` when the thread is gone. A timeslice begins at each wake-up or preemption."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def _argus_run_pid() -> int | None:
+    """The `argus run` process this one runs under (an ancestor), or None."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            return None
+        if b"argus.cli" in argv and b"run" in argv:
+            return pid
+        pid = int(stat[1])
+    return None
+
+
+def argus_thread_cpu() -> dict[str, tuple[int, int]]:
+    """:func:`thread_cpu` of this process's main thread (``main``: training and its hooks), of the
+    probe's shipper thread (``shipper``; absent without a probe) and, on rank 0, every thread of the
+    `argus run` process the job runs under (``run``, summed; absent without one)."""
+    out = {"main": thread_cpu(threading.main_thread().native_id or 0)}
+    for t in threading.enumerate():
+        if t.name == "argus-probe" and t.native_id is not None:
+            out["shipper"] = thread_cpu(t.native_id)
+    run_pid = _argus_run_pid() if os.environ.get("RANK", "0") == "0" else None
+    if run_pid is not None:
+        with contextlib.suppress(OSError):
+            tids = os.listdir(f"/proc/{run_pid}/task")
+            spent = [thread_cpu(int(tid), run_pid) for tid in tids]
+            out["run"] = (sum(ns for ns, _ in spent), sum(n for _, n in spent))
+    return out
 
 
 def _probe() -> Any:
@@ -476,6 +531,8 @@ class Run:
     steps_total: int = 0
     #: Each measured step's end, ns since the epoch.
     ends_ns: list[int] = field(default_factory=list)
+    #: The probes' shipper threads' CPU seconds per second of the measured steps, summed over the ranks.
+    shipper_cpu: float = 0.0
 
     def mark_captures(self, captures: set[tuple[int, int]]) -> None:
         """Flag (in ``capturing``) the steps that overlap one of ``captures`` ((start, end) ns)."""
@@ -501,6 +558,13 @@ class Run:
         if len(on) < 5 or len(off) < 5:
             return None
         return statistics.fmean(on) / statistics.fmean(off)
+
+
+def shipper_cpu(doc: dict[str, Any]) -> float:
+    """The shipper threads' CPU seconds per second of a worker's measured steps (0 without probes)."""
+    t0, t1 = doc.get("measured_wall", (0.0, 0.0))
+    spent = sum(r.get("shipper", (0, 0))[0] for r in doc.get("threads", []))
+    return spent / 1e9 / (t1 - t0) if t1 > t0 else 0.0
 
 
 def free_port() -> int:
@@ -618,6 +682,7 @@ class Bench:
             job_id,
             steps,
             [int(t) for t in got.get("ends_ns", [])],
+            shipper_cpu(got),
         )
         if arm == "stacks" and self.collector is not None:
             self.collector.capture_jobs.discard(job_id)
@@ -632,7 +697,9 @@ class Bench:
             extra = ["--steps", str(self.args.framework_demo_steps), "--measure-s", "0"]
             cmd, out = self.job("demo", self.args.ranks, extra)
             got = self.launch(cmd, out, arm, sock, job_id)
-            return Run(got["times"], agent_cpu=got.get("agent_cpu", 0.0), job_id=job_id)
+            return Run(
+                got["times"], agent_cpu=got.get("agent_cpu", 0.0), job_id=job_id, shipper_cpu=shipper_cpu(got)
+            )
         out = self.work / f"timeline-{self.runs}.json"
         self.runs += 1
         script = str(FRAMEWORK_JOBS / f"{kind}_job.py")
@@ -671,7 +738,8 @@ class Bench:
                     f"{os.getloadavg()[0]:.1f}): plain {plain.mean * 1e3:.1f} ms (median "
                     f"{statistics.median(plain.times) * 1e3:.1f}), argus {argus.mean * 1e3:.1f} ms (median "
                     f"{statistics.median(argus.times) * 1e3:.1f}); argus/plain "
-                    f"{argus.mean / plain.mean:.4f}; agent {argus.agent_cpu * 100:.1f} % of a core",
+                    f"{argus.mean / plain.mean:.4f}; agent {argus.agent_cpu * 100:.1f} % of a core"
+                    + (f", shippers {argus.shipper_cpu * 100:.2f} %" if kind == "demo" else ""),
                     flush=True,
                 )
         return out
@@ -702,7 +770,12 @@ class Bench:
             out.append(got)
             plain = got["plain"].mean
             parts = [
-                f"{arm} {got[arm].mean * 1e3:.2f} ms ({got[arm].cpu_per_step * 1e3:.1f} ms CPU)"
+                f"{arm} {got[arm].mean * 1e3:.2f} ms ({got[arm].cpu_per_step * 1e3:.1f} ms CPU"
+                + (
+                    f"; shippers {got[arm].shipper_cpu * 100:.2f} % of a core)"
+                    if got[arm].shipper_cpu
+                    else ")"
+                )
                 for arm in arms
             ]
             ratios = [f"{arm}/plain {got[arm].mean / plain:.4f}" for arm in arms if arm != "plain"]

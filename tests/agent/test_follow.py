@@ -1,11 +1,15 @@
-"""`argus run`'s choice of who prints the diagnoses and where it reads them (:mod:`argus.agent.follow`)."""
+"""`argus run`: who prints the diagnoses, where and how it reads them (:mod:`argus.agent.follow`)."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import subprocess
 import sys
+import threading
+import time
 
-from argus.agent.follow import node_rank, server_url
+from argus.agent.follow import Follower, node_rank, server_url
 from tests.agent.jobs import job_env, short_dir
 
 
@@ -45,3 +49,63 @@ def test_with_no_server_to_ask_argus_run_says_so_once_and_gives_no_verdict() -> 
         in done.stderr
     )
     assert "no diagnosis" not in done.stderr
+
+
+class _CountingServer(http.server.ThreadingHTTPServer):
+    """A REST stand-in on a real socket: every job has no diagnosis; counts connections and reads."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.reads = 0
+        self.lock = threading.Lock()
+
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the REST server answers
+
+            def setup(self) -> None:
+                super().setup()
+                with server.lock:
+                    server.connections += 1
+
+            def do_GET(self) -> None:
+                body = json.dumps({"items": [], "next": None}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                with server.lock:
+                    server.reads += 1
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_the_follower_reads_every_poll_over_one_kept_client() -> None:
+    # A client per read (its TLS context and CA bundle) cost ~20 ms of CPU each 2 s beside the job;
+    # one client kept for the job's life holds one connection open across the reads.
+    server = _CountingServer()
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    said: list[str] = []
+    follower = Follower(
+        f"http://127.0.0.1:{server.server_address[1]}", "kept-1", say=said.append, poll_s=0.05
+    )
+    try:
+        follower.start()
+        deadline = time.monotonic() + 30
+        while server.reads < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        follower.finish()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.reads >= 7, server.reads  # the polls and the final read
+    assert server.connections == 1, (server.connections, server.reads)
+    assert said and "no diagnosis" in said[-1]

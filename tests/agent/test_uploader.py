@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -166,5 +167,49 @@ def test_a_collector_that_does_not_acknowledge_gets_fewer_larger_batches(tmp_pat
         batch = collector_pb2.Batch.FromString(up.spool.read("agent-h", 2) or b"")
         assert pa.ipc.open_stream(batch.arrow_ipc).read_all().num_rows == 15
         assert up.stats.flushes_held == 1
+    finally:
+        up.close(0)
+
+
+def _timeslices(thread: threading.Thread) -> int:
+    """Times ``thread`` was scheduled onto a CPU so far (a wake-up, or a preemption while it ran)."""
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+def test_the_flush_thread_sleeps_until_a_flush_can_be_due(sink: Sink, tmp_path: Path) -> None:
+    # It polled flush_due ten times a flush period: an idle node agent woke ten times a second.
+    up = Uploader(sink.address, Spool(tmp_path, 1 << 30), "agent-w", flush_s=1.0)
+    up.start()
+    try:
+        assert up._flusher is not None
+        up.add("job", "steps", steps(0, 4))
+        wait_for(lambda: sink.table("steps").num_rows == 4)  # flushed after a period, acknowledged
+        before = _timeslices(up._flusher)
+        time.sleep(3.0)
+        woke = _timeslices(up._flusher) - before
+        assert woke <= 8, f"the flush thread woke {woke} times in 3 s with nothing to do"
+        up.add("job", "steps", steps(4, 4))  # and still flushes within a period
+        wait_for(lambda: sink.table("steps").num_rows == 8)
+    finally:
+        up.close(1)
+
+
+def test_an_unreachable_collector_ends_a_drain_at_once_and_no_thread_polls_the_channel(
+    tmp_path: Path,
+) -> None:
+    # The channel's connectivity callback cost a thread polling it five times a second (and gRPC's
+    # event engine as much again): half of an idle agent's CPU. The stream's own failure says it now.
+    before = {t.ident for t in threading.enumerate()}
+    up = Uploader("127.0.0.1:1", Spool(tmp_path, 1 << 30), "agent-u", flush_s=60)
+    up.start()
+    try:
+        up.add("job", "steps", steps(0, 4))
+        started = time.monotonic()
+        assert not up.drain(60.0)  # nothing can drain: the stream found no collector
+        assert time.monotonic() - started < 30, "the drain waited for a collector nobody could reach"
+        assert len(up.spool) == 1  # the batch stays spooled for the next agent
+        mine = sorted(t.name for t in threading.enumerate() if t.ident not in before)
+        assert mine == ["argus-flush", "argus-send-agent-u"], mine
     finally:
         up.close(0)
