@@ -210,11 +210,10 @@ class Uploader:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = collector_pb2_grpc.CollectorStub(self._channel)
-        #: Set when this agent's stream failed to reach the collector (``UNAVAILABLE``), cleared by its
-        #: next acknowledgement: a drain then has nothing to wait for. (Not the channel's connectivity
-        #: callback: gRPC polls the channel five times a second for it, a thread of its own and its
-        #: event engine's, half of an idle agent's CPU.)
+        #: Set when the channel failed to reach the collector, cleared when it is connected again:
+        #: a drain then has nothing to wait for.
         self._unreachable = threading.Event()
+        self._channel.subscribe(self._on_connectivity, try_to_connect=False)
         self._stream = self._channel.stream_stream(
             _STREAM_METHOD,
             request_serializer=lambda b: b,
@@ -336,12 +335,19 @@ class Uploader:
 
     def drain(self, timeout_s: float) -> bool:
         """Flush and wait until the spool is empty or ``timeout_s`` passes, or at once when the
-        stream's last attempt to reach the collector failed (nothing would drain); True when empty."""
+        channel's last attempt to reach the collector failed (nothing would drain); True when empty."""
         self.flush()
         deadline = time.monotonic() + timeout_s
         while len(self.spool) and time.monotonic() < deadline and not self._unreachable.is_set():
             time.sleep(0.05)
         return len(self.spool) == 0
+
+    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        """The channel's state changed (a gRPC thread): note whether the collector is out of reach."""
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            self._unreachable.set()
+        elif state is grpc.ChannelConnectivity.READY:
+            self._unreachable.clear()
 
     def close(self, drain_s: float = 5.0) -> None:
         """Drain for at most ``drain_s``, stop the threads; unsent batches stay spooled."""
@@ -554,8 +560,6 @@ class _Sender:
                         break
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if code == grpc.StatusCode.UNAVAILABLE and not got_ack:
-                    self.up._unreachable.set()  # no collector answered this stream
                 self._on_error(code, exc)
                 self._blame_oldest(code, exc)
             finally:
@@ -632,7 +636,6 @@ class _Sender:
 
     def _on_ack(self, ack: collector_pb2.Ack) -> None:
         stats = self.up.stats
-        self.up._unreachable.clear()
         with self._cond:
             sent = self._inflight.pop(ack.seq, None)
             self._cond.notify_all()
