@@ -76,14 +76,16 @@ def test_streams_past_the_limit_are_refused_with_unavailable_and_the_agent_retri
         # With the held streams closed, the agent's retry is served (its back-off is at most 5 s).
         assert up.drain(30) and up.stats.batches_stored == 1
         assert _steps(store, "job-agent") == sample("steps").num_rows
+        # And so is a new stream.
+        assert [a.status for a in stream(server.address, [batch("steps", sample("steps"), seq=2)])] == [
+            pb.Ack.STORED
+        ]
     finally:
+        # Closed whatever failed: chDB holds one engine path per process, a store left open fails
+        # every later test's store.
         up.close()
-    # And so is a new stream.
-    assert [a.status for a in stream(server.address, [batch("steps", sample("steps"), seq=2)])] == [
-        pb.Ack.STORED
-    ]
-    server.stop(5)
-    store.close()
+        server.stop(5)
+        store.close()
 
 
 def test_argus_server_takes_max_streams() -> None:
