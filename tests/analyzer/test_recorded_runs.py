@@ -12,6 +12,7 @@ change fixes one, the test fails until its marker goes.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import pytest
 
@@ -102,21 +103,29 @@ ONSET: dict[str, tuple[tuple[int, ...], str] | None] = {
 }
 
 
-@pytest.fixture(scope="module")
-def onset_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Diagnosis]]:
-    """The ``onset`` recording analysed: job -> diagnoses."""
-    store = open_store(f"chdb://{tmp_path_factory.mktemp('onset')}")
+def _analysed(
+    tmp_path_factory: pytest.TempPathFactory, recording: str, jobs: Iterable[str], window_s: float
+) -> dict[str, list[Diagnosis]]:
+    """Each of ``jobs`` of ``recording`` analysed over its whole span, ``window_s`` windows:
+    job -> diagnoses."""
+    store = open_store(f"chdb://{tmp_path_factory.mktemp(recording)}")
     try:
-        load_recording(store, RECORDINGS / "onset")
+        load_recording(store, RECORDINGS / recording)
         out = {}
-        for job in ONSET:
-            Analyzer(
-                store, window=WindowGrid.from_seconds(ANALYSIS_WINDOW_S), job=job, backlog_s=None
-            ).run_once(now_ns=time.time_ns())
+        for job in jobs:
+            Analyzer(store, window=WindowGrid.from_seconds(window_s), job=job, backlog_s=None).run_once(
+                now_ns=time.time_ns()
+            )
             out[job] = read_diagnoses(store, job)
         return out
     finally:
         store.close()
+
+
+@pytest.fixture(scope="module")
+def onset_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Diagnosis]]:
+    """The ``onset`` recording analysed: job -> diagnoses."""
+    return _analysed(tmp_path_factory, "onset", ONSET, ANALYSIS_WINDOW_S)
 
 
 @pytest.mark.parametrize("job", sorted(ONSET))
@@ -165,18 +174,7 @@ _RECALL_WINDOW_S = 5.0
 @pytest.fixture(scope="module")
 def recall_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Diagnosis]]:
     """The ``recall`` recording analysed: job -> diagnoses."""
-    store = open_store(f"chdb://{tmp_path_factory.mktemp('recall')}")
-    try:
-        load_recording(store, RECORDINGS / "recall")
-        out = {}
-        for job in RECALL:
-            Analyzer(
-                store, window=WindowGrid.from_seconds(_RECALL_WINDOW_S), job=job, backlog_s=None
-            ).run_once(now_ns=time.time_ns())
-            out[job] = read_diagnoses(store, job)
-        return out
-    finally:
-        store.close()
+    return _analysed(tmp_path_factory, "recall", RECALL, _RECALL_WINDOW_S)
 
 
 @pytest.mark.parametrize("job", sorted(RECALL))
@@ -210,18 +208,7 @@ WRONG_TWO: dict[str, tuple[tuple[int, ...], str] | None] = {
 @pytest.fixture(scope="module")
 def wrong_two_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Diagnosis]]:
     """The ``wrong_two`` recording analysed: job -> diagnoses."""
-    store = open_store(f"chdb://{tmp_path_factory.mktemp('wrong_two')}")
-    try:
-        load_recording(store, RECORDINGS / "wrong_two")
-        out = {}
-        for job in WRONG_TWO:
-            Analyzer(
-                store, window=WindowGrid.from_seconds(_RECALL_WINDOW_S), job=job, backlog_s=None
-            ).run_once(now_ns=time.time_ns())
-            out[job] = read_diagnoses(store, job)
-        return out
-    finally:
-        store.close()
+    return _analysed(tmp_path_factory, "wrong_two", WRONG_TWO, _RECALL_WINDOW_S)
 
 
 @pytest.mark.parametrize("job", sorted(WRONG_TWO))
