@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import pytest
 
 from argus.diagnosis import host_slowed_the_job
+from argus.store import ClickHouseStore
 
 #: A live job whose verdict moves with a shared machine's load, kept running and visible in every
 #: report but not asserted: on a 2-core host running 4 CPU ranks the analyzer may also name ranks
@@ -199,6 +201,32 @@ class ArgusServer:
         status = self.stop()
         assert status == 0, f"argus server exited with {status}:\n{self.logs()}"
         return self.start(timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def _embedded_stores_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that leaves an embedded (chDB) store open, and close the store.
+
+    chDB runs one engine per process, on one data dir: a store a test leaves open (a failure
+    before its ``close``) fails every later test that opens another data dir with "EmbeddedServer
+    already initialized" (70 tests of one fresh-clone ``.ci/run``). Stores of module- and
+    session-scoped fixtures are opened before this fixture starts and are not its concern.
+    """
+    opened: list[weakref.ref[Any]] = []
+    connect = ClickHouseStore._connect
+
+    def tracked(store: ClickHouseStore) -> Any:
+        client = connect(store)
+        if store.embedded:
+            opened.append(weakref.ref(client))
+        return client
+
+    monkeypatch.setattr(ClickHouseStore, "_connect", tracked)
+    yield
+    left = [c for ref in opened if (c := ref()) is not None and not getattr(c._backend, "_closed", True)]
+    for client in left:
+        client.close()
+    assert not left, f"the test left {len(left)} embedded store client(s) open: close every store it opens"
 
 
 @pytest.fixture
