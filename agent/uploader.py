@@ -4,7 +4,10 @@
   every ``flush_s`` (held while the collector is behind: :func:`flush_due`) they
   become ``argus.v1.Batch``\\ es of at most
   ``max_message_bytes`` (split by rows), each with the next sequence number of
-  this agent, and go to the :class:`~argus.agent.spool.Spool` *before* being sent.
+  this agent; those of one flush travel as one message (``Batch.members``, up to
+  ``max_message_bytes``, under its first member's seq), answered by one ack: the
+  collector's cost is mostly per message (docs/design.md §3). Each message goes to
+  the :class:`~argus.agent.spool.Spool` *before* being sent.
   :meth:`Uploader.add` returns the flush generation of the rows; once they are
   spooled, ``on_spooled(generation)`` is called (the node agent acknowledges
   the probes' frames then, so a killed agent loses nothing it acknowledged).
@@ -15,7 +18,8 @@
 - When the stream breaks (collector down, restarted, network), the sender
   reconnects with exponential back-off and resends every batch still spooled;
   the collector deduplicates by (agent id, seq). ``RESOURCE_EXHAUSTED`` halves
-  the size limit and re-splits the spooled batches above it: each part is a new
+  the size limit and re-splits the spooled messages above it, a flush into its
+  batches, a batch into parts: each part is a new
   batch (next seq) carrying ``Batch.parent``, the identity its rows had when first
   spooled and its part index (:func:`split_parts`), so the collector stores each
   row once even when the batch was stored whole before its ack was lost. A collector at its
@@ -25,6 +29,9 @@
 - A poison batch (the collector ends the stream on it the same way
   :data:`POISON_TRIES` times in a row) is set aside, logged and counted as lost
   rows, so the batches behind it are stored.
+- A flush the collector refuses whole, with no verdict per member (an older collector
+  reads it as a batch of no job and no table), is spooled again as its batches, one
+  message each, and so is every later flush.
 - Batches left in the spool by an earlier agent process are replayed on their
   own stream, under their original agent id.
 """
@@ -228,6 +235,9 @@ class Uploader:
         #: Called (in a sender's thread) with every ``Ack`` that carries control messages.
         self.on_control: Callable[[collector_pb2.Ack], None] | None = None
         self._seq = itertools.count(1)
+        #: Whether a flush's batches travel as one message (``Batch.members``); cleared when the
+        #: collector refuses one whole (an older collector: :meth:`_Sender._unknown_flush`).
+        self.flushes = True
         self._dropped_unreported = 0
         self._spool_warn_after = 0.0
         self._stop = threading.Event()
@@ -283,41 +293,50 @@ class Uploader:
                 queued, self._queued = self._queued, {}
                 generation = self._generation
                 self._generation += 1
-            made = 0
+            made: list[_Made] = []
             groups = list(queued.items())
-            for i, ((job_id, table, offset), parts) in enumerate(groups):
-                chunks = parts
+            for i, (key, parts) in enumerate(groups):
                 try:
                     data = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
                     chunks = split_rows(data, self.max_message_bytes - _HEADROOM)
-                    while chunks:
-                        self._spool_batch(job_id, table, chunks[0], offset)
-                        chunks = chunks[1:]
-                        made += 1
+                    made += [_Made(key, chunk, self._member(*key[:2], chunk, key[2])) for chunk in chunks]
+                except BaseException as exc:  # nothing spooled yet: every row goes back
+                    self._spool_failed(exc, [(m.key, [m.data]) for m in made] + groups[i:])
+                    return 0
+            spooled = 0
+            for pack in _packs(made, self.max_message_bytes - _HEADROOM if self.flushes else 0):
+                try:
+                    self._spool_message([m.batch for m in pack], sum(m.data.num_rows for m in pack))
                 except BaseException as exc:
-                    # Nothing of this generation is acknowledged: what is not spooled goes back to
-                    # the front of the queue, to be spooled (then acknowledged) by a later flush.
-                    rest = [((job_id, table, offset), chunks), *groups[i + 1 :]]
-                    self._requeue(rest)
-                    self.stats.spool_failures += 1
-                    self.stats.last_error = f"spool: {exc}"
-                    if not isinstance(exc, OSError):
-                        raise
-                    now = time.monotonic()
-                    if now >= self._spool_warn_after:
-                        self._spool_warn_after = now + _WARN_EVERY_S
-                        log.warning(
-                            "argus agent: cannot write the spool %s (%s); %d rows kept in memory, "
-                            "their frames unacknowledged until the spool takes them",
-                            self.spool.root,
-                            exc,
-                            sum(t.num_rows for _, rest_parts in rest for t in rest_parts),
-                        )
-                    return made
+                    self._spool_failed(exc, [(m.key, [m.data]) for m in made[spooled:]])
+                    return spooled
+                spooled += len(pack)
             callback = self.on_spooled
             if callback is not None:
                 callback(generation)
-        return made
+        return spooled
+
+    def _spool_failed(
+        self, exc: BaseException, rest: list[tuple[tuple[str, str, int], list[pa.Table]]]
+    ) -> None:
+        """A flush could not spool ``rest`` (``exc``): nothing of its generation is acknowledged, and
+        what is not spooled goes back to the front of the queue, to be spooled (then acknowledged) by
+        a later flush. Raises ``exc`` again unless it is an ``OSError`` (the spool's)."""
+        self._requeue(rest)
+        self.stats.spool_failures += 1
+        self.stats.last_error = f"spool: {exc}"
+        if not isinstance(exc, OSError):
+            raise exc
+        now = time.monotonic()
+        if now >= self._spool_warn_after:
+            self._spool_warn_after = now + _WARN_EVERY_S
+            log.warning(
+                "argus agent: cannot write the spool %s (%s); %d rows kept in memory, "
+                "their frames unacknowledged until the spool takes them",
+                self.spool.root,
+                exc,
+                sum(t.num_rows for _, rest_parts in rest for t in rest_parts),
+            )
 
     def _requeue(self, groups: list[tuple[tuple[str, str, int], list[pa.Table]]]) -> None:
         """Put rows that could not be spooled back in front of the queue (same groups, same order)."""
@@ -325,7 +344,7 @@ class Uploader:
             newer, self._queued = self._queued, {}
             for key, parts in groups:
                 if parts:
-                    self._queued[key] = list(parts)
+                    self._queued.setdefault(key, []).extend(parts)
             for key, parts in newer.items():
                 self._queued.setdefault(key, []).extend(parts)
 
@@ -391,30 +410,44 @@ class Uploader:
             sender.start()
         return sender
 
-    def _spool_batch(
+    def _member(
         self,
         job_id: str,
         table: str,
         data: pa.Table,
         offset: int,
         parent: collector_pb2.Batch.Parent | None = None,
-    ) -> int:
-        agent_id = self.agent_id
-        with self._lock:
-            dropped, self._dropped_unreported = self._dropped_unreported, 0
-        seq = next(self._seq)
-        batch = collector_pb2.Batch(
-            agent_id=agent_id,
-            seq=seq,
+    ) -> collector_pb2.Batch:
+        """One batch of ``data`` (one table's rows) under this agent's next sequence number."""
+        return collector_pb2.Batch(
+            agent_id=self.agent_id,
+            seq=next(self._seq),
             job_id=job_id,
             table=table_code(table),
             arrow_ipc=ipc_bytes(data),
-            dropped_events=dropped,
             clock_offset_ns=offset,
             parent=parent,
         )
+
+    def _spool_message(self, members: list[collector_pb2.Batch], rows: int) -> int:
+        """Spool ``members`` (this agent's batches, ``rows`` rows in all) as one message: the batch
+        alone, or a flush of several (``Batch.members``) under its first member's seq. The events
+        lost since the last message go with the first member. Returns the message's seq.
+
+        Raises:
+            OSError: the spool could not be written (the lost events are reported later).
+        """
+        agent_id, first = self.agent_id, members[0]
+        with self._lock:
+            dropped, self._dropped_unreported = self._dropped_unreported, 0
+        first.dropped_events = dropped
+        message = (
+            first
+            if len(members) == 1
+            else collector_pb2.Batch(agent_id=agent_id, seq=first.seq, members=members)
+        )
         try:
-            evicted = self.spool.put(agent_id, seq, data.num_rows, batch.SerializeToString())
+            evicted = self.spool.put(agent_id, first.seq, rows, message.SerializeToString())
         except BaseException:
             self.count_dropped(dropped)  # reported with the next batch that is spooled
             raise
@@ -422,8 +455,8 @@ class Uploader:
         self.count_dropped(sum(e.rows for e in evicted))
         sender = self._senders.get(agent_id)
         if sender is not None:
-            sender.notify(seq)
-        return seq
+            sender.notify(first.seq)
+        return first.seq
 
     def _flush_loop(self) -> None:
         """Flush when :func:`flush_due` says so, asleep until it may: until a flush period has passed,
@@ -449,33 +482,70 @@ class Uploader:
                 log.warning("argus agent: making batches failed", exc_info=True)
 
     def _resplit(self, agent_id: str, limit: int) -> None:
-        """Re-split spooled batches of ``agent_id`` bigger than ``limit`` (after RESOURCE_EXHAUSTED)."""
+        """Re-split spooled messages of ``agent_id`` bigger than ``limit`` (after RESOURCE_EXHAUSTED):
+        a flush into its members, each a batch of its own, and a batch into parts (:meth:`_split`)."""
         for seq in self.spool.seqs(agent_id):
             raw = self.spool.read(agent_id, seq)
-            if raw is None or len(raw) <= limit:
-                continue
-            batch = collector_pb2.Batch.FromString(raw)
-            data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
-            name = collector_pb2.Table.Name(batch.table).lower()
-            # Its rows keep the identity they were first spooled with: the part of the parent.
-            if batch.HasField("parent"):
-                origin = (batch.parent.agent_id, batch.parent.seq, max(batch.parent.part, 1))
-            else:
-                origin = (batch.agent_id, batch.seq, 1)
-            parts: list[int] = []
-            try:
+            if raw is not None and len(raw) > limit:
+                self._split(agent_id, seq, collector_pb2.Batch.FromString(raw), limit)
+
+    def _split(self, agent_id: str, seq: int, message: collector_pb2.Batch, limit: int) -> bool:
+        """Spool message ``seq`` of ``agent_id`` again as batches of at most ``limit`` bytes, then
+        forget it; True when it was.
+
+        Each batch (a flush's members one by one) goes as the parts :func:`split_parts` makes, each
+        a new batch (next seq) whose ``parent`` is the identity its rows were first spooled with,
+        and its part index (the whole batch is part 1): so rows stored before under that identity,
+        whole or as another part, are duplicates (docs/design.md §3). A spool that cannot take the
+        parts keeps the message whole."""
+        parts: list[int] = []
+        try:
+            for batch in message.members or [message]:
+                data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
+                name = collector_pb2.Table.Name(batch.table).lower()
+                # Its rows keep the identity they were first spooled with: the part of the parent.
+                if batch.HasField("parent"):
+                    origin = (batch.parent.agent_id, batch.parent.seq, max(batch.parent.part, 1))
+                else:
+                    origin = (batch.agent_id, batch.seq, 1)
                 for index, chunk in split_parts(data, limit - _HEADROOM, origin[2]):
                     parent = collector_pb2.Batch.Parent(agent_id=origin[0], seq=origin[1], part=index)
-                    parts.append(self._spool_batch(batch.job_id, name, chunk, batch.clock_offset_ns, parent))
-            except OSError as exc:  # the spool is full or read-only: keep the batch whole
-                for part in parts:
-                    self.spool.remove(self.agent_id, part)
-                log.warning(
-                    "argus agent: cannot re-split batch %s:%d (%s); it stays whole", agent_id, seq, exc
-                )
-                continue
-            self.spool.remove(agent_id, seq)
-            self.count_dropped(batch.dropped_events)  # reported again, with the next batch spooled
+                    member = self._member(batch.job_id, name, chunk, batch.clock_offset_ns, parent)
+                    parts.append(self._spool_message([member], chunk.num_rows))
+        except OSError as exc:  # the spool is full or read-only: keep the message whole
+            for part in parts:
+                self.spool.remove(self.agent_id, part)
+            log.warning("argus agent: cannot re-split batch %s:%d (%s); it stays whole", agent_id, seq, exc)
+            return False
+        self.spool.remove(agent_id, seq)
+        # Reported again, with the next batch spooled.
+        self.count_dropped(sum(b.dropped_events for b in message.members or [message]))
+        return True
+
+
+@dataclass
+class _Made:
+    """One batch a flush made: the queue it came from (job, table, clock offset), its rows and itself."""
+
+    key: tuple[str, str, int]
+    data: pa.Table
+    batch: collector_pb2.Batch
+
+
+def _packs(made: list[_Made], max_bytes: int) -> Iterator[list[_Made]]:
+    """``made`` in order, as the messages to spool: runs of batches whose payloads add up to at most
+    ``max_bytes`` (a larger batch alone; ``max_bytes`` 0: each alone)."""
+    pack: list[_Made] = []
+    size = 0
+    for m in made:
+        nbytes = len(m.batch.arrow_ipc)
+        if pack and size + nbytes > max_bytes:
+            yield pack
+            pack, size = [], 0
+        pack.append(m)
+        size += nbytes
+    if pack:
+        yield pack
 
 
 class _Sender:
@@ -634,6 +704,24 @@ class _Sender:
             entry.path if entry is not None else "-",
         )
 
+    def _unknown_flush(self, ack: collector_pb2.Ack) -> bool:
+        """Whether ``ack`` refuses a flush as a whole, with no verdict per member: a collector that does
+        not know flushes reads one as a batch of no job and no table. Then the flush goes again as its
+        batches, one message each (:meth:`Uploader._split`), each refused or stored on its own, and
+        so does every later flush of this agent."""
+        if ack.members:
+            return False
+        raw = self.up.spool.read(self.agent_id, ack.seq)
+        message = collector_pb2.Batch.FromString(raw) if raw is not None else None
+        if message is None or not message.members or message.table != collector_pb2.TABLE_UNSPECIFIED:
+            return False
+        if self.up.flushes:
+            log.info(
+                "argus agent: collector %s takes no flushes; sending one batch a message", self.up.target
+            )
+        self.up.flushes = False
+        return self.up._split(self.agent_id, ack.seq, message, self.up.max_message_bytes)
+
     def _on_ack(self, ack: collector_pb2.Ack) -> None:
         stats = self.up.stats
         with self._cond:
@@ -656,12 +744,14 @@ class _Sender:
         elif ack.status == collector_pb2.Ack.DUPLICATE:
             stats.batches_duplicate += 1
             self.up.spool.remove(self.agent_id, ack.seq)
-        else:
+        elif not self._unknown_flush(ack):
             entry = self.up.spool.remove(self.agent_id, ack.seq)
-            rows = entry.rows if entry is not None else 0
+            # A flush's members were answered one by one: the rows its ack does not count were refused.
+            rows = (entry.rows if entry is not None else 0) - (ack.rows if ack.members else 0)
             stats.batches_rejected += 1
             stats.rows_rejected += rows
-            reason = f"seq {ack.seq}: {ack.code or 'REJECTED'}: {ack.message}"
+            refused = [a for a in ack.members if a.status == collector_pb2.Ack.REJECTED] or [ack]
+            reason = "; ".join(f"seq {a.seq}: {a.code or 'REJECTED'}: {a.message}" for a in refused)
             stats.rejections.append(reason)
             log.warning("argus agent: collector rejected a batch (%d rows): %s", rows, reason)
             self.up.count_dropped(rows)

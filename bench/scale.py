@@ -8,8 +8,10 @@ asyncio tasks. Each agent has its own gRPC channel (its own connection) and one
 ``argus.v1.Collector/Stream`` call, and speaks the agent's wire protocol:
 ``Batch`` messages with a unique agent id, sequence numbers from 1, one table's
 rows as an Arrow IPC stream (:func:`argus.agent.protocol.ipc_bytes`, the node
-agent's encoder), at most :data:`MAX_INFLIGHT` unacknowledged (the node agent's
-``max_inflight``); every ``Ack`` is matched to its batch. A stream that ends with
+agent's encoder), a flush's batches as the members of one message (``--per-table``:
+one message each, the wire before flushes), at most :data:`MAX_INFLIGHT` messages
+unacknowledged (the node agent's ``max_inflight``); every ``Ack`` is matched to its
+message. A stream that ends with
 an error is opened again and its unacknowledged batches sent again, as the node
 agent does.
 
@@ -24,7 +26,7 @@ rank, as the probe records it). From the start of window 2 (windows count from
 Like the node agent, every agent flushes once a second (agents spread evenly
 over the second), held while the server has not acknowledged its earlier
 batches, for at most :data:`~argus.agent.uploader.HOLD_FLUSHES` seconds
-(:func:`argus.agent.uploader.flush_due`): one batch per table with the rows
+(:func:`argus.agent.uploader.flush_due`): one message, a batch per table with the rows
 completed since its last flush, the kernel summaries of a window one second
 after the window ends.
 
@@ -73,7 +75,7 @@ diagnoses seen. The simulators share the machine with the server: on a 2-core
 machine read the server's figures with ``simulator_cpu_pct`` in mind.
 
     python bench/scale.py [--agents 1250] [--windows 6] [--window-s 10] [--procs 3] [--drain-s 60]
-                          [--keep DIR] [--no-analyzer]
+                          [--keep DIR] [--no-analyzer] [--per-table]
 """
 
 from __future__ import annotations
@@ -123,6 +125,13 @@ TAIL_S = 2.0
 #: An agent whose stream ended opens a new one this long after, s (the node agent's first back-off).
 RECONNECT_S = 0.2
 NS = 1_000_000_000
+
+
+def _table_name(table: pb.Table.ValueType) -> str:
+    """The wire table name of ``argus.v1.Table`` value ``table``."""
+    return pb.Table.Name(table).lower()
+
+
 TABLES = ("jobs", "ranks", "steps", "phases", "collectives", "kernel_summaries", "host_samples")
 
 
@@ -137,6 +146,8 @@ class Job:
     slow_rank: int
     drain_s: float = 60.0
     t0_ns: int = 0
+    #: Each table's rows a message of its own (the wire before flushes), not one message a flush.
+    per_table: bool = False
 
     @property
     def onset_ns(self) -> int:
@@ -302,33 +313,54 @@ async def _agent(
             except grpc.aio.AioRpcError as exc:
                 failed(exc, " (write)")
 
-    async def send(table: str, data: pa.Table) -> None:
+    async def send(flush: dict[str, pa.Table]) -> None:
+        """One flush: its tables as members of one message, as the node agent sends them
+        (``Uploader.flush``), or one message each (``Job.per_table``)."""
         nonlocal seq
-        seq += 1
-        await room.acquire()
-        batch = pb.Batch(
-            agent_id=agent_id, seq=seq, job_id=JOB_ID, table=table_code(table), arrow_ipc=ipc_bytes(data)
-        )
-        inflight[seq] = (table, data.num_rows, batch)
-        try:
-            await stream[0].write(batch)
-        except grpc.aio.AioRpcError as exc:  # the stream ended: a new one, this batch included
-            failed(exc, " (write)")
-            await reopen()
+        members = []
+        for table, data in flush.items():
+            seq += 1
+            members.append(
+                pb.Batch(
+                    agent_id=agent_id,
+                    seq=seq,
+                    job_id=JOB_ID,
+                    table=table_code(table),
+                    arrow_ipc=ipc_bytes(data),
+                )
+            )
+        messages = [[m] for m in members] if job.per_table or len(members) == 1 else [members]
+        for message in messages:
+            await room.acquire()
+            batch = (
+                message[0]
+                if len(message) == 1
+                else pb.Batch(agent_id=agent_id, seq=message[0].seq, members=message)
+            )
+            names = [_table_name(m.table) for m in message]
+            rows = sum(flush[name].num_rows for name in names)
+            inflight[batch.seq] = ("+".join(names), rows, batch)
+            try:
+                await stream[0].write(batch)
+            except grpc.aio.AioRpcError as exc:  # the stream ended: a new one, this batch included
+                failed(exc, " (write)")
+                await reopen()
+            result.batches += 1
         now = time.time_ns()
         result.first_send_ns = min(result.first_send_ns or now, now)
         result.last_send_ns = max(result.last_send_ns, now)
-        result.batches += 1
-        result.offered[table] = result.offered.get(table, 0) + data.num_rows
+        for table, data in flush.items():
+            result.offered[table] = result.offered.get(table, 0) + data.num_rows
 
     await reopen()
     # A rank attaches half a second before the job's first step, not when the simulator connected
     # (up to a window earlier): sending its rows then would count that idle lead in the rates.
     attach_ns = job.t0_ns - NS // 2
     await asyncio.sleep(max(0.0, (attach_ns - time.time_ns()) / NS))
-    for table, data in prod.fleet.lifecycle(a, attach_ns).items():
+    lifecycle = prod.fleet.lifecycle(a, attach_ns)
+    for table, data in lifecycle.items():
         prod.produced[table] = prod.produced.get(table, 0) + data.num_rows
-        await send(table, data)
+    await send(lifecycle)
     # Agents flush spread evenly over each second, as independent nodes do, and hold a flush while
     # the server has not acknowledged their earlier batches, as the node agent does (flush_due).
     last = job.t0_ns + int(NS * FLUSH_S * ((local + 0.5) / (prod.a1 - prod.a0) - 1))
@@ -348,9 +380,11 @@ async def _agent(
             parts.setdefault(block.table, []).append(block.data.slice(local * n, n))
             prod.take(index)
             index += 1
-        for table, tables in parts.items():
+        if parts:
             # One record batch per table, as the node agent sends (Uploader.flush).
-            await send(table, pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0])
+            await send(
+                {t: pa.concat_tables(d).combine_chunks() if len(d) > 1 else d[0] for t, d in parts.items()}
+            )
         if upto >= job.stop_ns:
             break
     while True:  # every batch acknowledged, on this stream or a new one
@@ -588,6 +622,11 @@ def main() -> None:
         help="run the server without its analyzer: what ingest alone sustains (no lag, no detection)",
     )
     parser.add_argument(
+        "--per-table",
+        action="store_true",
+        help="agents send each table's batch as a message of its own (the wire before flushes)",
+    )
+    parser.add_argument(
         "--keep", type=Path, default=None, help="keep the store and the server's log in this new directory"
     )
     args = parser.parse_args()
@@ -602,6 +641,7 @@ def main() -> None:
             args.drain_s,
             args.keep,
             args.no_analyzer,
+            args.per_table,
         )
     )
 
@@ -616,13 +656,14 @@ def run(
     drain_s: float = 60.0,
     keep: Path | None = None,
     no_analyzer: bool = False,
+    per_table: bool = False,
 ) -> str:
     """Run the benchmark; return its last line (printing progress on the way)."""
     world = agents * ranks_per_agent
     slow = slow_rank if slow_rank is not None else int(world * 0.43) + 1
     window_ns = WindowGrid.from_seconds(window_s).length_ns
     procs = max(1, min(procs, agents))
-    job = Job(agents, ranks_per_agent, window_ns, windows, slow, drain_s)
+    job = Job(agents, ranks_per_agent, window_ns, windows, slow, drain_s, per_table=per_table)
     with tempfile.TemporaryDirectory(prefix="argus-bench-scale-") as tmp:
         root = Path(tmp) if keep is None else keep
         root.mkdir(parents=True, exist_ok=keep is None)

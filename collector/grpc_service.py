@@ -1,7 +1,10 @@
 """The ``argus.v1.Collector`` gRPC service: a thin servicer over :mod:`argus.collector.ingest`.
 
 The servicer only moves messages: each ``Batch`` goes to :func:`ingest.decode` and the
-:class:`BatchWriter`, and each outcome becomes one ``Ack``. It runs on gRPC's asyncio server
+:class:`BatchWriter`, and each outcome becomes one ``Ack``. A node agent's flush (``Batch.members``,
+:func:`ingest.flush_members`) is one message: each member goes the same way, and the flush gets one
+``Ack`` once every member is settled (1,250 agents sent about 5,000 messages a second, one per table,
+each read, parsed and answered by this loop). It runs on gRPC's asyncio server
 (``grpc.aio``) in one event-loop thread of its own: every stream is a coroutine, not a thread.
 With one thread per stream (and a reader thread each), 1,250 node agents meant 2,500 threads
 handing every batch from one to the next under the GIL: the server stored ~1,250 batches a
@@ -47,7 +50,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +132,20 @@ def _decoded_and_checked(batch: pb.Batch) -> ingest.Decoded:
     decoded = ingest.decode(batch, decoding_pool())
     check_values(decoded.table, decoded.data)
     return decoded
+
+
+def _failed(exc: BaseException) -> asyncio.Future[pb.Ack]:
+    """A future of the running loop that already holds ``exc``."""
+    future: asyncio.Future[pb.Ack] = asyncio.get_running_loop().create_future()
+    future.set_exception(exc)
+    return future
+
+
+def _job_ids(batch: pb.Batch) -> list[str]:
+    """The jobs whose rows ``batch`` carries: its own, or its members' (a flush), in order."""
+    if not batch.members:
+        return [batch.job_id]
+    return list(dict.fromkeys(m.job_id for m in batch.members))
 
 
 def grpc_code(exc: BaseException) -> grpc.StatusCode:
@@ -255,6 +272,14 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         """A batch's charge on :attr:`decoded` is given back: the writer settled it."""
         self.decoded.release(cost)
 
+    def _rejected(self, batch: pb.Batch, exc: InvalidBatch) -> pb.Ack:
+        """The REJECTED ``Ack`` of ``batch`` (one batch, a flush or a member of one), counted and logged."""
+        code = grpc_code(exc).name
+        self.metrics.ingest_batches.labels(ingest.TABLE_BY_ENUM.get(batch.table, "unknown"), "rejected").inc()
+        self.metrics.ingest_rejected.labels(code).inc()
+        log.info("rejected batch %s:%d: %s", batch.agent_id, batch.seq, exc)
+        return pb.Ack(seq=batch.seq, status=pb.Ack.REJECTED, code=code, message=str(exc))
+
     async def _answer(
         self, batch: pb.Batch, future: asyncio.Future[pb.Ack], context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.Ack:
@@ -262,19 +287,86 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             # Shielded: a stream that ends meanwhile must not cancel the writer's future.
             return await asyncio.shield(future)
         except InvalidBatch as exc:
-            code = grpc_code(exc).name
-            self.metrics.ingest_batches.labels(
-                ingest.TABLE_BY_ENUM.get(batch.table, "unknown"), "rejected"
-            ).inc()
-            self.metrics.ingest_rejected.labels(code).inc()
-            log.info("rejected batch %s:%d: %s", batch.agent_id, batch.seq, exc)
-            return pb.Ack(seq=batch.seq, status=pb.Ack.REJECTED, code=code, message=str(exc))
+            return self._rejected(batch, exc)
         except ArgusError as exc:
             log.warning("batch %s:%d not stored: %s", batch.agent_id, batch.seq, exc)
             await _abort(context, exc)
         except Exception as exc:
             log.exception("batch %s:%d failed", batch.agent_id, batch.seq)
             await _abort(context, exc)
+
+    async def _submit_flush(
+        self, flush: pb.Batch, members: Sequence[pb.Batch], costs: Sequence[int]
+    ) -> asyncio.Future[pb.Ack]:
+        """Submit each member of ``flush`` (:meth:`_submit`, ``costs`` theirs); the future holds the
+        flush's one Ack once every member is settled (:meth:`_flush_ack`), or the first error that
+        leaves a member unstored."""
+        futures = [await self._submit(m, c) for m, c in zip(members, costs, strict=True)]
+        joined: asyncio.Future[pb.Ack] = asyncio.get_running_loop().create_future()
+        left = len(futures)
+
+        def settled(_: asyncio.Future[pb.Ack]) -> None:
+            nonlocal left
+            left -= 1
+            if left or joined.cancelled():
+                return
+            outcome = self._flush_ack(flush, members, futures)
+            if isinstance(outcome, pb.Ack):
+                joined.set_result(outcome)
+            else:
+                joined.set_exception(outcome)
+
+        for future in futures:
+            future.add_done_callback(settled)
+        return joined
+
+    def _flush_ack(
+        self, flush: pb.Batch, members: Sequence[pb.Batch], futures: Sequence[asyncio.Future[pb.Ack]]
+    ) -> pb.Ack | BaseException:
+        """The Ack of ``flush`` from its members' settled ``futures`` (``Ack.members``, docs/design.md
+        §3), or the first error that is not a refusal (the flush stays unacknowledged, resent whole)."""
+        # Every member's error is read (asyncio logs those never read), the first that keeps a member
+        # unstored answers the flush.
+        errors = [StoreError(SHUTTING_DOWN) if f.cancelled() else f.exception() for f in futures]
+        unstored = [e for e in errors if e is not None and not isinstance(e, InvalidBatch)]
+        if unstored:
+            return unstored[0]
+        acks = [
+            self._rejected(member, error) if isinstance(error, InvalidBatch) else future.result()
+            for member, future, error in zip(members, futures, errors, strict=True)
+        ]
+        rows = sum(a.rows for a in acks)
+        statuses = {a.status for a in acks}
+        if pb.Ack.REJECTED in statuses:
+            return pb.Ack(seq=flush.seq, status=pb.Ack.REJECTED, rows=rows, members=acks)
+        status = pb.Ack.DUPLICATE if statuses == {pb.Ack.DUPLICATE} else pb.Ack.STORED
+        return pb.Ack(seq=flush.seq, status=status, rows=rows)
+
+    async def _take(self, batch: pb.Batch, budget: _Budget) -> tuple[asyncio.Future[pb.Ack], int]:
+        """Reserve room for ``batch`` (a batch or a flush) on ``budget`` and :attr:`decoded`, then
+        submit it; its future to answer, and the bytes of its Arrow payloads."""
+        try:
+            members = ingest.flush_members(batch)
+        except InvalidBatch as exc:
+            return _failed(exc), 0
+        # The payload's size: upb's ByteSize() encodes the whole message to count it.
+        payloads = [m.arrow_ipc for m in members] if members else [batch.arrow_ipc]
+        size = sum(len(p) for p in payloads)
+        await budget.reserve(size)
+        costs = [batch_cost(p) for p in payloads]
+        cost = sum(costs)
+        await self.decoded.acquire(cost)
+        try:
+            if members:
+                future = await self._submit_flush(batch, members, costs)
+            else:
+                future = await self._submit(batch, cost)
+        except BaseException:
+            self.decoded.release(cost)
+            raise
+        # Given back when the writer settles it (written, refused, failed), not at its ack.
+        future.add_done_callback(functools.partial(self._given_back, cost))
+        return future, size
 
     async def _pipelined(self, requests: AsyncIterator[pb.Batch]) -> AsyncIterator[_Item]:
         """The stream's batches with their acks to come, arrival times and sizes, in order.
@@ -289,18 +381,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         async def read() -> None:
             try:
                 async for batch in requests:
-                    # The payload's size: upb's ByteSize() encodes the whole message to count it.
-                    arrived, size = time.monotonic(), len(batch.arrow_ipc)
-                    await budget.reserve(size)
-                    cost = batch_cost(batch.arrow_ipc)
-                    await self.decoded.acquire(cost)
-                    try:
-                        future = await self._submit(batch, cost)
-                    except BaseException:
-                        self.decoded.release(cost)
-                        raise
-                    # Given back when the writer settles it (written, refused, failed), not at its ack.
-                    future.add_done_callback(functools.partial(self._given_back, cost))
+                    arrived = time.monotonic()
+                    future, size = await self._take(batch, budget)
                     await ahead.put((batch, future, arrived, size))
                 await ahead.put(None)
             except asyncio.CancelledError:
@@ -332,10 +414,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             passed: set[str] = set()  # capture ids passed on this stream
             async for batch, future, arrived, _ in self._pipelined(request_iterator):
                 ack = await self._answer(batch, future, context)
-                for capture in self.captures.cached(batch.job_id):
-                    if capture.capture_id not in passed:
-                        passed.add(capture.capture_id)
-                        ack.stack_captures.append(capture)
+                for job_id in _job_ids(batch):
+                    for capture in self.captures.cached(job_id):
+                        if capture.capture_id not in passed:
+                            passed.add(capture.capture_id)
+                            ack.stack_captures.append(capture)
                 self.metrics.ingest_ack_seconds.observe(time.monotonic() - arrived)
                 yield ack
         finally:

@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61rgus/proto/collector.proto\x12\x08\x61rgus.v1\"\xf9\x01\n\x05\x42\x61tch\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x1e\n\x05table\x18\x04 \x01(\x0e\x32\x0f.argus.v1.Table\x12\x11\n\tarrow_ipc\x18\x05 \x01(\x0c\x12\x16\n\x0e\x64ropped_events\x18\x06 \x01(\x04\x12\x17\n\x0f\x63lock_offset_ns\x18\x07 \x01(\x12\x12&\n\x06parent\x18\x14 \x01(\x0b\x32\x16.argus.v1.Batch.Parent\x1a\x35\n\x06Parent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04part\x18\x03 \x01(\x04\"\xe6\x01\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12$\n\x06status\x18\x02 \x01(\x0e\x32\x14.argus.v1.Ack.Status\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04rows\x18\x05 \x01(\x04\x12.\n\x0estack_captures\x18\n \x03(\x0b\x32\x16.argus.v1.StackCapture\"I\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\r\n\tDUPLICATE\x10\x02\x12\x0c\n\x08REJECTED\x10\x03J\x04\x08\x0b\x10\x14\"h\n\x0cStackCapture\x12\x12\n\ncapture_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\r\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x10\n\x08\x62locking\x18\x05 \x01(\x08\"%\n\x0c\x43lockRequest\x12\x15\n\ragent_send_ns\x18\x01 \x01(\x03\"6\n\nClockReply\x12\x15\n\ragent_send_ns\x18\x01 \x01(\x03\x12\x11\n\tserver_ns\x18\x02 \x01(\x03*\xa2\x01\n\x05Table\x12\x15\n\x11TABLE_UNSPECIFIED\x10\x00\x12\x08\n\x04JOBS\x10\x01\x12\t\n\x05RANKS\x10\x02\x12\t\n\x05STEPS\x10\x03\x12\n\n\x06PHASES\x10\x04\x12\x0f\n\x0b\x43OLLECTIVES\x10\x05\x12\x14\n\x10KERNEL_SUMMARIES\x10\x06\x12\x11\n\rKERNEL_EVENTS\x10\x07\x12\x10\n\x0cHOST_SAMPLES\x10\x08\x12\n\n\x06STACKS\x10\t2p\n\tCollector\x12,\n\x06Stream\x12\x0f.argus.v1.Batch\x1a\r.argus.v1.Ack(\x01\x30\x01\x12\x35\n\x05\x43lock\x12\x16.argus.v1.ClockRequest\x1a\x14.argus.v1.ClockReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61rgus/proto/collector.proto\x12\x08\x61rgus.v1\"\x9b\x02\n\x05\x42\x61tch\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x1e\n\x05table\x18\x04 \x01(\x0e\x32\x0f.argus.v1.Table\x12\x11\n\tarrow_ipc\x18\x05 \x01(\x0c\x12\x16\n\x0e\x64ropped_events\x18\x06 \x01(\x04\x12\x17\n\x0f\x63lock_offset_ns\x18\x07 \x01(\x12\x12&\n\x06parent\x18\x14 \x01(\x0b\x32\x16.argus.v1.Batch.Parent\x12 \n\x07members\x18\x15 \x03(\x0b\x32\x0f.argus.v1.Batch\x1a\x35\n\x06Parent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0c\n\x04part\x18\x03 \x01(\x04\"\x86\x02\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12$\n\x06status\x18\x02 \x01(\x0e\x32\x14.argus.v1.Ack.Status\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04rows\x18\x05 \x01(\x04\x12\x1e\n\x07members\x18\x06 \x03(\x0b\x32\r.argus.v1.Ack\x12.\n\x0estack_captures\x18\n \x03(\x0b\x32\x16.argus.v1.StackCapture\"I\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\r\n\tDUPLICATE\x10\x02\x12\x0c\n\x08REJECTED\x10\x03J\x04\x08\x0b\x10\x14\"h\n\x0cStackCapture\x12\x12\n\ncapture_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\r\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x10\n\x08\x62locking\x18\x05 \x01(\x08\"%\n\x0c\x43lockRequest\x12\x15\n\ragent_send_ns\x18\x01 \x01(\x03\"6\n\nClockReply\x12\x15\n\ragent_send_ns\x18\x01 \x01(\x03\x12\x11\n\tserver_ns\x18\x02 \x01(\x03*\xa2\x01\n\x05Table\x12\x15\n\x11TABLE_UNSPECIFIED\x10\x00\x12\x08\n\x04JOBS\x10\x01\x12\t\n\x05RANKS\x10\x02\x12\t\n\x05STEPS\x10\x03\x12\n\n\x06PHASES\x10\x04\x12\x0f\n\x0b\x43OLLECTIVES\x10\x05\x12\x14\n\x10KERNEL_SUMMARIES\x10\x06\x12\x11\n\rKERNEL_EVENTS\x10\x07\x12\x10\n\x0cHOST_SAMPLES\x10\x08\x12\n\n\x06STACKS\x10\t2p\n\tCollector\x12,\n\x06Stream\x12\x0f.argus.v1.Batch\x1a\r.argus.v1.Ack(\x01\x30\x01\x12\x35\n\x05\x43lock\x12\x16.argus.v1.ClockRequest\x1a\x14.argus.v1.ClockReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'argus.proto.collector_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TABLE']._serialized_start=728
-  _globals['_TABLE']._serialized_end=890
+  _globals['_TABLE']._serialized_start=794
+  _globals['_TABLE']._serialized_end=956
   _globals['_BATCH']._serialized_start=42
-  _globals['_BATCH']._serialized_end=291
-  _globals['_BATCH_PARENT']._serialized_start=238
-  _globals['_BATCH_PARENT']._serialized_end=291
-  _globals['_ACK']._serialized_start=294
-  _globals['_ACK']._serialized_end=524
-  _globals['_ACK_STATUS']._serialized_start=445
-  _globals['_ACK_STATUS']._serialized_end=518
-  _globals['_STACKCAPTURE']._serialized_start=526
-  _globals['_STACKCAPTURE']._serialized_end=630
-  _globals['_CLOCKREQUEST']._serialized_start=632
-  _globals['_CLOCKREQUEST']._serialized_end=669
-  _globals['_CLOCKREPLY']._serialized_start=671
-  _globals['_CLOCKREPLY']._serialized_end=725
-  _globals['_COLLECTOR']._serialized_start=892
-  _globals['_COLLECTOR']._serialized_end=1004
+  _globals['_BATCH']._serialized_end=325
+  _globals['_BATCH_PARENT']._serialized_start=272
+  _globals['_BATCH_PARENT']._serialized_end=325
+  _globals['_ACK']._serialized_start=328
+  _globals['_ACK']._serialized_end=590
+  _globals['_ACK_STATUS']._serialized_start=511
+  _globals['_ACK_STATUS']._serialized_end=584
+  _globals['_STACKCAPTURE']._serialized_start=592
+  _globals['_STACKCAPTURE']._serialized_end=696
+  _globals['_CLOCKREQUEST']._serialized_start=698
+  _globals['_CLOCKREQUEST']._serialized_end=735
+  _globals['_CLOCKREPLY']._serialized_start=737
+  _globals['_CLOCKREPLY']._serialized_end=791
+  _globals['_COLLECTOR']._serialized_start=958
+  _globals['_COLLECTOR']._serialized_end=1070
 # @@protoc_insertion_point(module_scope)

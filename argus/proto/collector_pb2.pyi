@@ -4,7 +4,8 @@ isort:skip_file
 Wire protocol between node agents and collectors (docs/design.md §3).
 
 A node agent opens one bidirectional Stream and sends Batches; the collector
-answers each Batch with exactly one Ack naming its sequence number. Columns
+answers each Batch with exactly one Ack naming its sequence number. A flush of
+several tables travels as one Batch carrying them as members. Columns
 travel as an Arrow IPC stream, so the collector never loops over events in
 Python. Time is integer nanoseconds since the Unix epoch everywhere.
 """
@@ -96,6 +97,7 @@ class Batch(_message.Message):
     DROPPED_EVENTS_FIELD_NUMBER: _builtins.int
     CLOCK_OFFSET_NS_FIELD_NUMBER: _builtins.int
     PARENT_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """Unique per agent process: never reused with a reset sequence
     (agents include their start time in it).
@@ -120,6 +122,17 @@ class Batch(_message.Message):
         The deduplication key is then (parent.agent_id, parent.seq, parent.part).
         """
 
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Batch]:
+        """A flush: the batches a node agent made at once (every table, job and clock
+        offset it flushed), as one message answered by one Ack. Each member is a
+        whole batch with its own seq (and parent): the deduplication key stays per
+        member, so a flush resent, regrouped, re-split into its members' parts or
+        sent as separate batches stores each member's rows once. A message with
+        members carries agent_id and seq (the Ack's) and no table, payload, job,
+        parent or members of the members; its seq is its first member's.
+        """
+
     def __init__(
         self,
         *,
@@ -131,10 +144,11 @@ class Batch(_message.Message):
         dropped_events: _builtins.int = ...,
         clock_offset_ns: _builtins.int = ...,
         parent: Global___Batch.Parent | None = ...,
+        members: _abc.Iterable[Global___Batch] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["parent", b"parent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "arrow_ipc", b"arrow_ipc", "clock_offset_ns", b"clock_offset_ns", "dropped_events", b"dropped_events", "job_id", b"job_id", "parent", b"parent", "seq", b"seq", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "arrow_ipc", b"arrow_ipc", "clock_offset_ns", b"clock_offset_ns", "dropped_events", b"dropped_events", "job_id", b"job_id", "members", b"members", "parent", b"parent", "seq", b"seq", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -172,6 +186,7 @@ class Ack(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     STACK_CAPTURES_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     status: Global___Ack.Status.ValueType
@@ -180,7 +195,15 @@ class Ack(_message.Message):
     message: _builtins.str
     """What was wrong with the batch, naming the column or field."""
     rows: _builtins.int
-    """Rows written (STORED) or found (DUPLICATE)."""
+    """Rows written (STORED) or found (DUPLICATE); of a flush, of all its members."""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Ack]:
+        """Of a flush (Batch.members) of which a member was rejected: one Ack per
+        member, in order (the others STORED or DUPLICATE); empty otherwise. The
+        flush's own status is then REJECTED. A flush whose members were all stored
+        or found is STORED (DUPLICATE when every member was found).
+        """
+
     @_builtins.property
     def stack_captures(self) -> _containers.RepeatedCompositeFieldContainer[Global___StackCapture]:
         """Control messages to the agent, in the range reserved for them (10 to 19).
@@ -196,11 +219,12 @@ class Ack(_message.Message):
         code: _builtins.str = ...,
         message: _builtins.str = ...,
         rows: _builtins.int = ...,
+        members: _abc.Iterable[Global___Ack] | None = ...,
         stack_captures: _abc.Iterable[Global___StackCapture] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "rows", b"rows", "seq", b"seq", "stack_captures", b"stack_captures", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "members", b"members", "message", b"message", "rows", b"rows", "seq", b"seq", "stack_captures", b"stack_captures", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,7 +4,8 @@ isort:skip_file
 Wire protocol between node agents and collectors (docs/design.md §3).
 
 A node agent opens one bidirectional Stream and sends Batches; the collector
-answers each Batch with exactly one Ack naming its sequence number. Columns
+answers each Batch with exactly one Ack naming its sequence number. A flush of
+several tables travels as one Batch carrying them as members. Columns
 travel as an Arrow IPC stream, so the collector never loops over events in
 Python. Time is integer nanoseconds since the Unix epoch everywhere.
 """

@@ -1,7 +1,7 @@
 """A minimal in-memory ``argus.v1.Collector`` over real gRPC, for the agent's own tests.
 
-It decodes each batch's Arrow payload and keeps the rows per table, deduplicating
-by (agent id, seq) like the real collector; it can be told to reject batches, or
+It decodes each batch's Arrow payload (a flush's members one by one) and keeps the rows
+per table, deduplicating by (agent id, seq) like the real collector; it can be told to reject batches, or
 to end the stream on some (as a collector failing to store them does).
 End-to-end tests use the real ``argus server`` instead.
 """
@@ -37,41 +37,59 @@ class SinkServicer(collector_pb2_grpc.CollectorServicer):
     def Stream(self, request_iterator: Any, context: Any) -> Any:
         for batch in request_iterator:
             self.received += 1
-            key = (batch.agent_id, batch.seq)
-            with self.lock:
-                if key in self.seen:
-                    yield collector_pb2.Ack(seq=batch.seq, status=collector_pb2.Ack.DUPLICATE)
-                    continue
-            name = collector_pb2.Table.Name(batch.table).lower()
-            broken = self.fail(batch) if self.fail else None
-            if broken is not None:
-                self.failed.append(batch.seq)
-                context.abort(grpc.StatusCode.INTERNAL, broken)
-            reason = self.reject(batch) if self.reject else None
-            if reason is None:
-                try:
-                    data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
-                    if not data.schema.equals(wire_schema(name)):
-                        reason = f"schema of {name} differs"
-                except Exception as exc:
-                    reason = str(exc)
-            if reason is not None:
+            if not batch.members:
+                yield self._one(batch, context)
+                continue
+            # A flush: each member as a batch of its own, one Ack (docs/design.md §3).
+            acks = [self._one(member, context) for member in batch.members]
+            rows = sum(a.rows for a in acks)
+            statuses = {a.status for a in acks}
+            if collector_pb2.Ack.REJECTED in statuses:
                 yield collector_pb2.Ack(
-                    seq=batch.seq, status=collector_pb2.Ack.REJECTED, code="INVALID_ARGUMENT", message=reason
+                    seq=batch.seq, status=collector_pb2.Ack.REJECTED, rows=rows, members=acks
                 )
                 continue
-            with self.lock:
-                self.seen.add(key)
-                self.batches.append(batch)
-                self.tables[name].append(
-                    data.append_column("job_id", pa.array([batch.job_id] * data.num_rows))
-                )
+            both = statuses == {collector_pb2.Ack.DUPLICATE}
             yield collector_pb2.Ack(
                 seq=batch.seq,
-                status=collector_pb2.Ack.STORED,
-                rows=data.num_rows,
-                stack_captures=list(self.stack_captures),
+                status=collector_pb2.Ack.DUPLICATE if both else collector_pb2.Ack.STORED,
+                rows=rows,
+                stack_captures=list(self.stack_captures) if not both else [],
             )
+
+    def _one(self, batch: collector_pb2.Batch, context: Any) -> collector_pb2.Ack:
+        """The Ack of one batch (alone or a flush's member); ends the stream as ``fail`` says."""
+        key = (batch.agent_id, batch.seq)
+        with self.lock:
+            if key in self.seen:
+                return collector_pb2.Ack(seq=batch.seq, status=collector_pb2.Ack.DUPLICATE)
+        name = collector_pb2.Table.Name(batch.table).lower()
+        broken = self.fail(batch) if self.fail else None
+        if broken is not None:
+            self.failed.append(batch.seq)
+            context.abort(grpc.StatusCode.INTERNAL, broken)
+        reason = self.reject(batch) if self.reject else None
+        if reason is None:
+            try:
+                data = pa.ipc.open_stream(batch.arrow_ipc).read_all()
+                if not data.schema.equals(wire_schema(name)):
+                    reason = f"schema of {name} differs"
+            except Exception as exc:
+                reason = str(exc)
+        if reason is not None:
+            return collector_pb2.Ack(
+                seq=batch.seq, status=collector_pb2.Ack.REJECTED, code="INVALID_ARGUMENT", message=reason
+            )
+        with self.lock:
+            self.seen.add(key)
+            self.batches.append(batch)
+            self.tables[name].append(data.append_column("job_id", pa.array([batch.job_id] * data.num_rows)))
+        return collector_pb2.Ack(
+            seq=batch.seq,
+            status=collector_pb2.Ack.STORED,
+            rows=data.num_rows,
+            stack_captures=list(self.stack_captures),
+        )
 
     def Clock(self, request: Any, context: Any) -> Any:
         return collector_pb2.ClockReply(
