@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from argus import config
+from argus.agent.foreign_threads import adopt
 from argus.agent.guard import call
 
 __all__ = ["CollectiveRecorder", "Correlator", "install", "nbytes", "recorded_allreduce", "uninstall"]
@@ -315,7 +316,12 @@ def recorded_allreduce(process_group: Any, bucket: Any) -> Any:
 
 
 def _bucket_done(rec: Any, key: int, uid: int, fut: Any) -> Any:
-    """The bucket's result, its collective closed by ``rec`` (an error in Argus only loses the record)."""
+    """The bucket's result, its collective closed by ``rec`` (an error in Argus only loses the record).
+
+    Runs on the thread that completed the all-reduce (gloo's worker on CPU), whose Python thread
+    state :func:`argus.agent.foreign_threads.adopt` keeps for the next bucket.
+    """
+    adopt()
     try:
         return rec.bucket_done(key, uid, fut)
     except Exception:
