@@ -27,6 +27,7 @@ import torch.distributed as dist
 from argus.agent.buffers import RowBuffer
 from argus.agent.collectives import Correlator
 from argus.agent.cupti import CollectiveJoin
+from argus.agent.foreign_threads import adopt
 from argus.agent.rows import CollectiveRow, RankEvent
 from argus.agent.steps import StepTracker
 
@@ -189,6 +190,8 @@ class Recorder:
             self._pending_dropped += 1
 
     def _work_done(self, key: int, uid: int, _fut: Any) -> None:
+        # On the thread that completed the work (gloo's worker): keep its Python state for the next.
+        adopt()
         self.close_collective(key, time.time_ns(), uid)
 
     def open_collective(

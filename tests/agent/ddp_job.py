@@ -3,13 +3,16 @@
 Knobs: ``--steps``, ``--delay-rank/--delay-s/--delay-from/--delay-to`` (sleep before backward
 in steps ``[delay-from, delay-to)``),
 ``--hook fp16`` (the user's own DDP comm hook), ``--inplace`` (a model with
-in-place ops), ``--loss-out FILE`` (rank 0 writes the final loss). Deterministic:
+in-place ops), ``--loss-out FILE`` (rank 0 writes the final loss), ``--callback-states FILE``
+(after training, rank 0 writes what :func:`callback_states` saw). Deterministic:
 same seeds, same data, so two runs give the same loss.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import threading
 import time
 from collections.abc import Callable
 
@@ -74,6 +77,32 @@ def every_collective(world: int, rank: int) -> list[Callable[[], object]]:
     ]
 
 
+def callback_states(rank: int, rounds: int = 20) -> list[tuple[int, bool]]:
+    """``rounds`` async all-reduces whose ``then`` callback notes ``(thread id, whether this thread's
+    threading.local already held a mark)`` and sets the mark, when it runs on a thread other than
+    the main one (rank 1 starts each all-reduce late, so rank 0's completes on gloo's worker).
+
+    A thread whose Python thread state lives on between callbacks keeps its mark; one that gets a
+    fresh state per callback (a C++ thread CPython does not know) never shows one."""
+    local = threading.local()
+    main_thread = threading.get_ident()
+    seen: list[tuple[int, bool]] = []
+
+    def note(fut: torch.futures.Future[list[torch.Tensor]]) -> list[torch.Tensor]:
+        if threading.get_ident() != main_thread:
+            seen.append((threading.get_ident(), getattr(local, "mark", False)))
+            local.mark = True
+        return fut.value()
+
+    for _ in range(rounds):
+        if rank == 1:
+            time.sleep(0.02)
+        work = dist.all_reduce(torch.ones(8), async_op=True)
+        assert work is not None
+        work.get_future().then(note).wait()
+    return seen
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
@@ -85,6 +114,7 @@ def main() -> None:
     p.add_argument("--hook", choices=["none", "fp16"], default="none")
     p.add_argument("--inplace", action="store_true")
     p.add_argument("--loss-out", default="")
+    p.add_argument("--callback-states", default="", help="rank 0 writes callback_states() here (JSON)")
     p.add_argument("--subgroups", action="store_true", help="pairs of ranks all-reduce 3 times at the end")
     p.add_argument(
         "--p2p",
@@ -162,6 +192,11 @@ def main() -> None:
             work = call()
             if work is not None:
                 work.wait()
+    if args.callback_states:
+        states = callback_states(rank)
+        if rank == 0:
+            with open(args.callback_states, "w") as f:
+                json.dump(states, f)
     final = loss.detach().clone()
     dist.all_reduce(final)
     if rank == 0 and args.loss_out:

@@ -10,6 +10,7 @@ collective they wait in, which the stuck rank never issued.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -303,3 +304,43 @@ def test_every_public_collective_is_recorded_with_its_op(argus_server_factory) -
         assert tail == [*EVERY_COLLECTIVE, "allreduce"], tail
         called = world[world.step >= 2].iloc[: len(EVERY_COLLECTIVE)]
         assert (called.dur_ns >= 0).all() and (called[called.op != "barrier"].bytes > 0).all(), called
+
+
+def test_bucket_callbacks_keep_their_thread_state_and_buckets_stay_recorded(argus_server_factory) -> None:
+    """The completion callbacks on gloo's worker threads keep one Python thread state per thread
+    (argus.agent.foreign_threads), and every DDP bucket is still recorded whole."""
+    server = argus_server_factory("--no-analyzer")
+    steps = 12
+    with short_dir() as work:
+        states_file = work / "states.json"
+        job = torchrun(2, "--steps", str(steps), "--callback-states", str(states_file))
+        out = run(argus_run(work, server.grpc_target, "e2e-states", job), job_env(work))
+        agent_log = (work / "agent.log").read_text()
+        assert out.returncode == 0, out.stderr[-3000:] + agent_log
+        states = json.loads(states_file.read_text())
+    # Rank 0's all-reduces completed on gloo's worker threads, whose state the probe's own callback
+    # (the wrapped all-reduce's) kept: only a thread's first callback finds no mark.
+    assert len(states) >= 10, states
+    firsts = {}
+    for thread, marked in states:
+        if thread in firsts:
+            assert marked, states
+        firsts.setdefault(thread, marked)
+
+    t = _frames(server, "e2e-states")
+    co, ph = t["collectives"], t["phases"]
+    ar = co[(co.op == "allreduce") & (co.step < steps)]
+    # Two buckets a step once DDP has rebuilt them (bucket_cap_mb=0.01): the last two layers', then
+    # the first's (float32 bytes), on both ranks.
+    buckets = {(64 * 64 + 64 + 4 * 64 + 4) * 4, (32 * 64 + 64) * 4}
+    later = ar[ar.step >= 1]
+    assert (later.groupby(["rank", "step"]).size() == 2).all() and len(later) == 2 * 2 * (steps - 1)
+    assert set(later.bytes) == buckets
+    assert (later.groupby(["rank", "step"]).bytes.sum() == sum(buckets)).all()
+    assert (ar.groupby("seq")["rank"].nunique() == 2).all() and (ar.groupby("seq").bytes.nunique() == 1).all()
+    # Issued and completed inside their step's backward; stamped when they completed.
+    bw = ph[ph.phase == "backward"][["rank", "step", "start_ns", "dur_ns"]]
+    j = ar.merge(bw, on=["rank", "step"], suffixes=("", "_bw"))
+    assert len(j) == len(ar)
+    assert (j.issue_ns >= j.start_ns_bw).all() and (j.dur_ns > 0).all()
+    assert (j.issue_ns + j.dur_ns <= j.start_ns_bw + j.dur_ns_bw).all()
