@@ -543,8 +543,8 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     group, group_names = _codes(co, "process_group")
     op, op_names = _codes(co, "op")
     c_rank, c_step = _col(co, "rank"), _col(co, "step")
-    # One key per (rank, step): ranks < 2**20 and steps < 2**40 (argus.limits) fit an int64.
-    in_window = np.isin((c_rank << 40) + c_step, (steps.rank << 40) + steps.step)
+    # Ranks < 2**20 and steps < 2**40 (argus.limits): a (rank, step) key fits an int64.
+    in_window = _step_rows(c_rank, c_step, steps.rank, steps.step)
     coll = Collectives(
         c_rank,
         c_step,
@@ -614,6 +614,32 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     status = _status(rt, live, host_gpu, _group_members(store, job_id, w1))
     links = _links(store, p, rt)
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, links, mismatched, skipped)
+
+
+def _step_rows(
+    rank: NDArray[np.int64],
+    step: NDArray[np.int64],
+    steps_rank: NDArray[np.int64],
+    steps_step: NDArray[np.int64],
+) -> NDArray[np.bool_]:
+    """Per row ``(rank, step)``: True when it is one of the steps ``(steps_rank, steps_step)``.
+
+    ``np.isin`` of packed keys, by a table over the steps' rank and step ranges where it is small
+    (a window's steps span a few step numbers of each rank): numpy's sort of both sides took a
+    quarter of a 10,000-rank window's read (680,000 collective rows, 170,000 steps).
+    """
+    if steps_rank.size == 0:
+        return np.zeros(rank.size, bool)
+    r0, s0 = int(steps_rank.min()), int(steps_step.min())
+    n_r, n_s = int(steps_rank.max()) - r0 + 1, int(steps_step.max()) - s0 + 1
+    if n_r * n_s > 4 * (rank.size + steps_rank.size):  # sparse (a restarted rank): sort them
+        return np.isin((rank << 40) + step, (steps_rank << 40) + steps_step)
+    table = np.zeros(n_r * n_s, bool)
+    table[(steps_rank - r0) * n_s + (steps_step - s0)] = True
+    inside = (rank >= r0) & (rank < r0 + n_r) & (step >= s0) & (step < s0 + n_s)
+    out = np.zeros(rank.size, bool)
+    out[inside] = table[(rank[inside] - r0) * n_s + (step[inside] - s0)]
+    return out
 
 
 def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
