@@ -71,7 +71,7 @@ from argus.analyzer.iteration import IterationResult
 from argus.analyzer.kernels import KernelScores
 from argus.analyzer.liveness import Unresponsive
 from argus.analyzer.phase import COMPONENTS, PAIR, SPIKE_REL, PhaseResult, fell_behind
-from argus.analyzer.robust import highest_of
+from argus.analyzer.robust import highest_of, row_nanmedian
 from argus.analyzer.window import Window
 from argus.diagnosis import Cause
 
@@ -361,7 +361,7 @@ def step_shares(excess: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArr
     mean = np.where(tail, excess, 0.0).sum(axis=1) / np.maximum(count, 1)
     ok = (largest > 0) & (mean > 0)
     if np.any(ok):
-        median = np.nanmedian(np.where(tail[ok], excess[ok], np.nan), axis=1)
+        median = row_nanmedian(np.where(tail[ok], excess[ok], np.nan))
         typical[ok] = median / mean[ok]
     positive = np.where(tail, np.maximum(excess, 0.0), 0.0)
     ordered = -np.sort(-positive, axis=1)  # largest first; steps before the onset count as 0

@@ -56,7 +56,7 @@ from scipy.stats import norm
 
 from argus.analyzer.collectives import Decomposition
 from argus.analyzer.host import HostResult, delay_per_step, host_signals, starved_wait
-from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores
+from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores, row_nanmedian
 from argus.analyzer.roles import Roles, one_role
 from argus.analyzer.waits import COMPONENTS, StepTimes, step_times
 from argus.analyzer.window import Window
@@ -393,7 +393,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         return _empty(roles)
     self_t = np.where(valid, t.self_ns, np.nan)
     comps = np.where(valid[None], t.comp_self_ns, np.nan)
-    med_self = np.where(enough, np.nanmedian(self_t, axis=1), np.nan)
+    med_self = np.where(enough, row_nanmedian(self_t), np.nan)
     ref_step = float(np.nanmedian(t.step_ns))
 
     # --- peers: per role, per step, the healthy ranks' median ---
@@ -758,7 +758,7 @@ def _best_ranks(
     fastest = int(np.argmin(mean))
     diff = x - x[fastest]
     n = np.count_nonzero(np.isfinite(diff), axis=1) + np.minimum(prior[idx, 1], prior[idx[fastest], 1])
-    sd = MAD_TO_SIGMA * np.nanmedian(np.abs(diff - np.nanmedian(diff, axis=1)[:, None]), axis=1)
+    sd = MAD_TO_SIGMA * row_nanmedian(np.abs(diff - row_nanmedian(diff)[:, None]))
     se = sd / np.sqrt(np.maximum(n - 1, 1))
     # A difference of two ranks has twice one rank's variance: one rank's standard error is 1/√2 of it.
     se_level = float(np.nanmedian(se[np.arange(idx.size) != fastest])) / np.sqrt(2.0)
@@ -827,8 +827,8 @@ def _rank_noise(x: NDArray[np.float64], valid: NDArray[np.bool_]) -> NDArray[np.
     out = np.full(x.shape[0], np.nan)
     has = np.any(np.isfinite(v), axis=1)
     if np.any(has):
-        med = np.nanmedian(v[has], axis=1)
-        out[has] = MAD_TO_SIGMA * np.nanmedian(np.abs(v[has] - med[:, None]), axis=1)
+        med = row_nanmedian(v[has])
+        out[has] = MAD_TO_SIGMA * row_nanmedian(np.abs(v[has] - med[:, None]))
     return out
 
 
@@ -847,7 +847,7 @@ def _mean_excess(
     """
     n_r = x.shape[0]
     pos = np.where(valid, np.nan_to_num(x, nan=0.0), np.nan)
-    level = np.nanmedian(pos, axis=1)
+    level = row_nanmedian(pos)
     sig = np.broadcast_to(np.asarray(sigma, np.float64), (n_r,))
     spike_at = level + np.fmax(SPIKE_K * np.nan_to_num(sig, nan=0.0), SPIKE_REL * ref_step)
     is_spike = valid & (pos > spike_at[:, None])

@@ -20,6 +20,12 @@ column on start (``ALTER TABLE … ADD COLUMN IF NOT EXISTS``,
 :func:`migration_statements`), and a batch from an older agent that lacks it
 still stores, the column filled with its default (:func:`with_defaults`). A
 column without a default is part of the original contract: a batch must carry it.
+
+The tables the analyzer reads window by window (steps, phases, collectives, host_samples) are
+sorted by the second of the time it selects their rows by, then rank (:func:`by_second`), so a
+window's read touches that window's granules whatever the job's length or size. Sort keys do not
+migrate (docs/design.md §4): a store keeps the keys it was created with, and one created before
+(keys led by the rank or the process group) reads the same rows, at the old cost.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ __all__ = [
     "WIRE_TABLES",
     "Column",
     "TableDef",
+    "by_second",
     "create_statements",
     "migration_statements",
     "wire_schema",
@@ -132,6 +139,24 @@ _DUR = _c("dur_ns", "Int64", pa.int64(), "duration, ns (>= 0)")
 #: list): parts and granules stored before the horizon are skipped, not read.
 STORED_AT_INDEX = "stored_at_minmax stored_at TYPE minmax GRANULARITY 1"
 
+
+def by_second(time: str) -> tuple[str, str, str]:
+    """The sort key of a per-rank event table read by ``time`` (an expression of its columns, ns):
+    job, the second ``time`` falls in, rank.
+
+    The second leads so that a read bounded in ``time`` (an analysis window, its liveness) touches
+    only the granules of that span, not one or more granules of every rank or process group (a
+    key led by the rank spreads a 10,000-rank window over 10,000 places); rank follows so that a
+    read of a few ranks (the REST trace) still skips most granules within each second. ClickHouse
+    prunes with the key for conditions on ``time`` itself (``intDiv`` is monotonic).
+    """
+    return ("job_id", f"intDiv({time}, 1000000000)", "rank")
+
+
+#: A minmax index on ``start_ns`` of a table sorted by its rows' end (:func:`by_second` of
+#: ``start_ns + dur_ns``): reads by start (the REST heatmap, the trace) skip granules too.
+START_INDEX = "start_minmax start_ns TYPE minmax GRANULARITY 1"
+
 JOBS = TableDef(
     "jobs",
     (
@@ -180,8 +205,10 @@ RANKS = TableDef(
 STEPS = TableDef(
     "steps",
     (_RANK, _STEP, _START, _DUR),
-    ("job_id", "rank", "start_ns"),
-    "One row per training step per rank (optimizer step to optimizer step).",
+    by_second("start_ns + dur_ns"),
+    "One row per training step per rank (optimizer step to optimizer step); sorted by its end, the "
+    "time a window owns it by.",
+    indexes=(START_INDEX,),
 )
 
 PHASES_TABLE = TableDef(
@@ -193,8 +220,9 @@ PHASES_TABLE = TableDef(
         _START,
         _DUR,
     ),
-    ("job_id", "rank", "start_ns"),
-    "Phases data/forward/backward/optimizer inside each step.",
+    by_second("start_ns + dur_ns"),
+    "Phases data/forward/backward/optimizer inside each step; sorted by their end, as steps.",
+    indexes=(START_INDEX,),
 )
 
 COLLECTIVES = TableDef(
@@ -235,10 +263,11 @@ COLLECTIVES = TableDef(
             zero_is_none=True,
         ),
     ),
-    ("job_id", "process_group", "seq", "rank"),
-    "Every collective instance per rank. Collectives: (process_group, seq) matches across ranks. "
-    "Point-to-point (op 'send'/'recv', peer >= 0): seq counts the rank's transfers to (send) or "
-    "from (recv) that peer in the group, so the k-th send from A to B pairs with B's k-th recv from A.",
+    by_second("issue_ns"),
+    "Every collective instance per rank, sorted by its issue. Collectives: (process_group, seq) "
+    "matches across ranks. Point-to-point (op 'send'/'recv', peer >= 0): seq counts the rank's "
+    "transfers to (send) or from (recv) that peer in the group, so the k-th send from A to B pairs "
+    "with B's k-th recv from A.",
 )
 
 KERNEL_SUMMARIES = TableDef(
@@ -390,7 +419,7 @@ HOST_SAMPLES = TableDef(
             -1,
         ),
     ),
-    ("job_id", "rank", "time_ns"),
+    by_second("time_ns"),
     "Host signals per rank and interval; also the rank's heartbeat (with the collective it waits in). "
     "Rows with rank -1 are the node's: one per network interface (net_if) per interval.",
 )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.stats import iqr
 
-from argus.analyzer.robust import K_SIGMA, grouped_median, highest_of, one_sided_scores
+from argus.analyzer.robust import K_SIGMA, grouped_median, highest_of, one_sided_scores, row_nanmedian
 from argus.analyzer.wasserstein import U_POINTS, w1
 
 RNG = np.random.default_rng(5)
@@ -118,3 +120,24 @@ def test_grouped_median_equals_each_groups_median() -> None:
             assert got[g] == np.median(own)
         else:
             assert np.isnan(got[g])
+
+
+def test_row_nanmedian_is_numpys_nanmedian_bit_for_bit() -> None:
+    """Rows of every length, NaN-only rows, infinities and ties (integers as floats): the same
+    values as ``np.nanmedian(x, axis=-1)``, in two and three dimensions."""
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        rows, m = int(rng.integers(1, 40)), int(rng.integers(0, 25))
+        x = rng.lognormal(20, 1, (rows, m)) * rng.choice([1, -1], (rows, m))
+        x[rng.random((rows, m)) < rng.random()] = np.nan
+        if trial % 3 == 0:
+            x = np.round(x / 1e7)
+        if x.size and trial % 4 == 0:
+            x.flat[rng.integers(0, x.size, 3)] = rng.choice([np.inf, -np.inf], 3)
+        x[0] = np.nan
+        stacked = np.stack([x, x[::-1]])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN rows
+            expected, expected_3d = np.nanmedian(x, axis=-1), np.nanmedian(stacked, axis=-1)
+        np.testing.assert_array_equal(row_nanmedian(x), expected)
+        np.testing.assert_array_equal(row_nanmedian(stacked), expected_3d)

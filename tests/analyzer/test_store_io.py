@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from argus.analyzer.store_io import read_liveness, read_window
 from argus.schema import wire_table
 from argus.store import Store
@@ -86,3 +88,21 @@ def test_the_newest_heartbeat_says_which_collective_a_rank_waits_in_across_reads
     assert later.last_seen == {0: t0 + 2 * S, 1: t0 + 12 * S}
     # An older read merged after a newer one does not bring its stale heartbeat back.
     assert later.merge(first).heartbeat == later.heartbeat
+
+
+def test_a_windows_collective_rows_are_marked_in_window_as_by_isin() -> None:
+    """``_step_rows`` (a table over the steps' ranges, sorting only when sparse) marks the same rows
+    as ``np.isin`` of the packed (rank, step) keys: dense, sparse (a restarted rank) and empty."""
+    from argus.analyzer.store_io import _step_rows
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n, m = int(rng.integers(0, 200)), int(rng.integers(0, 300))
+        s_rank = rng.integers(0, 30, n)
+        s_step = rng.integers(0, 12 if trial % 4 else 10**9, n)
+        rank = rng.integers(-1, 33, m)
+        step = np.where(
+            rng.random(m) < 0.5, s_step[rng.integers(0, n, m)] if n else 0, rng.integers(0, 14, m)
+        )
+        expected = np.isin((rank << 40) + step, (s_rank << 40) + s_step)
+        assert _step_rows(rank, step, s_rank, s_step).tolist() == expected.tolist()
