@@ -51,10 +51,11 @@ CREATE TABLE IF NOT EXISTS argus.steps_local ON CLUSTER argus (
     `step` UInt64,
     `start_ns` Int64,
     `dur_ns` Int64,
-    stored_at DateTime DEFAULT now()
+    stored_at DateTime DEFAULT now(),
+    INDEX start_minmax start_ns TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
-ORDER BY (job_id, rank, start_ns)
+ORDER BY (job_id, intDiv(start_ns + dur_ns, 1000000000), rank)
 TTL stored_at + INTERVAL 30 DAY
 SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
@@ -68,10 +69,11 @@ CREATE TABLE IF NOT EXISTS argus.phases_local ON CLUSTER argus (
     `phase` LowCardinality(String),
     `start_ns` Int64,
     `dur_ns` Int64,
-    stored_at DateTime DEFAULT now()
+    stored_at DateTime DEFAULT now(),
+    INDEX start_minmax start_ns TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
-ORDER BY (job_id, rank, start_ns)
+ORDER BY (job_id, intDiv(start_ns + dur_ns, 1000000000), rank)
 TTL stored_at + INTERVAL 30 DAY
 SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
@@ -95,7 +97,7 @@ CREATE TABLE IF NOT EXISTS argus.collectives_local ON CLUSTER argus (
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
-ORDER BY (job_id, process_group, seq, rank)
+ORDER BY (job_id, intDiv(issue_ns, 1000000000), rank)
 TTL stored_at + INTERVAL 30 DAY
 SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
@@ -191,7 +193,7 @@ CREATE TABLE IF NOT EXISTS argus.host_samples_local ON CLUSTER argus (
     stored_at DateTime DEFAULT now()
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')
-ORDER BY (job_id, rank, time_ns)
+ORDER BY (job_id, intDiv(time_ns, 1000000000), rank)
 TTL stored_at + INTERVAL 30 DAY
 SETTINGS replicated_deduplication_window = 100000, concurrent_part_removal_threshold = 4611686018427387904;
 
