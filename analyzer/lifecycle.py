@@ -48,8 +48,9 @@ causes, else the cause) and *subject* (``rank:R``, ``many``, ``group:G``,
   down, its loss joins the straggler's diagnosis instead (:meth:`Tracker._fold_job_loss`) and
   keeps it open in a window where the straggler has no finding of its own
   (:meth:`Tracker._keep_open_straggler`);
-  when it opened first, the straggler that opens later and explains it takes it over (its
-  id and first window; :meth:`Tracker._adopt_job_loss`): one fault, one diagnosis.
+  when it opened first, the straggler that opens later and explains it (the ranks it named,
+  and this window's) takes it over (its id and first window; :meth:`Tracker._adopt_job_loss`):
+  one fault, one diagnosis.
 * A many-rank straggler diagnosis absorbs the single-rank ones of its ranks
   (they are resolved with ``merged_into`` in their evidence), and while it is
   open every straggler of its cause joins it. A rank it names leaves it as a diagnosis
@@ -381,8 +382,10 @@ class Tracker:
         and whose ranks, with those it slowed down (``knock_on_ranks``), cover every rank the
         job-level diagnosis (and this window's job-level finding) names takes it over: same id
         and first window, now naming the straggler's rank and cause; the job's loss it had
-        accounted is the straggler's knock-on loss (``evidence.knock_on_lost_s``). A job-level
-        diagnosis naming no rank, or a rank no straggler explains, stays.
+        accounted is the straggler's knock-on loss (``evidence.knock_on_lost_s``). The ranks it
+        names include this window's: a job-level diagnosis that opened naming no rank (a busier
+        host as the fault began) is taken over once its loss names the straggler's ranks. One
+        naming no rank now, or a rank no straggler explains, stays.
 
         Returns:
             As :meth:`_fold_job_loss`.
@@ -390,7 +393,7 @@ class Tracker:
         key = ("job", JOB_SUBJECT)
         o = self._open[key]
         named = set(o.diagnosis.ranks) | set(job.ranks if job is not None else ())
-        if not o.diagnosis.ranks:
+        if not named:
             return findings, {}
         for f in sorted(findings, key=lambda f: -f.score):
             host = (f.family, f.subject)

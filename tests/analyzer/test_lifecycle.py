@@ -341,3 +341,21 @@ def test_the_job_s_loss_naming_an_open_straggler_s_rank_keeps_that_diagnosis() -
     t = Tracker("job")
     _run(t, [[stall], [stall]] + [[_job((1, 2), 1.5, 0.5e9)]] * 3)
     assert [(d.rank, d.cause) for d in t.open] == [(None, "compute")]
+
+
+def test_a_job_level_diagnosis_naming_no_rank_is_taken_over_once_its_loss_names_the_straggler() -> None:
+    """The job's loss with no rank behind opens a job-level diagnosis (two windows); then its loss
+    names rank 1 behind its own past and rank 1's straggler is ready: one fault, one diagnosis,
+    rank 1's, with the job-level one's id and first window. Before 2026-12-07 a job-level
+    diagnosis naming no rank was never taken over, and both stayed open over the same windows."""
+    stall = _f(1, 3.0, lost_ns=1e9)
+    t = Tracker("job")
+    out = _run(t, [[_job((), 1.5, 0.5e9)]] * 2 + [[stall, _job((1,), 1.5, 0.5e9)]] * 3)
+    assert len({d.id for ch in out for d in ch}) == 1, out
+    (d,) = t.open
+    assert (d.rank, d.first_window_ns) == (1, 0)
+
+    # A job-level loss that still names no rank is no straggler's: it stays its own.
+    t = Tracker("job")
+    _run(t, [[_job((), 1.5, 0.5e9)]] * 2 + [[stall, _job((), 1.5, 0.5e9)]] * 3)
+    assert sorted((d.rank if d.rank is not None else -1) for d in t.open) == [-1, 1]

@@ -69,11 +69,12 @@ def test_every_recording_holds_every_job() -> None:
         assert recording_jobs(RECORDINGS / recording) == sorted(f"real-{name}" for name in JOBS)
         assert (RECORDINGS / recording / "README").is_file()
     assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted(
-        [*_WRONG, "onset", "recall", "wrong_two"]
+        [*_WRONG, "dup", "onset", "recall", "wrong_two"]
     )
     assert recording_jobs(RECORDINGS / "onset") == sorted(ONSET)
     assert recording_jobs(RECORDINGS / "recall") == sorted(RECALL)
     assert recording_jobs(RECORDINGS / "wrong_two") == sorted(WRONG_TWO)
+    assert recording_jobs(RECORDINGS / "dup") == ["dup-fsdp-compute"]
 
 
 @pytest.mark.parametrize(
@@ -230,3 +231,16 @@ def test_a_held_rank_leaves_the_others_references_and_a_busier_host_is_no_slow_l
     assert found, "nothing opened"
     assert all(n and n <= set(ranks) for n in named), found
     assert [d.cause for d in found] == [cause], found
+
+
+def test_a_job_level_loss_that_comes_to_name_a_straggler_becomes_its_diagnosis(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The ``dup`` recording (its README): a job-level diagnosis naming no rank opened as the host got
+    busier and the fault began; once the job's residual loss names rank 1 and rank 1's compute
+    straggler is ready, the straggler takes the job-level diagnosis over (its id and first window,
+    the job's loss so far as its knock-on loss). One fault, one diagnosis, naming rank 1; before
+    2026-12-07 a job-level ``compute`` naming rank 1 stayed open beside rank 1's."""
+    (found,) = _analysed(tmp_path_factory, "dup", ["dup-fsdp-compute"], _RECALL_WINDOW_S).values()
+    assert [(d.rank, d.cause) for d in found] == [(1, "compute")], found
+    assert found[0].evidence["knock_on_lost_s"] > 0, found
