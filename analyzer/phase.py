@@ -682,14 +682,15 @@ def _common_change(
     floor = REL_FLOOR * step
     thr = np.fmax(K_SIGMA * se, floor)
     thr = np.where(np.isfinite(thr), thr, 0.0)
-    roles = _role_means(change, se, floor, ok, role, known)
+    group, judged, role_mean, role_thr = _role_means(change, se, floor, ok, role, known)
     level = float(change[ok][np.argmin(np.abs(change[ok]))])
     for _ in range(2):
         behind = ok & (change - level >= thr)
-        slow_roles = np.zeros(change.size, bool)
-        for members, mean, role_thr in roles:
-            if mean - level >= role_thr and np.any(ok & ~behind & ~members):
-                slow_roles |= members
+        slow_roles = judged & (role_mean - level >= role_thr)
+        if np.any(slow_roles):  # behind only beside ranks outside it that are not
+            free = ok & ~behind
+            outside = np.count_nonzero(free) - np.bincount(group[free], minlength=group.max() + 1)[group]
+            slow_roles &= outside > 0
         behind |= slow_roles
         if not np.any(ok & ~behind):
             break
@@ -705,23 +706,31 @@ def _role_means(
     ok: NDArray[np.bool_],
     role: NDArray[np.int64] | None,
     known: NDArray[np.bool_] | None,
-) -> list[tuple[NDArray[np.bool_], float, float]]:
-    """Per role of two ``known`` ranks or more with a change, in a job of several roles: ``(those
-    ranks, their mean change, the threshold of that mean: K_SIGMA standard errors of it, at least
-    the floor)``, ns (:func:`_common_change`)."""
+) -> tuple[NDArray[np.int64], NDArray[np.bool_], F64, F64]:
+    """Per rank, what :func:`_common_change` judges its role by, in a job of several roles: the
+    index of its role (0 for every rank without one), whether it is one of two ``known`` ranks or
+    more with a change in its role (those are judged), its role's mean change over them, and the
+    threshold of that mean (:data:`K_SIGMA` standard errors of it, at least the role's mean
+    floor), ns. All arrays ``(n,)``; a job of one role judges no rank."""
+    n = change.size
+    group = np.zeros(n, np.int64)
+    none = (group, np.zeros(n, bool), np.zeros(n), np.zeros(n))
     if role is None or np.unique(role[ok]).size < 2:
-        return []
+        return none
+    _, group = np.unique(role, return_inverse=True)
+    group = group.astype(np.int64).reshape(n)
     judged = ok & (known if known is not None else True)
-    out = []
-    for g in np.unique(role[judged]).tolist():
-        members = judged & (role == g)
-        m = int(np.count_nonzero(members))
-        if m < PAIR:
-            continue
-        err = float(np.sqrt(np.sum(se[members] ** 2))) / m
-        thr = max(K_SIGMA * err, float(np.nanmedian(floor[members])))
-        out.append((members, float(np.mean(change[members])), thr if np.isfinite(thr) else 0.0))
-    return out
+    size = group.max() + 1
+    count = np.bincount(group[judged], minlength=size)
+    judged &= count[group] >= PAIR
+    if not np.any(judged):
+        return none
+    m = np.maximum(count, 1)
+    mean = np.bincount(group[judged], weights=change[judged], minlength=size) / m
+    err = np.sqrt(np.bincount(group[judged], weights=se[judged] ** 2, minlength=size)) / m
+    role_floor = np.bincount(group[judged], weights=np.nan_to_num(floor[judged]), minlength=size) / m
+    thr = np.fmax(K_SIGMA * err, role_floor)
+    return group, judged, mean[group], thr[group]
 
 
 def _expected_max(n: int) -> float:
