@@ -180,6 +180,10 @@ class PhaseResult:
             its steps, ns; steps)``, shape ``(n, 2)`` (0 elsewhere): the pair test's evidence of
             this window, which a later window of the same fault pools with its own
             (``pair_carried`` of :func:`compare_phases`).
+        role_behind: Per rank, whether its whole role fell behind the job's common change
+            (:func:`_common_change`: the role's mean change, pooled over its ranks' steps, past
+            its threshold; the other roles waited for it), shape ``(n,)``: the window holds a
+            fault of that role, whichever of its ranks scores (it is no reference of theirs).
     """
 
     rank: NDArray[np.int64]
@@ -212,6 +216,7 @@ class PhaseResult:
     behind_noise_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     best_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
     pair_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
+    role_behind: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
 
     def waited(self, ranks: NDArray[np.bool_]) -> NDArray[np.float64]:
         """Per step column, how much sooner the job would have ended the step without the ranks of mask, ns.
@@ -473,7 +478,9 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     vote_change = self_t - vote.self_ns[:, None]
     vote_sum = np.where(np.isfinite(vote.self_ns) & (n_steps > 0), np.nansum(vote_change, axis=1), np.nan)
     pooled = (vote_sum + prior[:, 0]) / np.maximum(pooled_n, 1)
-    common, unchanged = _common_change(pooled, vote.sigma_ns, pooled_n, vote.step_ns)
+    common, unchanged, role_behind = _common_change(
+        pooled, vote.sigma_ns, pooled_n, vote.step_ns, role, vote.windows >= PAST_WINDOWS
+    )
     x_past = change - _common_steps(vote_change, unchanged, common)
     comp_change = comps - base_comp.T[:, :, None]  # (5, n, s)
     vote_comp = comps - vote.comp_ns.T[:, :, None]
@@ -586,6 +593,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         behind_noise_ns=behind_noise,
         best_sums=best_sums,
         pair_sums=pair_sums,
+        role_behind=role_behind,
     )
 
 
@@ -607,12 +615,14 @@ def fell_behind(l2: PhaseResult) -> NDArray[np.bool_]:
 @dataclass(frozen=True)
 class _Levels:
     """Per rank, the means the job's common change is measured from: its own past's, else its
-    level's over the same healthy windows (NaN: neither). Shapes ``(n,)``; ``comp_ns`` ``(n, 5)``."""
+    level's over the same healthy windows (NaN: neither), and how many windows those are (0:
+    neither). Shapes ``(n,)``; ``comp_ns`` ``(n, 5)``."""
 
     self_ns: F64
     sigma_ns: F64
     step_ns: F64
     comp_ns: F64
+    windows: NDArray[np.int64]
 
 
 def _with_levels(
@@ -628,6 +638,7 @@ def _with_levels(
         np.array([b.comp_ns if b is not None else nan_comp for b in src]).reshape(
             ranks.size, len(COMPONENTS)
         ),
+        np.array([b.windows if b is not None else 0 for b in src], np.int64),
     )
 
 
@@ -636,8 +647,11 @@ def _common_change(
     sigma: NDArray[np.float64],
     n_steps: NDArray[np.int64],
     step: NDArray[np.float64],
-) -> tuple[float, NDArray[np.bool_]]:
-    """The job's change of self time per step that every rank shares, and the ranks not behind.
+    role: NDArray[np.int64] | None = None,
+    known: NDArray[np.bool_] | None = None,
+) -> tuple[float, NDArray[np.bool_], NDArray[np.bool_]]:
+    """The job's change of self time per step that every rank shares, the ranks not behind, and
+    the ranks of the roles behind as a whole.
 
     Start from the change nearest zero (a rank that did not change is there whenever one did
     not), flag the ranks past their threshold above it, and take the median change of the others:
@@ -646,24 +660,77 @@ def _common_change(
     peer freed of a core) would set the level and put every other rank behind. ``change`` is
     pooled over the fault's windows (``carried``): in one window of a 2-core host the slow
     ranks of a 3-of-4 fault stood about one threshold above the fourth, which then hid them.
+
+    A role (``role``, per rank; of its ranks those ``known``: whose reference holds
+    :data:`PAST_WINDOWS` windows or more, fewer say nothing yet of how far a mean moves) is
+    judged as a whole too: its ranks do the same work, so a fault of the role (a slow pipeline
+    stage) moves them alike, and their mean change has the standard error of all their steps
+    together. A role whose mean is past that threshold above the level, with ranks outside it
+    not behind, is behind with all its ranks: the other roles' change is the job's (they waited
+    for it at the synchronisation points they share; a change every rank shares leaves those
+    waits as they were). Rank by rank, the two ranks of a slow stage can each stay within their
+    noisy steps' threshold, and the median of four ranks then split the stage's slowdown with
+    the job. A job of one role is judged rank by rank only.
     0 (and no rank) without history.
     """
     ok = np.isfinite(change)
     rest = np.zeros(change.size, bool)
+    whole = np.zeros(change.size, bool)
     if not np.any(ok):
-        return 0.0, rest
-    thr = np.fmax(
-        K_SIGMA * np.nan_to_num(sigma, nan=0.0) / np.sqrt(np.maximum(n_steps - 1, 1)), REL_FLOOR * step
-    )
+        return 0.0, rest, whole
+    se = np.nan_to_num(sigma, nan=0.0) / np.sqrt(np.maximum(n_steps - 1, 1))
+    floor = REL_FLOOR * step
+    thr = np.fmax(K_SIGMA * se, floor)
     thr = np.where(np.isfinite(thr), thr, 0.0)
+    group, judged, role_mean, role_thr = _role_means(change, se, floor, ok, role, known)
     level = float(change[ok][np.argmin(np.abs(change[ok]))])
     for _ in range(2):
         behind = ok & (change - level >= thr)
+        slow_roles = judged & (role_mean - level >= role_thr)
+        if np.any(slow_roles):  # behind only beside ranks outside it that are not
+            free = ok & ~behind
+            outside = np.count_nonzero(free) - np.bincount(group[free], minlength=group.max() + 1)[group]
+            slow_roles &= outside > 0
+        behind |= slow_roles
         if not np.any(ok & ~behind):
             break
-        rest = ok & ~behind
+        rest, whole = ok & ~behind, slow_roles
         level = float(np.median(change[rest]))
-    return level, rest
+    return level, rest, whole
+
+
+def _role_means(
+    change: F64,
+    se: F64,
+    floor: F64,
+    ok: NDArray[np.bool_],
+    role: NDArray[np.int64] | None,
+    known: NDArray[np.bool_] | None,
+) -> tuple[NDArray[np.int64], NDArray[np.bool_], F64, F64]:
+    """Per rank, what :func:`_common_change` judges its role by, in a job of several roles: the
+    index of its role (0 for every rank without one), whether it is one of two ``known`` ranks or
+    more with a change in its role (those are judged), its role's mean change over them, and the
+    threshold of that mean (:data:`K_SIGMA` standard errors of it, at least the role's mean
+    floor), ns. All arrays ``(n,)``; a job of one role judges no rank."""
+    n = change.size
+    group = np.zeros(n, np.int64)
+    none = (group, np.zeros(n, bool), np.zeros(n), np.zeros(n))
+    if role is None or np.unique(role[ok]).size < 2:
+        return none
+    _, group = np.unique(role, return_inverse=True)
+    group = group.astype(np.int64).reshape(n)
+    judged = ok & (known if known is not None else True)
+    size = group.max() + 1
+    count = np.bincount(group[judged], minlength=size)
+    judged &= count[group] >= PAIR
+    if not np.any(judged):
+        return none
+    m = np.maximum(count, 1)
+    mean = np.bincount(group[judged], weights=change[judged], minlength=size) / m
+    err = np.sqrt(np.bincount(group[judged], weights=se[judged] ** 2, minlength=size)) / m
+    role_floor = np.bincount(group[judged], weights=np.nan_to_num(floor[judged]), minlength=size) / m
+    thr = np.fmax(K_SIGMA * err, role_floor)
+    return group, judged, mean[group], thr[group]
 
 
 def _expected_max(n: int) -> float:

@@ -310,6 +310,10 @@ class JobAnalysis:
         # A straggler kept at the keep score (nothing repeated at the opening score) is still one:
         # the window is no pace, nor its ranks' own past (``_remember``).
         kept = frozenset(r for f in findings if continues(f, self._held) for r in f.ranks if r in self._held)
+        if l2.role_behind.size == l2.rank.size:
+            # A role behind the others as a whole holds its fault in this window, whichever of its
+            # ranks scores: the window is no pace, nor the role's own past (``_remember``).
+            kept |= frozenset(l2.rank[l2.role_behind].tolist())
         self._strong = strong
         self._held = held_ranks(findings, self._held)
         observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
@@ -343,7 +347,9 @@ class JobAnalysis:
         previous window. A finding at the keep score on a held rank (``kept``: a fault from the
         job's first step that dips below the opening score for a window is still there) keeps
         the window out of the job's pace, profile and link history and out of those ranks' own
-        past (and their partners'); the other ranks' own past grows (a rank 0 that a 2-core
+        past (and their partners'), as does a role behind the others as a whole
+        (``PhaseResult.role_behind``: a slow pipeline stage whose ranks each stay under the
+        opening score); the other ranks' own past grows (a rank 0 that a 2-core
         host's scheduler holds back through a job's warm-up must not leave every other rank
         without a reference, to take the fault's first windows as one). A rank with a finding
         at the opening score keeps its window out of its own past; the others' references grow

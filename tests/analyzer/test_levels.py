@@ -10,7 +10,7 @@ import pytest
 from argus.analyzer.collectives import decompose, slow_links, transfer_medians
 from argus.analyzer.iteration import compare_iterations, job_step_times
 from argus.analyzer.liveness import find_unresponsive
-from argus.analyzer.phase import RankBaseline, compare_phases
+from argus.analyzer.phase import RankBaseline, _common_change, compare_phases
 from argus.analyzer.pipeline import JobAnalysis
 from argus.analyzer.window import Collectives, RankStatus, Steps, Window
 from synthetic.jobs import Fault, JobSpec, Simulation, simulate
@@ -617,3 +617,30 @@ def test_l2_against_its_peers_a_rank_is_judged_with_how_far_its_mean_moves_betwe
     }
     drifting = compare_phases(w, d, baseline=past)
     assert drifting.peer_score[0] < 1 and drifting.score[0] < 1, (drifting.peer_score, drifting.past_score)
+
+
+def test_a_stage_behind_as_a_whole_leaves_the_job_s_common_change_to_the_stage_that_waited() -> None:
+    """The numbers of the recorded pp-stage1-compute job's first window of its fault (5 s, 62 steps
+    a rank; tests/data/real_runs/wrong_two): stage 1 (ranks 2, 3) 9.2 and 11.0 ms a step slower
+    than its own past, stage 0 0.4 and 2.9 ms. Rank by rank, stage 1's noisy steps (16 ms) keep
+    each of its ranks within its threshold (10.3 ms), and the median of the four made 6.1 ms the
+    job's common change: half the stage's slowdown. As a role, its mean change is 8.5 ms above
+    stage 0's against a threshold of 7.3 ms: the common change is stage 0's, and stage 1 is behind
+    as a whole. A job of one role, and a stage within its threshold, are judged as before."""
+    change = np.array([0.4, 2.9, 9.2, 11.0]) * MS
+    sigma = np.array([8.9, 3.8, 16.1, 16.3]) * MS
+    n = np.full(4, 62)
+    step = np.full(4, 73.0 * MS)
+    level, rest, whole = _common_change(change, sigma, n, step, np.array([0, 0, 1, 1]))
+    assert level == pytest.approx(1.65 * MS)
+    assert rest.tolist() == [True, True, False, False]
+    assert whole.tolist() == [False, False, True, True]
+    one_role, rest, whole = _common_change(change, sigma, n, step, np.zeros(4, np.int64))
+    assert one_role == pytest.approx(6.05 * MS) and rest.all() and not whole.any()
+    near = np.array([0.4, 2.9, 6.0, 7.0]) * MS  # 5.0 ms above stage 0: within the role's noise
+    _, rest, whole = _common_change(near, sigma, n, step, np.array([0, 0, 1, 1]))
+    assert rest.all() and not whole.any()
+    # A stage that sped up (a core freed) puts no other stage behind it.
+    faster = np.array([-9.0, -11.0, 0.4, 1.0]) * MS
+    level, rest, whole = _common_change(faster, sigma, n, step, np.array([0, 0, 1, 1]))
+    assert not whole.any() and rest[2:].all()

@@ -197,9 +197,10 @@ def test_a_fault_of_the_whole_live_set_is_named_with_all_its_ranks(
     assert [d.cause for d, n in zip(found, named, strict=True) if n == set(ranks)] == [cause], found
 
 
-#: Jobs of the ``wrong_two`` recording (the same whole set as ``recall``; its README): the ranks a
-#: diagnosis may name and its cause; none for the clean twin. Wrong at 8fd8519: the pipeline's
-#: slow stage opened nothing, the twin got a ``communication`` diagnosis naming every rank.
+#: Jobs of the ``wrong_two`` recording (the same whole set as ``recall``; its README): the ranks its
+#: diagnoses must name together, and their cause; none for the clean twin. Wrong at 8fd8519: the
+#: pipeline's slow stage opened nothing, the twin got a ``communication`` diagnosis naming every
+#: rank; at 15460f8 the stage was named by rank 3 alone.
 WRONG_TWO: dict[str, tuple[tuple[int, ...], str] | None] = {
     "wrong-pp-stage1-compute": ((2, 3), "compute"),
     "wrong-fsdp-dataloader-twin": None,
@@ -218,9 +219,12 @@ def test_a_held_rank_leaves_the_others_references_and_a_busier_host_is_no_slow_l
 ) -> None:
     """A rank held at the keep score through a pipeline's warm-up keeps only its own (and its
     partner's) windows out of the references: the slow stage is measured against its own warm-up,
-    less the change the other stage's levels say the job shared, and named with its cause. A
-    world group's transfers that grew while every rank waited longer for a CPU than its work
-    explains are the host's, not a slow link: the clean twin blames no one."""
+    less the change the other stage's levels say the job shared, and named with its cause. Both
+    ranks of the slow stage are named, never stage 0's: stage 0 waited for them, so the job's
+    common change is stage 0's (the stage's two ranks, each within its noisy steps' threshold,
+    are behind as a role), and the fault's first window is no reference of the stage. A world
+    group's transfers that grew while every rank waited longer for a CPU than its work explains
+    are the host's, not a slow link: the clean twin blames no one."""
     found = wrong_two_verdicts[job]
     expected = WRONG_TWO[job]
     if expected is None:
@@ -230,6 +234,7 @@ def test_a_held_rank_leaves_the_others_references_and_a_busier_host_is_no_slow_l
     named = [{d.rank} if d.rank is not None else set(d.ranks) for d in found]
     assert found, "nothing opened"
     assert all(n and n <= set(ranks) for n in named), found
+    assert set().union(*named) == set(ranks), found
     assert [d.cause for d in found] == [cause], found
 
 
