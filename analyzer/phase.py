@@ -173,9 +173,10 @@ class PhaseResult:
             standard errors of a window's mean change (its per-step noise and its drift between
             windows), ns (NaN without history).
         best_sums: Per rank, ``(sum over its steps of its self time less its scheduling delay
-            beyond its role's, ns; steps)``, shape ``(n, 2)`` (0 in roles of fewer than
-            :data:`MIN_PEERS`): the best-ranks test's evidence of this window, which a later
-            window of the same fault pools with its own (``best_carried`` of :func:`compare_phases`).
+            beyond its role's, ns; steps; sum over its steps of its self time, ns)``, shape
+            ``(n, 3)`` (0 in roles of fewer than :data:`MIN_PEERS`): the best-ranks test's
+            evidence of this window, which a later window of the same fault pools with its own
+            (``best_carried`` of :func:`compare_phases`).
         pair_sums: Per rank of a role of two, ``(its mean excess over its partner per step times
             its steps, ns; steps)``, shape ``(n, 2)`` (0 elsewhere): the pair test's evidence of
             this window, which a later window of the same fault pools with its own
@@ -214,7 +215,7 @@ class PhaseResult:
     past_step_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     change_sum_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     behind_noise_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
-    best_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
+    best_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 3)))
     pair_sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
     role_behind: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
 
@@ -319,7 +320,7 @@ def compare_phases(
     baseline: Mapping[int, RankBaseline] | None = None,
     recent_spikes: Mapping[int, int] | None = None,
     carried: Mapping[int, tuple[float, int]] | None = None,
-    best_carried: Mapping[int, tuple[float, int]] | None = None,
+    best_carried: Mapping[int, tuple[float, int, float]] | None = None,
     host: HostResult | None = None,
     pair_carried: Mapping[int, tuple[float, int]] | None = None,
     levels: Mapping[int, RankBaseline] | None = None,
@@ -378,7 +379,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     recent_spikes: Mapping[int, int],
     d: Decomposition | None,
     carried: Mapping[int, tuple[float, int]],
-    best_carried: Mapping[int, tuple[float, int]],
+    best_carried: Mapping[int, tuple[float, int, float]],
     signals: HostResult | None,
     pair_carried: Mapping[int, tuple[float, int]],
     levels: Mapping[int, RankBaseline] | None = None,
@@ -412,11 +413,13 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
     # Ranks judged against their role's best ranks (more than half of the role behind them), and
     # the uncertainty of that best level (ns per step).
     to_best = np.zeros(n_r, bool)
-    best_err = np.zeros(n_r)
     shift = np.zeros(n_r)  # added to a best-ranks reference: the minimum's bias, scheduling delay
     host: dict[str, tuple[F64, F64]] = {}
-    best_sums = np.zeros((n_r, 2))
-    best_prior = np.array([best_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
+    best_sums = np.zeros((n_r, 3))
+    best_prior = np.array([best_carried.get(r, (0.0, 0, 0.0)) for r in ranks.tolist()], np.float64).reshape(
+        n_r, 3
+    )
+    best_score = np.full(n_r, np.nan)  # against the best ranks: the pooled test's own statistic
     pair_sums = np.zeros((n_r, 2))
     pair_prior = np.array([pair_carried.get(r, (0.0, 0)) for r in ranks.tolist()], np.float64).reshape(n_r, 2)
     for g in np.unique(role):
@@ -427,7 +430,7 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
             w, signals, t, self_t, valid, members & enough, REL_FLOOR * ref_step, host, best_prior, best_sums
         )
         if best is not None:
-            ok, shift[members], best_err[members] = best[0], best[1][members], best[2]
+            ok, shift[members], best_score[members] = best.ok, best.add_ns[members], best.score[members]
             to_best[members & enough] = True
         healthy |= ok
         pair = np.flatnonzero(members & enough)
@@ -509,17 +512,16 @@ def _compare(  # noqa: PLR0915  (one pass of array steps over the window; split,
         p_stat, p_spikes = _mean_excess(xp, valid, p_sigma, ref_step, recent_spikes, ranks)
         q_noise = _rank_noise(xq, valid)
         q_stat, q_spikes = _mean_excess(xq, valid, q_noise, ref_step, recent_spikes, ranks)
-        # A pair's difference moves between windows with nothing wrong, as a rank's mean does; the
-        # best ranks' level is itself uncertain (the standard error of a rank's mean).
+        # A pair's difference moves between windows with nothing wrong, as a rank's mean does.
         # The total only: a pair's difference pools over the fault's windows (``pair_carried``).
         p_stat, pair_n = _pooled_pair(p_stat, n_steps, paired & (j == 0), pair_prior, pair_sums)
         pair_err = np.hypot(p_sigma / np.sqrt(np.maximum(pair_n - 1, 1)), pair_drift if j == 0 else 0.0)
-        pair_err = np.hypot(pair_err, best_err)
         pair_thr = np.fmax(K_SIGMA * pair_err, REL_FLOOR * peer_step)
-        # Against the best ranks only the total counts: one component's share moves with the
-        # scheduler, the total is what the fast ranks waited for.
-        scored = paired | (to_best if j == 0 else False)
-        peer_score = np.fmax(peer_score, np.where(scored, p_stat / pair_thr, np.nan))
+        peer_score = np.fmax(peer_score, np.where(paired, p_stat / pair_thr, np.nan))
+        # Against the best ranks only the total counts (one component's share moves with the
+        # scheduler, the total is what the fast ranks waited for), scored by the test that judged
+        # it: pooled over the fault's windows, as a pair's difference is.
+        peer_score = np.where(to_best & (j == 0), best_score, peer_score)
         # Against the peers' median too, a rank's mean moves between windows with nothing wrong
         # (its drift about the other ranks of its role, once known): not only by its steps' noise.
         peer_err = np.hypot(sigma_step / np.sqrt(np.maximum(n_steps - 1, 1)), drift[:, j])
@@ -760,6 +762,23 @@ def _starved_per_step(rq: F64, cpu: F64, members: NDArray[np.bool_]) -> F64:
     return out
 
 
+@dataclass(frozen=True)
+class _Best:
+    """A role judged against its best ranks (:func:`_best_ranks`); arrays over the window's ranks.
+
+    Attributes:
+        ok: The best ranks (the role's ranks not behind them).
+        add_ns: Per rank, what to add to the best ranks' median self time per step for its
+            reference, ns: the minimum's bias and its scheduling delay beyond theirs.
+        score: Per rank of the role, its pooled excess over the best ranks' level in units of
+            its bar (at least 1: behind; at most 0: cleared); NaN outside the role.
+    """
+
+    ok: NDArray[np.bool_]
+    add_ns: F64
+    score: F64
+
+
 def _best_ranks(
     w: Window,
     signals: HostResult | None,
@@ -771,7 +790,7 @@ def _best_ranks(
     host: dict[str, tuple[F64, F64]],
     prior: F64,
     sums: F64,
-) -> tuple[NDArray[np.bool_], F64, float] | None:
+) -> _Best | None:
     """The role's best ranks when more than half of it (three ranks or more) is behind them; else None.
 
     With at most half of a role slow, the median of its healthy peers is the reference (the
@@ -784,27 +803,25 @@ def _best_ranks(
     of them). A rank's noise is that of its difference with the fastest rank step by step (what
     every rank shares at a step cancels), as in a pair. It is behind when it exceeds the level by
     :data:`K_SIGMA` times that standard error combined with the spread of the ranks behind (ranks
-    slow by one fault are alike; ranks a scheduler spread out are not), and by ``floor_ns``;
-    and only when its own self time in the window exceeds the fastest rank's: the scheduling
-    correction clears a rank, it never puts a faster one behind a rank the host held back (a
-    rank held to a CPU quota, less its wait for a CPU, would be the level).
+    slow by one fault are alike; ranks a scheduler spread out are not: the spread of their mean
+    self times, scheduling delay included, so that one rank's correction clears that rank alone
+    and never raises the others' bar), and by ``floor_ns``; and only when its own self time in
+    the window exceeds the fastest rank's: the scheduling correction clears a rank, it never puts
+    a faster one behind a rank the host held back (a rank held to a CPU quota, less its wait for
+    a CPU, would be the level).
 
     Evidence pools over the windows of a fault (``prior``, a sequential test): a rank's mean is
     over those windows' steps and this one's, its standard error that of this window's per-step
     noise over all those steps. The bar stays :data:`K_SIGMA` standard errors: one window of few
-    steps is judged as before.
+    steps is judged as before. A rank's score is that test's statistic (its excess over the
+    bar), so a rank the test puts behind scores at least 1 in every window it does.
 
     Args:
         signals: The window's host signals (None: computed from ``w.host`` when needed).
         host: Cache of :func:`~argus.analyzer.host.delay_per_step` for the window (filled on first use).
-        prior: Per rank of ``t``, ``(sum of self time less scheduling delay, steps)`` of the
-            fault's earlier windows (zeros: none), shape ``(n, 2)``.
-        sums: Filled in place for the members: this window's ``(sum, steps)`` (to carry).
-
-    Returns:
-        ``(the ranks not behind (the best ranks), per rank what to add to their median self time
-        per step for its reference, ns: the bias and its scheduling delay beyond theirs; the
-        level's standard error, ns)``.
+        prior: Per rank of ``t``, ``(sum of self time less scheduling delay, steps, sum of self
+            time)`` of the fault's earlier windows, ns (zeros: none), shape ``(n, 3)``.
+        sums: Filled in place for the members: this window's ``(sum, steps, sum)`` (to carry).
     """
     idx = np.flatnonzero(members)
     if idx.size < MIN_PEERS:
@@ -818,6 +835,7 @@ def _best_ranks(
     steps = np.count_nonzero(np.isfinite(x), axis=1)
     sums[idx, 0] = np.nansum(x, axis=1) - starved[idx] * steps
     sums[idx, 1] = steps
+    sums[idx, 2] = np.nansum(x, axis=1)
     total = sums[idx] + prior[idx]
     mean = total[:, 0] / np.maximum(total[:, 1], 1)
     if not np.all(np.isfinite(mean)) or np.any(steps == 0):
@@ -833,23 +851,30 @@ def _best_ranks(
     if not np.isfinite(se_level):
         return None
     bias = _expected_max(idx.size) * se_level
-    excess = mean - float(mean[fastest]) - bias
-    # The scheduling correction only clears a rank: a rank whose own self time is below the level
-    # rank's is not behind it (a rank held to a CPU quota waits for a CPU most of its step; less
-    # that wait it would lead, and every faster rank would look behind it).
-    raw = np.nanmean(x, axis=1)
-    excess = np.where(raw > raw[fastest], excess, -np.inf)
+    # The scheduling correction only clears a rank: no rank is further behind the level rank than
+    # its own self time (pooled as the test is) says, so the level rank's wait for a CPU never puts
+    # another behind it (a rank held to a CPU quota waits for a CPU most of its step; less that
+    # wait it would lead, and every faster rank would look behind it).
+    raw = total[:, 2] / np.maximum(total[:, 1], 1)
+    excess = np.minimum(mean - float(mean[fastest]), raw - float(raw[fastest])) - bias
     behind = excess >= np.fmax(K_SIGMA * se, floor_ns)
     if 2 * np.count_nonzero(behind) <= idx.size:
         return None
-    spread = float(np.std(mean[behind], ddof=1))
-    behind = excess >= np.fmax(K_SIGMA * np.hypot(se, spread), floor_ns)
+    # The ranks behind are alike in their self time, scheduling delay and all: one rank's
+    # correction clears that rank alone (it never widens the others' bar). Their means' spread
+    # holds each mean's own noise too (its standard error): only the rest is their unlikeness.
+    spread2 = float(np.var(raw[behind], ddof=1) - np.mean(np.square(se[behind])))
+    bar = np.fmax(K_SIGMA * np.sqrt(np.square(se) + max(spread2, 0.0)), floor_ns)
+    score = excess / bar
+    behind = score >= 1.0
     if 2 * np.count_nonzero(behind) <= idx.size:
         return None
     ok = np.zeros(members.size, bool)
     ok[idx[~behind]] = True
     add = bias + np.maximum(starved - float(np.median(starved[idx[~behind]])), 0.0)
-    return ok, add, se_level
+    full = np.full(members.size, np.nan)
+    full[idx] = score
+    return _Best(ok, add, full)
 
 
 def _pooled_pair(

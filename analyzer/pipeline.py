@@ -126,8 +126,9 @@ class JobAnalysis:
         self._spikes: dict[int, deque[int]] = {}
         #: Per rank, (change_sum_ns, steps) of the recent windows that became no reference.
         self._carried: dict[int, deque[tuple[float, int]]] = {}
-        #: Per rank, the best-ranks test's (sum_ns, steps) of those windows (``PhaseResult.best_sums``).
-        self._carried_best: dict[int, deque[tuple[float, int]]] = {}
+        #: Per rank, the best-ranks test's (sum_ns, steps, raw_sum_ns) of those windows
+        #: (``PhaseResult.best_sums``).
+        self._carried_best: dict[int, deque[tuple[float, int, float]]] = {}
         #: Per rank of a role of two, the pair test's (sum_ns, steps) of those windows
         #: (``PhaseResult.pair_sums``).
         self._carried_pair: dict[int, deque[tuple[float, int]]] = {}
@@ -263,7 +264,11 @@ class JobAnalysis:
         l1 = compare_iterations(step, step_ns, list(self._steps))
         recent = {r: int(sum(v)) for r, v in self._spikes.items()}
         carried = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried.items() if v}
-        best = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_best.items() if v}
+        best = {
+            r: (sum(c for c, _, _ in v), sum(n for _, n, _ in v), sum(x for _, _, x in v))
+            for r, v in self._carried_best.items()
+            if v
+        }
         pair = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_pair.items() if v}
         host = host_signals(w.host)
         l2 = compare_phases(
@@ -412,7 +417,7 @@ class JobAnalysis:
                 entry = (float(l2.change_sum_ns[i]), int(l2.steps[i]))
                 self._carried.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(entry)
             if l2.best_sums.shape[0] == l2.rank.size and l2.best_sums[i, 1] > 0:
-                best = (float(l2.best_sums[i, 0]), int(l2.best_sums[i, 1]))
+                best = (float(l2.best_sums[i, 0]), int(l2.best_sums[i, 1]), float(l2.best_sums[i, 2]))
                 self._carried_best.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(best)
             if l2.pair_sums.shape[0] == l2.rank.size and l2.pair_sums[i, 1] > 0:
                 pair = (float(l2.pair_sums[i, 0]), int(l2.pair_sums[i, 1]))

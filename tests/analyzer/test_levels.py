@@ -568,12 +568,12 @@ def test_a_fault_from_the_first_step_that_dips_for_a_window_keeps_its_lost_time(
 
 def _pooled_best(windows: list[Window], k: int) -> list[int]:
     """The ranks L2 names in window ``k`` with the best-ranks evidence of windows ``0..k-1`` pooled."""
-    prior: dict[int, tuple[float, int]] = {}
+    prior: dict[int, tuple[float, int, float]] = {}
     for w in windows[:k]:
         r = compare_phases(w, decompose(w.collectives), best_carried=prior)
-        for rank, (total, steps) in zip(r.rank.tolist(), r.best_sums.tolist(), strict=True):
-            was = prior.get(rank, (0.0, 0))
-            prior[rank] = (was[0] + total, was[1] + int(steps))
+        for rank, (total, steps, raw) in zip(r.rank.tolist(), r.best_sums.tolist(), strict=True):
+            was = prior.get(rank, (0.0, 0, 0.0))
+            prior[rank] = (was[0] + total, was[1] + int(steps), was[2] + raw)
     r = compare_phases(windows[k], decompose(windows[k].collectives), best_carried=prior)
     return sorted(r.rank[r.score >= 1].tolist())
 
