@@ -233,6 +233,10 @@ class NodeAgent:
 
     def _link_loop(self) -> None:
         host = socket.gethostname()
+        try:  # the counters' baseline now, so the first rows come one period after start, not two
+            self._links.sample()
+        except Exception:
+            log.warning("argus agent: sampling the network interfaces failed", exc_info=True)
         while not self._stop.wait(LINK_EVERY_S):
             try:
                 samples = self._links.sample()
