@@ -32,19 +32,11 @@ _COLLECTOR = """
 import sys, time
 from argus.collector import ingest
 from argus.store import open_store
+from tests.collector.stopping_store import stop_at
 from tests.collector import test_exactly_once as here
 url, point, build = sys.argv[1:4]
 store = open_store(url)
-real = store.insert
-def insert(table, data, *, dedup_token=None):
-    if table != "ingest_batches" and point == "recorded":
-        print(point, flush=True)
-        time.sleep(600)
-    real(table, data, dedup_token=dedup_token)
-    if table != "ingest_batches" and point == "inserted":
-        print(point, flush=True)
-        time.sleep(600)
-store.insert = insert
+stop_at(store, point)
 ingest.write_group(store, getattr(here, build)())
 print("done", flush=True)
 time.sleep(600)

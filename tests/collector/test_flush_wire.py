@@ -115,18 +115,10 @@ from argus.collector.grpc_service import start_collector
 from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import open_store
+from tests.collector.stopping_store import stop_at
 url, point = sys.argv[1:3]
 store = open_store(url)
-real = store.insert
-def insert(table, data, *, dedup_token=None):
-    if table != "ingest_batches" and point == "recorded":
-        print(point, flush=True)
-        time.sleep(600)
-    real(table, data, dedup_token=dedup_token)
-    if table != "ingest_batches" and point == "inserted":
-        print(point, flush=True)
-        time.sleep(600)
-store.insert = insert
+stop_at(store, point)
 server = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
 print(server.port, flush=True)
 time.sleep(600)
