@@ -22,9 +22,10 @@ Order of the rules, each applied to what the earlier ones left:
      time spent on the CPU (process CPU time against the ranks that do the same work, GC
      pauses), does it come in spikes on a few steps or evenly, and did its kernels get slower.
 
-   A straggler hidden behind the strongest one (its excess under half of that
-   one's, step by step; :func:`_drop_hidden`) is that one's knock-on and is not
-   named: the ranks waiting for a straggler on a shared host slow down too.
+   A straggler hidden behind the strongest one, or behind a strong one that fell
+   behind the others (its excess under half of that one's, step by step;
+   :func:`_drop_hidden`), is that one's knock-on and is not named, whatever its
+   score: the ranks waiting for a straggler on a shared host slow down too.
    When more than :data:`MAX_INDIVIDUAL` ranks share a cause, they become one
    finding with ``rank = None`` and every rank listed. A straggler compared
    against fewer than :data:`MIN_REFERENCE` healthy ranks ``needs_confirmation``;
@@ -530,54 +531,81 @@ def _groups_of(w: Window) -> dict[int, str]:
 
 
 def _drop_hidden(found: list[Finding], l2: PhaseResult) -> list[Finding]:
-    """Drop the stragglers that hid behind the strongest one (at the opening score of 1).
+    """Drop the stragglers that hid behind another one (in a window with one at the opening score
+    of 1).
 
     The job waits at each step for its slowest rank, so a rank costs it time only at the steps
-    where it is later than the others. Rank ``r`` hid behind the strongest straggler ``s`` when,
-    summed over the window's steps, ``s``'s excess led ``r``'s by more than all of ``r``'s excess,
-    and ``r``'s led ``s``'s by under :data:`HIDDEN_SHARE` of that: the job waited for ``s``, and
-    would have waited for it had ``r`` been on time. The ranks that wait for a straggler grow
-    their own time too where they share its host (its extra work takes the cores theirs runs
-    on): that growth is the straggler's knock-on, not a second fault. Ranks slow alike lead each
-    other alike and all stay; a second fault under half as large as the first is named once the
-    first is gone.
+    where it is later than the others. Rank ``r`` hid behind straggler ``s`` when, summed over the
+    window's steps, ``s``'s excess led ``r``'s by more than all of ``r``'s excess, and ``r``'s led
+    ``s``'s by under :data:`HIDDEN_SHARE` of that: the job waited for ``s``, and would have waited
+    for it had ``r`` been on time. ``s`` is the strongest straggler (by score) or any straggler
+    at the opening score that fell behind the others (:func:`fell_behind`: its own past less the
+    job's common change; extra work of its own, not the host's slowdown of every rank), and ``r``
+    hides behind it whatever ``r``'s score: the score says how sure a rank is behind its own
+    reference, the excess what the job waited for (a rank with a quiet past scores high on the
+    little it slowed while waiting for a stage whose noisy steps score lower). A pipeline's slow
+    stage, recorded: ``tests/data/real_runs/stage``. The relation orders the ranks by their summed
+    excess (``s``'s exceeds ``r``'s), so the straggler a rank hid behind, or the one that one hid
+    behind in turn, stays. The ranks that wait for a straggler grow their own time too where they
+    share its host (its extra work takes the cores theirs runs on): that growth is the kept
+    straggler's knock-on (``knock_on_ranks``), not a second fault. Ranks slow alike lead each
+    other alike and all stay; a second fault under half as large as the first is named
+    once the first is gone.
     """
     rows = {int(r): i for i, r in enumerate(l2.rank.tolist())}
     row = {id(f): rows[f.rank] for f in found if f.rank is not None and f.rank in rows}
-    strong = [g for g in found if id(g) in row and g.score >= 1.0]
+    strong = sorted((g for g in found if id(g) in row and g.score >= 1.0), key=lambda g: -g.score)
     if not strong:
         return found
-    top = max(strong, key=lambda g: g.score)
     x = np.nan_to_num(l2.excess_matrix, nan=0.0)
-    theirs = x[row[id(top)]]
-
-    def hides(i: int) -> bool:
-        mine = x[i]
-        behind = float(np.sum(np.maximum(theirs - mine, 0.0)))
-        ahead = float(np.sum(np.maximum(mine - theirs, 0.0)))
-        return behind > float(np.sum(mine)) and ahead < HIDDEN_SHARE * behind
-
-    out, hidden = [], []
+    fell = fell_behind(l2)
+    # The strongest straggler, and every strong one that fell behind the others.
+    refs = [row[id(g)] for k, g in enumerate(strong) if k == 0 or fell[row[id(g)]]]
+    owner: dict[int, int] = {}  # hidden rank's row -> row of the straggler it hid behind
     for f in found:
-        if f is not top and id(f) in row and hides(row[id(f)]):
-            hidden.append(row[id(f)])
-            continue
-        out.append(f)
+        s = _hidden_behind(x, row[id(f)], refs) if id(f) in row else None
+        if s is not None:
+            owner[row[id(f)]] = s
+    out = [f for f in found if row.get(id(f)) not in owner]
     # Ranks that fell behind their own past with no finding of their own (the job-level
-    # finding's ranks) are its knock-on by the same rule.
+    # finding's ranks) are a straggler's knock-on by the same rule.
     named = {row[id(f)] for f in out if id(f) in row}
-    hidden += [
-        i for i in np.flatnonzero(fell_behind(l2)).tolist() if i not in named and i not in hidden and hides(i)
-    ]
-    if hidden:
+    for i in np.flatnonzero(fell).tolist():
+        s = _hidden_behind(x, i, refs) if i not in named and i not in owner else None
+        if s is not None:
+            owner[i] = s
+    hidden: dict[int, list[int]] = {}  # kept straggler's row -> rows hidden behind it
+    for i, first in owner.items():
+        s = first
+        while s in owner:  # it hid behind one that hid in turn (each has more summed excess)
+            s = owner[s]
+        hidden.setdefault(s, []).append(i)
+    for k, f in enumerate(out):
+        mine = hidden.get(row[id(f)], []) if id(f) in row else []
+        if not mine:
+            continue
         # Without the straggler its knock-on goes too: the job would have waited only for the
-        # slowest of the rest.
+        # slowest of the rest (the hidden ranks of every straggler gone with it).
         rest = np.ones(x.shape[0], bool)
-        rest[[*hidden, row[id(top)]]] = False
-        waited = np.maximum(theirs - np.max(x[rest], axis=0, initial=0.0), 0.0)
-        evidence = {**top.evidence, "knock_on_ranks": sorted(int(l2.rank[i]) for i in hidden)}
-        out[out.index(top)] = replace(top, waited_ns=tuple(waited.tolist()), evidence=evidence)
+        rest[[*owner, row[id(f)]]] = False
+        waited = np.maximum(x[row[id(f)]] - np.max(x[rest], axis=0, initial=0.0), 0.0)
+        evidence = {**f.evidence, "knock_on_ranks": sorted(int(l2.rank[i]) for i in mine)}
+        out[k] = replace(f, waited_ns=tuple(waited.tolist()), evidence=evidence)
     return out
+
+
+def _hidden_behind(x: NDArray[np.float64], i: int, refs: list[int]) -> int | None:
+    """The first of the rows ``refs`` that row ``i`` of the excess ``x`` (rank, step) hid behind
+    (:func:`_drop_hidden`), or None."""
+    mine = x[i]
+    for s in refs:
+        if s == i:
+            continue
+        behind = float(np.sum(np.maximum(x[s] - mine, 0.0)))
+        ahead = float(np.sum(np.maximum(mine - x[s], 0.0)))
+        if behind > float(np.sum(mine)) and ahead < HIDDEN_SHARE * behind:
+            return s
+    return None
 
 
 def _merge_many(found: list[Finding], l2: PhaseResult) -> list[Finding]:

@@ -96,6 +96,23 @@ def test_a_rank_slowed_every_step_behind_one_that_stops_every_fourth_is_its_knoc
     assert [f.rank for f in _kept(excess, {0: 1.5, 3: 8.0})] == [3]
 
 
+def test_a_rank_that_outscores_the_straggler_it_hid_behind_is_its_knock_on() -> None:
+    """Rank 0, its own past quiet, scores above the slow ranks on half their excess and never leads
+    them: it hid behind rank 3, which fell behind the others, so it is rank 3's knock-on. Had no
+    rank fallen behind (the host slowed them all), only the top scorer is a rank hidden behind."""
+    rng = np.random.default_rng(4)
+    excess = {0: (10.0 + rng.normal(0, 2, 40)).tolist(), 1: [0.0] * 40}
+    excess[2] = (20.0 + rng.normal(0, 3, 40)).tolist()
+    excess[3] = (24.0 + rng.normal(0, 3, 40)).tolist()
+    scores = {0: 1.6, 2: 1.0, 3: 1.4}
+    kept = _kept(excess, scores, behind={0: 2.0, 2: 20.0, 3: 24.0})
+    assert [f.rank for f in kept] == [2, 3]
+    assert kept[1].evidence["knock_on_ranks"] == [0]
+    # Rank 3's waits leave out rank 0's too: without rank 3 the job waited for rank 2 alone.
+    np.testing.assert_allclose(kept[1].waited_ns, np.maximum(np.array(excess[3]) - excess[2], 0))
+    assert [f.rank for f in _kept(excess, scores, behind={0: 2.0, 2: 2.0, 3: 2.0})] == [0, 2, 3]
+
+
 def test_ranks_slow_alike_and_a_second_fault_over_half_as_large_are_all_named() -> None:
     rng = np.random.default_rng(2)
     alike = {r: (30.0 + rng.normal(0, 5, 40)).tolist() for r in (1, 2, 3)}

@@ -69,13 +69,14 @@ def test_every_recording_holds_every_job() -> None:
         assert recording_jobs(RECORDINGS / recording) == sorted(f"real-{name}" for name in JOBS)
         assert (RECORDINGS / recording / "README").is_file()
     assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted(
-        [*_WRONG, "dup", "onset", "recall", "wrong_two", "many"]
+        [*_WRONG, "dup", "onset", "recall", "wrong_two", "many", "stage"]
     )
     assert recording_jobs(RECORDINGS / "onset") == sorted(ONSET)
     assert recording_jobs(RECORDINGS / "recall") == sorted(RECALL)
     assert recording_jobs(RECORDINGS / "wrong_two") == sorted(WRONG_TWO)
     assert recording_jobs(RECORDINGS / "dup") == ["dup-fsdp-compute"]
     assert recording_jobs(RECORDINGS / "many") == sorted(MANY)
+    assert recording_jobs(RECORDINGS / "stage") == sorted(STAGE)
 
 
 @pytest.mark.parametrize(
@@ -280,6 +281,37 @@ def test_most_of_a_role_slow_is_named_without_its_fast_rank(
     becomes the job's pace or a rank's own past, so the fast rank is never named."""
     found = many_verdicts[job]
     expected = MANY[job]
+    if expected is None:
+        assert_blames_no_one([d.to_dict() for d in found])
+        return
+    ranks, cause = expected
+    assert [(d.rank, set(d.ranks), d.cause) for d in found] == [(None, set(ranks), cause)], found
+
+
+#: Jobs of the ``stage`` recording (bench/detection_live.py's whole set of 2026-12-07; its README):
+#: the ranks the one diagnosis must name and its cause; none for the clean twin. Wrong at a9c251e:
+#: the healthy rank 0 was named beside the slow stage.
+STAGE: dict[str, tuple[tuple[int, ...], str] | None] = {
+    "stage-pp-stage1-compute": ((2, 3), "compute"),
+    "stage-pp-stage1-compute-twin": None,
+}
+
+
+@pytest.fixture(scope="module")
+def stage_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Diagnosis]]:
+    """The ``stage`` recording analysed: job -> diagnoses."""
+    return _analysed(tmp_path_factory, "stage", STAGE, _RECALL_WINDOW_S)
+
+
+@pytest.mark.parametrize("job", sorted(STAGE))
+def test_a_rank_that_slowed_behind_a_slow_stage_is_its_knock_on_whatever_its_score(
+    stage_verdicts: dict[str, list[Diagnosis]], job: str
+) -> None:
+    """A pipeline's slow stage (ranks 2 and 3): in the job's last window stage 0's rank 0, its own
+    past quiet, scores above both slow ranks on half their excess. It hid behind rank 3, which
+    fell behind the others, so it is rank 3's knock-on: one diagnosis names the stage alone."""
+    found = stage_verdicts[job]
+    expected = STAGE[job]
     if expected is None:
         assert_blames_no_one([d.to_dict() for d in found])
         return
