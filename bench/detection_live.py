@@ -580,7 +580,10 @@ def injected_lost_s(timeline: dict[str, Any], outside_held: list[list[int]] | No
     thread is not runnable: its delay is only the wait to run again after it wakes). The rule is
     one for every fault in the job (compute, sleep, dataset, callback); a CPU quota's loss *is*
     waiting for a CPU, and its injector counts that wait, not subtracts it (:mod:`outside`).
-    Recordings made before the delay was kept keep the wall-time account (an upper bound).
+    Recordings made before the delay was kept keep the wall-time account (an upper bound). Where
+    processes outside the job hold the cores (a loaded host), the wait is a loss too and this
+    account is low: at load 14-18 a ``dp-compute-onset`` counted 3.1 s against the twin's 9.0 s
+    (its wall account 11.2 s); quote the load beside the figure (the table's ``load``).
 
     What it costs the job, not the rank: the job's ranks meet every step (the gradient all-reduce
     of every layout, the pipeline's sends and receives within a step), so a step ends when its
