@@ -60,9 +60,11 @@ size knob:
 ``--timeline FILE``: rank 0 writes there, as JSON at exit, the wall time (ns) of
 every step end and of the fault's start, so a benchmark can measure the job's
 throughput without Argus; and every rank ``r`` writes ``<FILE's stem>.rank<r>.json``
-(:func:`injected_path`): ``{"rank": r, "injected_ns": [...]}``, per step the wall time it spent
-in the injected fault's own work (:meth:`Fault.timed`: the extra passes, the sleeps, the host
-work), so a benchmark can tell what the fault cost without a second run to compare with.
+(:func:`injected_path`): ``{"rank": r, "injected_ns": [...], "injected_run_delay_ns": [...]}``, per
+step the wall time it spent in the injected fault's own work (:meth:`Fault.timed`: the extra passes,
+the sleeps, the host work) and, of it, the time its thread waited for a CPU
+(:func:`thread_run_delay_ns`), so a benchmark can tell what the fault cost without a second run to
+compare with.
 
 Exit: the process groups are destroyed only after every object that holds one
 (the model, DDP's reducer) is gone, so gloo's worker threads are joined while
@@ -111,6 +113,7 @@ __all__ = [
     "main",
     "parse_args",
     "shutdown",
+    "thread_run_delay_ns",
 ]
 
 SCENARIOS = ("none", "compute", "host_stall", "spiky_stall", "dataloader", "host_work")
@@ -148,23 +151,45 @@ class Fault:
         self.start_ns = start_ns
         #: Wall time spent in the fault's own work on this rank since the last :meth:`take`, ns.
         self.spent_ns = 0
+        #: Of :attr:`spent_ns`, the time the thread waited for a CPU (:func:`thread_run_delay_ns`), ns.
+        self.run_delay_ns = 0
 
     def active(self, scenario: str) -> bool:
         return self.scenario == scenario and self.on_this_rank and time.time_ns() >= self.start_ns
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Count the wall time of the block (the fault's own work) in :attr:`spent_ns`."""
-        t0 = time.perf_counter_ns()
+        """Count the wall time of the block (the fault's own work) in :attr:`spent_ns`, and the
+        calling thread's run-queue delay over it in :attr:`run_delay_ns`."""
+        t0, d0 = time.perf_counter_ns(), thread_run_delay_ns()
         try:
             yield
         finally:
+            self.run_delay_ns += thread_run_delay_ns() - d0
             self.spent_ns += time.perf_counter_ns() - t0
 
-    def take(self) -> int:
-        """The fault's wall time since the last call, ns (at each step end: that step's)."""
-        spent, self.spent_ns = self.spent_ns, 0
-        return spent
+    def take(self) -> tuple[int, int]:
+        """The fault's wall time and the run-queue delay within it since the last call, ns (at each
+        step end: that step's)."""
+        spent, delay = self.spent_ns, self.run_delay_ns
+        self.spent_ns = self.run_delay_ns = 0
+        return spent, delay
+
+
+def thread_run_delay_ns() -> int:
+    """The calling thread's run-queue delay so far, ns: the time it was runnable but waited for
+    a CPU (another thread held it, or a CPU quota throttled its group), the 2nd field of
+    ``/proc/thread-self/schedstat``; 0 where the kernel does not keep it (no file).
+
+    A benchmark subtracts its growth over an injected block from the block's wall time: the
+    block's own work or sleep (what a rank with a device of its own would lose), without the
+    wait for a core that the host's other ranks held (see ``bench/detection_live.py``).
+    """
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def injected_path(timeline: str | Path, rank: int) -> Path:
@@ -704,7 +729,7 @@ def shutdown() -> list[str]:
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train until told to stop; returns the timeline (see ``--timeline``) without ``threads_at_exit``,
-    with this rank's ``injected_ns`` (its injected time per step, ns)."""
+    with this rank's ``injected_ns`` and ``injected_run_delay_ns`` (per step, ns: :meth:`Fault.take`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ranks = _slow_ranks(args, world)
     _check(args, world, ranks)
@@ -719,6 +744,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     seed = torch.zeros(1, dtype=torch.int64)
     step_end_ns: list[int] = []
     injected_ns: list[int] = []
+    run_delay_ns: list[int] = []
     started_s = time.monotonic()
     step = 0
     while step < args.steps:
@@ -737,7 +763,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loss = job.step(batch)
         step += 1
         step_end_ns.append(time.time_ns())
-        injected_ns.append(fault.take())
+        spent_ns, delay_ns = fault.take()
+        injected_ns.append(spent_ns)
+        run_delay_ns.append(delay_ns)
         if rank == 0 and step % 50 == 0:
             print(f"step {step} loss {loss:.3f}", flush=True)
         if step % STOP_CHECK_EVERY == 0 and _stop_requested(args, started_s):
@@ -749,6 +777,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "fault_start_ns": fault.start_ns,
         "step_end_ns": step_end_ns,
         "injected_ns": injected_ns,
+        "injected_run_delay_ns": run_delay_ns,
     }
 
 
@@ -760,8 +789,9 @@ def main(argv: list[str] | None = None) -> None:
     timeline = train(args)  # the model and DDP's reducer, which hold process groups, end with it
     threads = shutdown()
     if args.timeline is not None:
-        injected = timeline.pop("injected_ns")
-        injected_path(args.timeline, rank).write_text(json.dumps({"rank": rank, "injected_ns": injected}))
+        mine = {"rank": rank, "injected_ns": timeline.pop("injected_ns")}
+        mine["injected_run_delay_ns"] = timeline.pop("injected_run_delay_ns")
+        injected_path(args.timeline, rank).write_text(json.dumps(mine))
         if rank == 0:
             Path(args.timeline).write_text(json.dumps({**timeline, "threads_at_exit": threads}))
 

@@ -10,9 +10,10 @@ them unchanged under Lightning's own launcher or torchrun:
 - ``JOB_TIMELINE``: rank 0 writes there, as JSON at exit, the wall time (ns) of every step end, the
   fault's start and the injected ranks (``step_end_ns``, ``fault_start_ns``, ``slow_ranks``,
   ``scenario``, ``framework``), so a benchmark measures the job's pace without Argus; and every
-  rank ``r`` writes ``<its stem>.rank<r>.json``: ``{"rank": r, "injected_ns": [...]}``, per step
-  the wall time it spent in the injected fault (the sleeps below), so a benchmark can tell what
-  the fault cost the job without a second run to compare with.
+  rank ``r`` writes ``<its stem>.rank<r>.json``: ``{"rank": r, "injected_ns": [...],
+  "injected_run_delay_ns": [...]}``, per step the wall time it spent in the injected fault (the
+  sleeps below) and, of it, the time its thread waited for a CPU (:func:`thread_run_delay_ns`), so
+  a benchmark can tell what the fault cost the job without a second run to compare with.
 - ``JOB_CLOCK_FILE``: rank 0 writes there, when training starts, ``{"fault_start_ns": …}`` (the
   fault's start, ns since the epoch), so that a fault injected from outside the job starts on its clock.
 - ``JOB_OUT_DIR`` (default a folder under the system's temporary one): the framework's logs.
@@ -61,6 +62,7 @@ __all__ = [
     "injected_callback_stall",
     "injected_slow_read",
     "shutdown",
+    "thread_run_delay_ns",
 ]
 
 #: The fault kinds of ``JOB_FAULT``.
@@ -77,6 +79,18 @@ def _env_int(name: str, default: int) -> int:
 
 def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, "") or default)
+
+
+def thread_run_delay_ns() -> int:
+    """The calling thread's run-queue delay so far, ns (runnable, waiting for a CPU): the 2nd field
+    of ``/proc/thread-self/schedstat``; 0 where the kernel does not keep it. The job holds no Argus
+    line, so this is the job's own copy of ``argus.demo.job.thread_run_delay_ns`` (why it is kept:
+    there)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def injected_callback_stall(seconds: float) -> None:
@@ -117,8 +131,11 @@ class Job:
     step_end_ns: list[int] = field(default_factory=list)
     #: Per step, the wall time this rank spent in the injected fault, ns.
     injected_ns: list[int] = field(default_factory=list)
+    #: Per step, of :attr:`injected_ns`, the time this rank's thread waited for a CPU, ns.
+    injected_run_delay_ns: list[int] = field(default_factory=list)
     _started_s: float = 0.0
     _spent_ns: int = 0
+    _delay_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -149,11 +166,13 @@ class Job:
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Count the wall time of the block (the fault's own work) in this step's injected time."""
-        t0 = time.perf_counter_ns()
+        """Count the wall time of the block (the fault's own work) in this step's injected time, and
+        the thread's run-queue delay over it."""
+        t0, d0 = time.perf_counter_ns(), thread_run_delay_ns()
         try:
             yield
         finally:
+            self._delay_ns += thread_run_delay_ns() - d0
             self._spent_ns += time.perf_counter_ns() - t0
 
     def step_end(self) -> bool:
@@ -164,7 +183,8 @@ class Job:
                 injected_callback_stall(self.fault_s)
         self.step_end_ns.append(time.time_ns())
         self.injected_ns.append(self._spent_ns)
-        self._spent_ns = 0
+        self.injected_run_delay_ns.append(self._delay_ns)
+        self._spent_ns = self._delay_ns = 0
         if not self.duration_s or (step + 1) % STOP_CHECK_EVERY:
             return False
         late = self.rank == 0 and time.monotonic() - self._started_s >= self.duration_s
@@ -179,7 +199,10 @@ class Job:
             return
         path = Path(self.timeline)
         mine = path.with_name(f"{path.stem}.rank{self.rank}.json")
-        mine.write_text(json.dumps({"rank": self.rank, "injected_ns": self.injected_ns}))
+        delay = self.injected_run_delay_ns
+        mine.write_text(
+            json.dumps({"rank": self.rank, "injected_ns": self.injected_ns, "injected_run_delay_ns": delay})
+        )
         if self.rank != 0:
             return
         doc = {

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,40 @@ def test_the_documented_command_and_the_module_run_the_same_job(module: str) -> 
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and "--layout {dp,pp,tp,fsdp}" in done.stdout, done.stderr
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_faults_own_time_leaves_out_its_wait_for_a_cpu_and_keeps_a_sleep_whole() -> None:
+    # Real /proc reads: this thread and a busy competitor share one CPU, so a busy block's wall
+    # time is half waiting for it (run-queue delay); its own time (wall - delay) is its CPU time.
+    # A sleep is not runnable: its own time is the sleep, its delay only the wake-up's wait.
+    fault = demo_job.Fault("compute", frozenset({0}), 0)
+    cpu = min(os.sched_getaffinity(0))
+    mask = os.sched_getaffinity(0)
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(rival.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        _busy(0.2)  # the rival is running
+        cpu0 = time.thread_time_ns()
+        with fault.timed():
+            _busy(0.6)
+        cpu_ns = time.thread_time_ns() - cpu0
+        busy_ns, busy_delay_ns = fault.take()
+    finally:
+        os.sched_setaffinity(0, mask)
+        rival.kill()
+        rival.wait()
+    assert busy_delay_ns > 0.25 * busy_ns, (busy_ns, busy_delay_ns)  # about half: the rival's share
+    assert busy_ns - busy_delay_ns == pytest.approx(cpu_ns, rel=0.1, abs=20e6)
+    with fault.timed():
+        time.sleep(0.3)
+    sleep_ns, sleep_delay_ns = fault.take()
+    assert sleep_ns - sleep_delay_ns >= 0.3e9 and sleep_delay_ns < 0.1 * sleep_ns
+    assert fault.take() == (0, 0)  # taken: the next step starts from nothing
+    assert demo_job.thread_run_delay_ns() > 0
