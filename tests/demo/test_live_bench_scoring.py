@@ -227,6 +227,20 @@ def test_the_jobs_own_account_leaves_out_the_ranks_wait_for_a_cpu() -> None:
     assert live.injected_lost_s(tl) == pytest.approx(20 * 0.1)  # an old recording: wall time
 
 
+def test_a_fault_whose_wall_account_reaches_the_threshold_stays_in_recall() -> None:
+    # Rank 2's extra passes: 0.03 s of wall time a step in 0.2 s steps (15 %), 0.02 s of it waiting
+    # for a core (5 % without): leaving the wait out must not take the fault out of recall.
+    fault = _run("dp-compute-large", "compute", [2], 0.2, "dp-compute-large")
+    assert fault.timeline is not None
+    tl = _with_injected(fault.timeline, {2: [0.0] * 10 + [0.03] * 20})
+    fault.timeline = {**tl, "injected_run_delay_ns": {"2": [0] * 10 + [round(0.02 * NS)] * 20}}
+    runs = [fault, _run("dp-compute-large~twin", "none", [], 0.2, "dp-compute-large")]
+    rows, f = live.score(runs, {}, 5.0)
+    assert rows[0].lost_s == pytest.approx(20 * 0.01) and rows[0].wall_lost_s == pytest.approx(20 * 0.03)
+    assert rows[0].counted and f["recall"] == 0.0
+    assert f["unexplained_loss_pct"] == f["wall_unexplained_loss_pct"] == pytest.approx(100.0)
+
+
 def test_a_cpu_quota_injector_counts_the_wall_time_its_main_thread_was_held(tmp_path: Path) -> None:
     # A real quota on a real 1-thread busy process: a quarter of a CPU holds its main thread
     # about 3/4 of the wall time, which is the rank's loss; the cgroup's throttled time counted
