@@ -141,3 +141,23 @@ def test_row_nanmedian_is_numpys_nanmedian_bit_for_bit() -> None:
             expected, expected_3d = np.nanmedian(x, axis=-1), np.nanmedian(stacked, axis=-1)
         np.testing.assert_array_equal(row_nanmedian(x), expected)
         np.testing.assert_array_equal(row_nanmedian(stacked), expected_3d)
+
+
+def test_grouped_median_past_one_16_bit_digit_of_keys() -> None:
+    """Keys beyond 65,535 (the key sort's second radix digit): the medians ``np.lexsort`` gives."""
+    rng = np.random.default_rng(41)
+    n_groups = 200_000
+    keys = np.r_[rng.integers(0, n_groups, 60_000), 65_535, 65_536, 65_536, 131_072, n_groups - 1]
+    values = np.round(rng.normal(0.0, 1.0, keys.size), 1)  # many ties
+    values[rng.random(keys.size) < 0.05] = np.nan
+    got = grouped_median(keys, values, n_groups)
+    keep = ~np.isnan(values)
+    k, v = keys[keep], values[keep]
+    order = np.lexsort((v, k))
+    k, v = k[order], v[order]
+    counts = np.bincount(k, minlength=n_groups)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    want = np.full(n_groups, np.nan)
+    has = counts > 0
+    want[has] = 0.5 * (v[starts[has] + (counts[has] - 1) // 2] + v[starts[has] + counts[has] // 2])
+    np.testing.assert_array_equal(got, want)
