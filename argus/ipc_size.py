@@ -7,9 +7,12 @@ declare terabytes. :func:`declared_bytes` walks the stream's messages
 (``pyarrow.ipc.MessageReader``) and each record batch's flatbuffer metadata
 (``Message.header`` → ``RecordBatch.buffers``, ``RecordBatch.compression``; format
 in Arrow's ``format/Message.fbs``) and adds up what the buffers will take decoded,
-without decoding them. :func:`read_stream` reads a stream in the same walk, checking each
-record batch's declared size before decoding it: one pass over the messages, and the
-stream's schema message parsed once per distinct schema, not once per batch (a node agent
+without decoding them. :func:`scan` walks a stream's messages once and keeps them
+(:class:`Scanned`); :func:`read_stream` decodes a walked stream, checking each record batch's
+declared size before decoding it. So the collector, which charges a batch what it declares before
+decoding it, reads its messages once, not once for the charge and again to decode (on the
+collector's loop the first walk was 9 % of its samples, ``bench/scale.py --agents 125``, 12-07).
+The stream's schema message is parsed once per distinct schema, not once per batch (a node agent
 sends the same few schemas all day; 1,250 of them send 5,000 batches a second).
 """
 
@@ -17,12 +20,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
 import pyarrow as pa
 
-__all__ = ["declared_bytes", "read_stream"]
+__all__ = ["Scanned", "declared_bytes", "read_stream", "scan"]
 
 _T = TypeVar("_T")
 _RECORD_BATCH = 3
@@ -109,10 +113,89 @@ def _schema(message: pa.ipc.Message) -> pa.Schema:
     return schema
 
 
+@dataclass(frozen=True)
+class Scanned:
+    """An IPC stream's messages walked once (:func:`scan`), nothing decoded: what
+    :func:`read_stream` decodes without reading the messages again, and what its record batches
+    declare decoded, known before anything is allocated (the collector charges it first,
+    :func:`argus.collector.decoded_budget.batch_cost`).
+
+    Attributes:
+        payload: The stream as received; ``batches`` are zero-copy slices of it.
+        schema: Its schema; None when the walk stopped before one was read.
+        batches: Its record batch messages, in order, up to the first problem.
+        totals: Bytes ``batches`` declare decoded, cumulative: ``totals[k]`` through ``batches[k]``.
+        error: Why the walk stopped early (malformed messages or metadata, no schema first, a
+            dictionary or schema message inside the stream); None when it read the whole stream.
+    """
+
+    payload: bytes
+    schema: pa.Schema | None
+    batches: tuple[pa.ipc.Message, ...]
+    totals: tuple[int, ...]
+    error: ValueError | None
+
+    @property
+    def declared(self) -> int:
+        """Bytes every record batch walked declares decoded (0: none)."""
+        return self.totals[-1] if self.totals else 0
+
+
+def scan(payload: bytes) -> Scanned:
+    """Walk the IPC stream ``payload`` once: its schema (parsed once per distinct schema), its record
+    batch messages and what each declares decoded. Never raises: a problem ends the walk and is kept
+    in :attr:`Scanned.error`, raised by :func:`read_stream` after the batches before it."""
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(payload))
+        first = reader.read_next_message()
+        schema = _schema(first) if first.type == "schema" else None
+    except (struct.error, IndexError, pa.ArrowException, OSError, StopIteration) as exc:
+        return Scanned(payload, None, (), (), _malformed("malformed IPC stream", exc))
+    if schema is None:
+        error = ValueError(f"the stream starts with a {first.type} message, not its schema")
+        return Scanned(payload, None, (), (), error)
+    batches: list[pa.ipc.Message] = []
+    totals: list[int] = []
+    walked = _walk(reader, batches, totals)
+    return Scanned(payload, schema, tuple(batches), tuple(totals), walked)
+
+
+def _walk(
+    reader: pa.ipc.MessageReader, batches: list[pa.ipc.Message], totals: list[int]
+) -> ValueError | None:
+    """Append the record batch messages left in ``reader`` to ``batches`` and the bytes they declare
+    decoded, cumulative, to ``totals``; the problem that ended the walk early, or None."""
+    total = 0
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            return None
+        except (pa.ArrowException, OSError) as exc:
+            return _malformed("malformed IPC message", exc)
+        if message.type != "record batch":
+            return ValueError(f"a {message.type} message inside the stream; only record batches are read")
+        try:
+            total += _declared(message)
+        except (struct.error, IndexError) as exc:
+            return _malformed("malformed IPC message metadata", exc)
+        batches.append(message)
+        totals.append(total)
+
+
+def _malformed(what: str, exc: BaseException) -> ValueError:
+    error = ValueError(f"{what} ({exc})")
+    error.__cause__ = exc
+    return error
+
+
 def read_stream(
-    payload: bytes, check: Callable[[int], object], pool: pa.MemoryPool | None = None
+    payload: bytes | Scanned, check: Callable[[int], object], pool: pa.MemoryPool | None = None
 ) -> pa.Table:
     """The table of the IPC stream ``payload``: one schema message, then record batches.
+
+    ``payload``: the stream's bytes, or the stream already walked (:func:`scan`; its messages are
+    not read again).
 
     ``check`` is called with the bytes the stream's record batches declare decoded, in
     total up to and including the next one, before that one is decoded; what it raises
@@ -129,33 +212,20 @@ def read_stream(
             a dictionary batch (the wire schemas have no dictionary columns), a batch that
             does not match the schema (Arrow's errors are raised as ValueError).
     """
-    total, batches = 0, []
-    try:
-        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(payload))
-        first = reader.read_next_message()
-        if first.type != "schema":
-            raise ValueError(f"the stream starts with a {first.type} message, not its schema")
-        schema = _schema(first)
-    except (struct.error, IndexError, pa.ArrowException, OSError, StopIteration) as exc:
-        raise ValueError(f"malformed IPC stream ({exc})") from exc
-    while True:
-        try:
-            message = reader.read_next_message()
-        except StopIteration:
-            break
-        except (pa.ArrowException, OSError) as exc:
-            raise ValueError(f"malformed IPC message ({exc})") from exc
-        if message.type != "record batch":
-            raise ValueError(f"a {message.type} message inside the stream; only record batches are read")
-        try:
-            total += _declared(message)
-        except (struct.error, IndexError) as exc:
-            raise ValueError(f"malformed IPC message metadata ({exc})") from exc
+    scanned = payload if isinstance(payload, Scanned) else scan(payload)
+    schema = scanned.schema
+    if schema is None:  # the walk ended at the first message: nothing to decode before its error
+        raise scanned.error or ValueError("malformed IPC stream: no schema")
+    batches = []
+    for message, total in zip(scanned.batches, scanned.totals, strict=True):
         check(total)
         if pool is None:
             batches.append(_decoded(partial(pa.ipc.read_record_batch, message, schema)))
+    if scanned.error is not None:
+        raise scanned.error
     if pool is not None:
-        return _decoded(lambda: pa.ipc.open_stream(pa.py_buffer(payload), memory_pool=pool).read_all())
+        stream = pa.py_buffer(scanned.payload)
+        return _decoded(lambda: pa.ipc.open_stream(stream, memory_pool=pool).read_all())
     return pa.Table.from_batches(batches, schema)
 
 

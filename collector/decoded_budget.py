@@ -29,28 +29,25 @@ import asyncio
 from collections import deque
 
 from argus.config import DEFAULT_MAX_DECODED_BYTES
-from argus.ipc_size import declared_bytes
+from argus.ipc_size import Scanned
 from argus.limits import LIMITS
 from argus.memory import release_arrow_pool
 
 __all__ = ["DEFAULT_MAX_DECODED_BYTES", "DecodedBudget", "batch_cost"]
 
 
-def batch_cost(payload: bytes) -> int:
-    """Bytes holding the batch ``payload`` (an Arrow IPC stream) costs until it is written.
+def batch_cost(stream: Scanned) -> int:
+    """Bytes holding a batch, its Arrow IPC stream walked once (:func:`argus.ipc_size.scan`; its
+    decode reads the same walk), costs until it is written.
 
     The payload plus what its record batches declare decoded (its body again when stored
     uncompressed: counted twice, an upper bound). A payload whose metadata cannot be read, or
     that declares more than ``max_batch_decoded_bytes``, is refused before anything is
     decoded (:func:`argus.collector.ingest.decode`): it costs only its own size.
     """
-    try:
-        declared = int(declared_bytes(payload))
-    except ValueError:
-        return len(payload)
-    if declared > LIMITS["max_batch_decoded_bytes"]:
-        return len(payload)
-    return len(payload) + declared
+    if stream.error is not None or stream.declared > LIMITS["max_batch_decoded_bytes"]:
+        return len(stream.payload)
+    return len(stream.payload) + stream.declared
 
 
 class DecodedBudget:

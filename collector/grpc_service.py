@@ -72,6 +72,7 @@ from argus.errors import (
     StoreError,
     Unauthenticated,
 )
+from argus.ipc_size import Scanned, scan
 from argus.memory import decoding_pool
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
@@ -121,7 +122,7 @@ _Item = tuple[pb.Batch, "asyncio.Future[pb.Ack]", float, int]
 _SPARE_CALLS = 32
 
 
-def _decoded_and_checked(batch: pb.Batch) -> ingest.Decoded:
+def _decoded_and_checked(batch: pb.Batch, stream: Scanned) -> ingest.Decoded:
     """:func:`ingest.decode`, then the row rules (:func:`argus.rowrules.check_values`): for a large
     batch, in a decoding thread (module doc). The writer checks its group again; for a large batch
     that is ~10 ms per 32 MiB.
@@ -129,7 +130,7 @@ def _decoded_and_checked(batch: pb.Batch) -> ingest.Decoded:
     Raises:
         InvalidBatch: what :func:`ingest.decode` raises, or the first row rule broken.
     """
-    decoded = ingest.decode(batch, decoding_pool())
+    decoded = ingest.decode(batch, decoding_pool(), stream)
     check_values(decoded.table, decoded.data)
     return decoded
 
@@ -239,8 +240,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         self._open = 0  # streams open; touched on the event loop only
         self._decoders = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="argus-decode")
 
-    async def _submit(self, batch: pb.Batch, cost: int) -> asyncio.Future[pb.Ack]:
-        """Decode ``batch`` and queue it for the writer; the future holds its Ack or its error.
+    async def _submit(self, batch: pb.Batch, stream: Scanned, cost: int) -> asyncio.Future[pb.Ack]:
+        """Decode ``batch`` (its payload walked once, ``stream``) and queue it for the writer; the
+        future holds its Ack or its error.
 
         A batch that costs at most :data:`DECODE_ON_LOOP_BYTES` decoded (``cost``, bytes) is
         decoded on the loop, a larger one in a decoding thread.
@@ -253,9 +255,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             return future
         try:
             if cost <= DECODE_ON_LOOP_BYTES:
-                decoded = ingest.decode(batch)
+                decoded = ingest.decode(batch, stream=stream)
             else:
-                decoded = await loop.run_in_executor(self._decoders, _decoded_and_checked, batch)
+                decoded = await loop.run_in_executor(self._decoders, _decoded_and_checked, batch, stream)
             future = self.writer.submit_async(decoded)
         except asyncio.CancelledError:
             self._gate.leave()
@@ -296,12 +298,12 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             await _abort(context, exc)
 
     async def _submit_flush(
-        self, flush: pb.Batch, members: Sequence[pb.Batch], costs: Sequence[int]
+        self, flush: pb.Batch, members: Sequence[pb.Batch], streams: Sequence[Scanned], costs: Sequence[int]
     ) -> asyncio.Future[pb.Ack]:
-        """Submit each member of ``flush`` (:meth:`_submit`, ``costs`` theirs); the future holds the
-        flush's one Ack once every member is settled (:meth:`_flush_ack`), or the first error that
-        leaves a member unstored."""
-        futures = [await self._submit(m, c) for m, c in zip(members, costs, strict=True)]
+        """Submit each member of ``flush`` (:meth:`_submit`, ``streams`` and ``costs`` theirs); the
+        future holds the flush's one Ack once every member is settled (:meth:`_flush_ack`), or the
+        first error that leaves a member unstored."""
+        futures = [await self._submit(m, s, c) for m, s, c in zip(members, streams, costs, strict=True)]
         joined: asyncio.Future[pb.Ack] = asyncio.get_running_loop().create_future()
         left = len(futures)
 
@@ -353,14 +355,16 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         payloads = [m.arrow_ipc for m in members] if members else [batch.arrow_ipc]
         size = sum(len(p) for p in payloads)
         await budget.reserve(size)
-        costs = [batch_cost(p) for p in payloads]
+        # Each payload's messages are walked once: charged here, decoded from the same walk.
+        streams = [scan(p) for p in payloads]
+        costs = [batch_cost(s) for s in streams]
         cost = sum(costs)
         await self.decoded.acquire(cost)
         try:
             if members:
-                future = await self._submit_flush(batch, members, costs)
+                future = await self._submit_flush(batch, members, streams, costs)
             else:
-                future = await self._submit(batch, cost)
+                future = await self._submit(batch, streams[0], cost)
         except BaseException:
             self.decoded.release(cost)
             raise

@@ -155,7 +155,10 @@ class Groups:
 
 def lookup(store: Store, keys: Sequence[Key]) -> dict[tuple[str, int], list[Record]]:
     """Every ``ingest_batches`` record of the batches ``(agent_id, seq)`` of ``keys``, any part (one
-    query).
+    query), and no other. The query reads every asked agent's records under every asked seq (agents
+    flush in step, so their seqs are alike); the others are dropped before they become Python
+    objects. Picking the pairs in the query cost more: a 500-pair tuple set took 11.9 against 6.6 ms
+    of CPU a lookup (12-07); dropping them here costs nothing measurable (3.7 against 3.8 ms).
 
     Raises:
         StoreError: the lookup failed.
@@ -169,12 +172,14 @@ def lookup(store: Store, keys: Sequence[Key]) -> dict[tuple[str, int], list[Reco
         "WHERE agent_id IN {agents:Array(String)} AND seq IN {seqs:Array(UInt64)}",
         {"agents": sorted({k[0] for k in keys}), "seqs": sorted({k[1] for k in keys})},
     )
+    asked = {k[:2] for k in keys}
     names = ("agent_id", "seq", "part", "rows", "token", "landed", "table_name", "stored_s", "age_s")
     out: dict[tuple[str, int], list[Record]] = {}
     for a, s, p, n, token, landed, table, stored, age in zip(
         *(found.column(c).to_pylist() for c in names), strict=True
     ):
-        out.setdefault((a, s), []).append(Record(p, n, token, bool(landed), table, stored, age))
+        if (a, s) in asked:
+            out.setdefault((a, s), []).append(Record(p, n, token, bool(landed), table, stored, age))
     return out
 
 

@@ -125,3 +125,30 @@ def test_a_schema_too_large_to_remember_is_read_and_not_remembered() -> None:
     got = read_stream(_stream(big), lambda _: None)
     assert got.schema.metadata[b"padding"] == b"x" * (ipc_size._MAX_KEY_BYTES + 1)
     assert len(ipc_size._schemas) == before
+
+
+def test_a_walked_stream_is_decoded_without_reading_its_messages_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The collector walks a payload once to charge what it declares, then decodes that walk.
+    payload = _stream(_batch(1000), _batch(2000), compression="zstd")
+    walked = ipc_size.scan(payload)
+    assert walked.error is None and walked.declared == declared_bytes(payload)
+    opened: list[object] = []
+    monkeypatch.setattr(ipc_size, "_declared", lambda message: opened.append(message) or 0)
+    seen: list[int] = []
+    got = read_stream(walked, seen.append)
+    assert got.equals(pa.ipc.open_stream(payload).read_all())
+    assert seen == list(walked.totals) and not opened  # the totals of the walk; no message read again
+
+
+def test_a_walk_that_ends_early_refuses_the_stream_after_checking_the_batches_before() -> None:
+    good = _stream(_batch(2))
+    walked = ipc_size.scan(
+        _schema_only(good) + _batch_only(good) + _schema_only(good)
+    )  # a schema, not a batch
+    assert walked.error is not None and len(walked.batches) == 1
+    seen: list[int] = []
+    with pytest.raises(ValueError, match="a schema message inside the stream"):
+        read_stream(walked, seen.append)
+    assert seen == [walked.declared]

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
 from argus.collector.grpc_service import DECODE_THREADS
 from argus.collector.ingest import decode
+from argus.ipc_size import scan
 from argus.memory import decoding_pool
 from argus.proto import collector_pb2 as pb
 from synthetic.bad_inputs import inflating_steps
@@ -51,7 +52,7 @@ found = {}
 
 async def main():
     budget = DecodedBudget(1 << 30)
-    cost = batch_cost(payload)
+    cost = batch_cost(scan(payload))
     await budget.acquire(cost)
     found["before"] = anon_mb()
     decoded = decoders.submit(decode, batch, decoding_pool()).result()

@@ -11,12 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from argus import ipc_size
 from argus.collector import ingest
 from argus.collector.decoded_budget import DecodedBudget, batch_cost
 from argus.collector.grpc_service import DECODE_ON_LOOP_BYTES, start_collector
 from argus.config import ServerConfig
 from argus.errors import InvalidBatch
-from argus.ipc_size import declared_bytes
+from argus.ipc_size import declared_bytes, scan
 from argus.memory import decoding_pool
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
@@ -161,10 +162,10 @@ def test_a_small_payload_that_decodes_large_is_decoded_and_refused_off_the_event
     decode, where, handed, pools = ingest.decode, [], [], []
     submit = server.servicer.writer.submit_async
 
-    def decoded_where(one: pb.Batch, pool: Any = None) -> ingest.Decoded:  # the real decode, noted
+    def decoded_where(one: pb.Batch, pool: Any = None, walked: Any = None) -> ingest.Decoded:  # noted
         where.append(threading.current_thread().name)
         pools.append(pool)
-        return decode(one, pool)
+        return decode(one, pool, walked)
 
     def submitted(decoded: Any) -> Any:  # the real writer, what it is handed noted
         handed.append(decoded.seq)
@@ -173,7 +174,7 @@ def test_a_small_payload_that_decodes_large_is_decoded_and_refused_off_the_event
     monkeypatch.setattr(ingest, "decode", decoded_where)
     server.servicer.writer.submit_async = submitted  # type: ignore[method-assign]
     payloads = [inflating_steps(4 << 20, extra_column=k == 1) for k in range(2)]
-    assert all(len(p) < DECODE_ON_LOOP_BYTES < batch_cost(p) for p in payloads)
+    assert all(len(p) < DECODE_ON_LOOP_BYTES < batch_cost(scan(p)) for p in payloads)
     try:
         acks = stream(
             server.address, (batch("steps", p, seq=k + 1) for k, p in enumerate(payloads)), timeout_s=60
@@ -222,5 +223,34 @@ def test_streams_get_in_first_come_first_served_and_a_batch_over_the_budget_gets
 
 def test_a_batch_costs_its_payload_plus_what_it_declares_decoded() -> None:
     payload = zstd_ipc(sample("steps", n=10_000))
-    assert batch_cost(payload) == len(payload) + declared_bytes(payload)
-    assert batch_cost(b"not arrow") == len(b"not arrow")
+    assert batch_cost(scan(payload)) == len(payload) + declared_bytes(payload)
+    assert batch_cost(scan(b"not arrow")) == len(b"not arrow")
+
+
+def test_each_payload_is_walked_once_for_its_charge_and_its_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush's members, one a large batch decoded in a thread, and a lone batch, through the real
+    collector: each record batch's metadata is read once (the walk that charges it is the one decoded)."""
+    members = [
+        batch(t, sample(t, n=50, salt=k), seq=k + 1, agent_id="node-w")
+        for k, t in enumerate(("steps", "phases"))
+    ]
+    large = batch("steps", zstd_ipc(sample("steps", n=20_000, salt=9)), seq=3, agent_id="node-w")
+    lone = batch("host_samples", sample("host_samples", n=20), seq=4, agent_id="node-w")
+    messages = [pb.Batch(agent_id="node-w", seq=1, members=[*members, large]), lone]
+    payloads = [*(m.arrow_ipc for m in members), large.arrow_ipc, lone.arrow_ipc]
+    record_batches = sum(len(scan(p).batches) for p in payloads)
+    assert batch_cost(scan(large.arrow_ipc)) > DECODE_ON_LOOP_BYTES  # decoded in a thread
+    walked = ipc_size._declared
+    read: list[int] = []
+    monkeypatch.setattr(ipc_size, "_declared", lambda message: read.append(1) or walked(message))
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    server = start_collector(store, Metrics(), ServerConfig(grpc_listen="127.0.0.1:0"))
+    try:
+        acks = stream(server.address, messages, timeout_s=60)
+    finally:
+        server.stop()
+        store.close()
+    assert [a.status for a in acks] == [pb.Ack.STORED, pb.Ack.STORED]
+    assert len(read) == record_batches

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from argus.collector import ingest
+from argus.collector import ingest_record as record
 from argus.errors import InvalidBatch, StoreError
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
@@ -206,3 +207,35 @@ def test_agent_ids_and_job_ids_with_quotes_and_newlines(store: Store) -> None:
     again = ingest.ingest(store, batch("steps", sample("steps"), seq=5, agent_id=odd), None)
     assert again.status == pb.Ack.DUPLICATE
     assert store.query("SELECT DISTINCT job_id FROM steps").column("job_id").to_pylist() == ["job 'x\""]
+
+
+def test_the_lookup_reads_the_asked_batches_only_not_every_asked_agent_under_every_asked_seq(
+    store: Store,
+) -> None:
+    # Agents flush in step: a group asks for agent a's seq 2 and b's seq 1 while a's 1 and b's 2 are stored.
+    stored = [
+        ingest.decode(batch("steps", sample("steps", n=2), seq=s, agent_id=a))
+        for a, s in (("a", 1), ("b", 2))
+    ]
+    ingest.write_group(store, stored)
+    assert record.lookup(store, [("a", 2, 0), ("b", 1, 0)]) == {}
+    assert set(record.lookup(store, [("a", 1, 0), ("b", 1, 0)])) == {("a", 1)}
+
+
+def test_a_groups_metrics_count_each_table_and_outcome(store: Store) -> None:
+    metrics = Metrics()
+    first = [ingest.decode(batch("steps", sample("steps", n=3, salt=s), seq=s)) for s in (1, 2)]
+    ingest.write_group(store, first, metrics)
+    again = [
+        first[0],  # a duplicate
+        ingest.decode(batch("steps", sample("steps", n=4, salt=9), seq=3)),
+        ingest.decode(batch("phases", sample("phases", n=5), seq=4)),
+    ]
+    ingest.write_group(store, again, metrics)
+    assert _metric(metrics, "argus_ingest_batches_total", {"table": "steps", "status": "stored"}) == 3
+    assert _metric(metrics, "argus_ingest_batches_total", {"table": "steps", "status": "duplicate"}) == 1
+    assert _metric(metrics, "argus_ingest_batches_total", {"table": "phases", "status": "stored"}) == 1
+    assert _metric(metrics, "argus_ingest_rows_total", {"table": "steps"}) == 10
+    assert _metric(metrics, "argus_ingest_rows_total", {"table": "phases"}) == 5
+    payloads = sum(d.payload_bytes for d in (*first, *again[1:]))
+    assert _metric(metrics, "argus_ingest_bytes_total") == payloads
