@@ -269,8 +269,9 @@ async def _agent(
     settled = asyncio.Event()  # set when every batch sent is acknowledged
     seq = 0
 
-    def failed(exc: grpc.aio.AioRpcError, how: str = "") -> None:
-        code = exc.code().name + how
+    def failed(exc: grpc.aio.AioRpcError | asyncio.InvalidStateError, how: str = "") -> None:
+        # A write to a call the server already ended raises InvalidStateError, not the call's error.
+        code = (exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "FINISHED") + how
         result.stream_errors[code] = result.stream_errors.get(code, 0) + 1
 
     async def read_acks(call: Any) -> None:
@@ -310,7 +311,7 @@ async def _agent(
                 for n in sorted(inflight):
                     await call.write(inflight[n][2])
                 return
-            except grpc.aio.AioRpcError as exc:
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 failed(exc, " (write)")
 
     async def send(flush: dict[str, pa.Table]) -> None:
@@ -342,7 +343,9 @@ async def _agent(
             inflight[batch.seq] = ("+".join(names), rows, batch)
             try:
                 await stream[0].write(batch)
-            except grpc.aio.AioRpcError as exc:  # the stream ended: a new one, this batch included
+            # The stream ended (its error, or a write to a call already finished): a new one, this
+            # batch included.
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 failed(exc, " (write)")
                 await reopen()
             result.batches += 1
