@@ -206,7 +206,7 @@ class Fleet:
                     "rank": rank,
                     "step": np.full(n, k, np.uint64),
                     "start_ns": _ns(t0, s.begin[lo:hi]),
-                    "dur_ns": _ns(0, s.step_end[lo:hi] - s.begin[lo:hi]),
+                    "dur_ns": _dur(t0, s.begin[lo:hi], s.step_end[lo:hi]),
                 },
             )
         }
@@ -218,7 +218,9 @@ class Fleet:
                 "step": np.full(4 * n, k, np.uint64),
                 "phase": np.tile(np.array(PHASES, object), n),
                 "start_ns": _ns(t0, s.phase_start[:, lo:hi].T.ravel()),
-                "dur_ns": _ns(0, s.phase_dur[:, lo:hi].T.ravel()),
+                "dur_ns": _dur(
+                    t0, s.phase_start[:, lo:hi].T.ravel(), (s.phase_start + s.phase_dur)[:, lo:hi].T.ravel()
+                ),
             },
         )
         which = np.tile(np.arange(4), n)
@@ -235,7 +237,7 @@ class Fleet:
                 "bytes": np.where(world, _WORLD_BYTES, _GROUP_BYTES).astype(np.uint64),
                 "issue_ns": _ns(t0, s.issue[:, lo:hi].T.ravel()),
                 "start_ns": _ns(t0, s.start[:, lo:hi].T.ravel()),
-                "dur_ns": _ns(0, (s.end - s.start)[:, lo:hi].T.ravel()),
+                "dur_ns": _dur(t0, s.start[:, lo:hi].T.ravel(), s.end[:, lo:hi].T.ravel()),
             },
         )
         return out
@@ -317,3 +319,13 @@ class Fleet:
 def _ns(t0: int, rel: NDArray[np.float64]) -> NDArray[np.int64]:
     """Float ns after ``t0`` as int64 ns since the epoch (added in int64: float64 cannot hold epochs)."""
     return np.int64(t0) + np.rint(rel).astype(np.int64)
+
+
+def _dur(t0: int, start: NDArray[np.float64], end: NDArray[np.float64]) -> NDArray[np.int64]:
+    """Durations in int64 ns from the rounded ends, so that ``start_ns + dur_ns`` is the very
+    nanosecond the next event of the rank is stamped at when it follows at once (a phase's end
+    and the collective it issues, a collective's end and the next one's issue). Rounding the
+    duration on its own puts the end a nanosecond after that event as often as not, and a rank
+    with an event inside its collective call was busy through it: on 10,000 ranks every
+    instance of the job-wide all-reduce would have such a rank, and count as asynchronous."""
+    return _ns(t0, end) - _ns(t0, start)
