@@ -190,12 +190,20 @@ class _Context:
         return self._work_cpu.get(rank, self.peer_cpu)
 
     def role_counts(self, i: int) -> tuple[int, int, int]:
-        """Of rank index ``i``'s role in L2: ranks compared, those looking slow (>= KEEP_SCORE), healthy."""
+        """Of rank index ``i``'s role in L2: ranks compared, those looking slow, healthy.
+
+        Looking slow: at the keep score (:data:`KEEP_SCORE`) and not hidden behind rank ``i``
+        (:func:`_hidden_behind`: the job waited for ``i`` at the steps the other was late, and
+        would have had it been on time). A rank that waits for a straggler on a shared host slows
+        a little too (the straggler's extra work takes its cores): that is ``i``'s knock-on, not a
+        second slow rank that would leave the reference in doubt."""
         l2 = self.l2
         same = self.role == self.role[i]
         scored = same & np.isfinite(l2.score)
-        slow = int(np.sum(l2.score[scored] >= KEEP_SCORE))
-        return int(np.sum(scored)), slow, int(np.sum(l2.healthy & same))
+        slow = scored & (l2.score >= KEEP_SCORE)
+        x = np.nan_to_num(l2.excess_matrix, nan=0.0)
+        hidden = [j for j in np.flatnonzero(slow).tolist() if j != i and _hidden_behind(x, j, [i]) == i]
+        return int(np.sum(scored)), int(np.sum(slow)) - len(hidden), int(np.sum(l2.healthy & same))
 
     def throttle(self, rank: int) -> dict[str, Any] | None:
         i = self.host.lookup(rank)

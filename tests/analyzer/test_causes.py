@@ -4,7 +4,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from argus.analyzer.causes import SPIKY_TYPICAL, _drop_hidden, _starved, step_shares
+from argus.analyzer.causes import SPIKY_TYPICAL, _Context, _drop_hidden, _starved, step_shares
 from argus.analyzer.findings import Finding
 from argus.analyzer.phase import fell_behind
 
@@ -119,6 +119,35 @@ def test_ranks_slow_alike_and_a_second_fault_over_half_as_large_are_all_named() 
     assert [f.rank for f in _kept({0: [0.0] * 40, **alike}, {1: 3.0, 2: 3.5, 3: 4.0})] == [1, 2, 3]
     second = {0: [0.0] * 40, 2: [20.0] * 40, 3: [30.0] * 40}
     assert [f.rank for f in _kept(second, {2: 2.0, 3: 3.0})] == [2, 3]
+
+
+def _role_counts(excess: dict[int, list[float]], scores: dict[int, float], i: int) -> tuple[int, int, int]:
+    """``_Context.role_counts`` of row ``i`` in one role of ranks ``excess``; healthy: under 0.5."""
+    ranks = sorted(excess)
+    score = np.array([scores[r] for r in ranks])
+    l2: Any = SimpleNamespace(
+        rank=np.array(ranks),
+        excess_matrix=np.array([excess[r] for r in ranks]),
+        score=score,
+        healthy=score < 0.5,
+    )
+    return _Context.role_counts(SimpleNamespace(l2=l2, role=np.zeros(len(ranks), np.int64)), i)
+
+
+def test_a_rank_that_slowed_while_waiting_for_the_straggler_leaves_its_reference_in_no_doubt() -> None:
+    """Rank 3, at the keep score on a third of rank 1's excess and never ahead of it, is rank 1's
+    knock-on: 1 of 4 ranks looks slow, not 2 (which would make rank 1's finding ``ambiguous``:
+    two windows at the strong score, recorded live in ``tests/test_diagnosis_under_bad_input.py``).
+    Two ranks slow alike both look slow, whichever is asked about."""
+    rng = np.random.default_rng(5)
+    excess = {r: np.abs(rng.normal(0, 2, 40)).tolist() for r in (0, 2)}
+    excess[1] = (30.0 + rng.normal(0, 6, 40)).tolist()
+    excess[3] = (8.0 + rng.normal(0, 3, 40)).tolist()
+    scores = {0: 0.3, 1: 1.9, 2: 0.1, 3: 0.56}
+    assert _role_counts(excess, scores, 1) == (4, 1, 2)
+    alike = {**excess, 3: (30.0 + rng.normal(0, 6, 40)).tolist()}
+    assert _role_counts(alike, {**scores, 3: 1.5}, 1) == (4, 2, 2)
+    assert _role_counts(alike, {**scores, 3: 1.5}, 3) == (4, 2, 2)
 
 
 def test_step_shares_spread_of_each_ranks_excess_from_its_onset() -> None:
