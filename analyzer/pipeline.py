@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from argus.analyzer.causes import attribute
 from argus.analyzer.collectives import Decomposition, decompose, slow_links, transfer_medians
-from argus.analyzer.findings import Finding
+from argus.analyzer.findings import KEEP_SCORE, Finding
 from argus.analyzer.host import host_signals
 from argus.analyzer.iteration import compare_iterations, job_last_end, job_step_times
 from argus.analyzer.kernels import score_kernels
@@ -39,6 +39,7 @@ from argus.analyzer.loss import (
 from argus.analyzer.phase import (
     COMPONENTS,
     CONFIDENT_STEPS,
+    MIN_PEERS,
     PAIR,
     WARMUP_STEPS,
     PhaseResult,
@@ -271,8 +272,9 @@ class JobAnalysis:
         }
         pair = {r: (sum(c for c, _ in v), sum(n for _, n in v)) for r, v in self._carried_pair.items() if v}
         host = host_signals(w.host)
+        baselines = self._baselines()
         l2 = compare_phases(
-            w, d, roles, self._baselines(), recent, carried, best, host, pair, self._level_baselines()
+            w, d, roles, baselines, recent, carried, best, host, pair, self._level_baselines()
         )
         l3 = score_kernels(w.kernels, roles=roles)
         history = {k: float(np.median(v)) for k, v in self._links.items() if len(v) >= 2}
@@ -327,7 +329,8 @@ class JobAnalysis:
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()
         lossy = acc.wall_ns > 0 and 100.0 * acc.lost_ns >= self.min_loss_pct * acc.wall_ns
-        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated, kept)
+        doubtful = _doubtful(l2, baselines)
+        self._remember(w, d, l2, step_ns, findings, profile, lossy, repeated, kept, doubtful)
         if l2.rank.size or l3.rank.size or findings:
             self._suspects = _suspects(l2.rank, l2.score, l3.rank, l3.score, findings, self.tracker.open)
         # A window without comparable data (the job paused or ended) keeps the last suspects.
@@ -344,6 +347,7 @@ class JobAnalysis:
         lossy: bool,
         repeated: bool,
         kept: frozenset[int] = frozenset(),
+        doubtful: frozenset[int] = frozenset(),
     ) -> None:
         """Keep what later windows compare with: only a healthy window's numbers become references.
 
@@ -358,7 +362,8 @@ class JobAnalysis:
         host's scheduler holds back through a job's warm-up must not leave every other rank
         without a reference, to take the fault's first windows as one). A rank with a finding
         at the opening score keeps its window out of its own past; the others' references grow
-        (one rank's noise in one window must not keep every reference from growing). A rank
+        (one rank's noise in one window must not keep every reference from growing), as does a
+        rank of ``doubtful`` (:func:`_doubtful`: at the keep score against its peers). A rank
         kept out of its own past still has its level in the window: its vote on the job's
         common change (``compare_phases``'s ``levels``).
         """
@@ -371,9 +376,8 @@ class JobAnalysis:
             return
         self._move_references(l2, kept)
         if l2.times is not None:
-            self._keep_rank_windows(
-                l2.times, l2.roles, {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks} | kept
-            )
+            flagged = {r for f in findings if f.score >= OPEN_SCORE for r in f.ranks} | kept
+            self._keep_rank_windows(l2.times, l2.roles, flagged | doubtful)
         if kept:  # a held rank's fault is still in the job's steps: no pace, profile or link history
             return
         self._steps.extend(step_ns.tolist())
@@ -422,6 +426,31 @@ class JobAnalysis:
             if l2.pair_sums.shape[0] == l2.rank.size and l2.pair_sums[i, 1] > 0:
                 pair = (float(l2.pair_sums[i, 0]), int(l2.pair_sums[i, 1]))
                 self._carried_pair.setdefault(r, deque(maxlen=CARRIED_WINDOWS - 1)).append(pair)
+
+
+def _doubtful(l2: PhaseResult, baselines: dict[int, RankBaseline]) -> frozenset[int]:
+    """Ranks at the keep score against the median of their role's healthy peers (a role of
+    :data:`~argus.analyzer.phase.MIN_PEERS` or more) whose bar already held their drift: no
+    healthy reference of themselves.
+
+    A rank that sits under the opening score window after window (its excess inside the bar its
+    drift sets) would otherwise make each of those windows its own past and grow its drift by its
+    own excess: its slowness would become its normal. Its peers' references still grow. Only once
+    the rank's bar holds a drift (its baseline's, from two healthy windows of some rank): before,
+    a clean rank's mean moving between windows reaches the keep score often, and leaving out the
+    windows where it moved most would measure the drift low (a clean drifting job then opens).
+    Once it is in the bar, the keep score is at least 2.5 standard errors of the rank's mean,
+    which a clean rank seldom reaches. Not in a role of two: there a rank's score is its
+    difference from its partner, and leaving it out leaves the partner out too
+    (:func:`_rank_windows`): a pipeline stage whose warm-up is noisy would take the fault's first
+    windows as its own past.
+    """
+    role = l2.roles.of(l2.rank)
+    groups, sizes = np.unique(role, return_counts=True)
+    large = np.isin(role, groups[sizes >= MIN_PEERS])
+    drifted = np.array([r in baselines and baselines[r].drift_ns > 0 for r in l2.rank.tolist()], bool)
+    high = np.nan_to_num(l2.peer_score) >= KEEP_SCORE
+    return frozenset(l2.rank[large & drifted & high].tolist())
 
 
 def _rank_windows(t: StepTimes, roles: Roles, flagged: set[int]) -> dict[int, _RankWindow]:
