@@ -193,3 +193,10 @@ def test_grouped_median_of_whole_numbers_is_each_groups_median_bit_for_bit(
     has = counts > 0
     want[has] = 0.5 * (v[starts[has] + (counts[has] - 1) // 2] + v[starts[has] + counts[has] // 2])
     np.testing.assert_array_equal(got, want)
+
+
+def test_grouped_median_of_negative_zeros_is_negative_zero() -> None:
+    """Whole numbers but a -0.0 (not sorted as packed int64, which would give 0.0): kept."""
+    got = grouped_median([0, 0, 1, 1], [-0.0, -0.0, 0.0, 2.0], 2)
+    assert np.signbit(got[0]) and got[0] == 0.0
+    assert got[1] == 1.0
