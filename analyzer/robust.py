@@ -172,13 +172,11 @@ def grouped_median(keys: ArrayLike, values: ArrayLike, n_groups: int) -> NDArray
     out = np.full(n_groups, np.nan)
     if k.size == 0:
         return out
-    # Rows sorted by value, then stably by key: only the values' order within a group matters
-    # (equal values may swap), so the value sort need not be stable; the key sort is a radix sort on
-    # 16-bit digits (numpy's stable sort of uint16), low digit first. On a 10,000-rank window's
-    # 720,000 collective rows: 0.11 s of CPU (two stable sorts) -> 0.02 s; the order np.lexsort((v, k)) gives.
-    order = np.argsort(v)
-    order = order[_key_order(k[order], n_groups)]
-    k, v = k[order], v[order]
+    packed = _packed_sort(k, v, n_groups)
+    if packed is not None:
+        k, v = packed
+    else:
+        k, v = _sorted_by_key_and_value(k, v, n_groups)
     counts = np.bincount(k, minlength=n_groups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     has = counts > 0
@@ -186,6 +184,48 @@ def grouped_median(keys: ArrayLike, values: ArrayLike, n_groups: int) -> NDArray
     hi = starts[has] + counts[has] // 2
     out[has] = 0.5 * (v[lo] + v[hi])
     return out
+
+
+def _packed_sort(
+    k: NDArray[np.int64], v: NDArray[np.float64], n_groups: int
+) -> tuple[NDArray[np.int64], NDArray[np.float64]] | None:
+    """Keys and values sorted by (key, value) with one sort of int64, where the values are whole
+    numbers whose range and the keys fit one int64 together; else None.
+
+    The analyzer's medians are mostly of nanoseconds (timestamps, durations, their differences):
+    whole numbers in float64. Each row becomes ``key << bits | (value - min)``; the sorted values
+    are the very floats given (a whole float64 below 2**63 converts to int64 and back exactly; a
+    -0.0, which would come back as 0.0, takes the float sort).
+    On a 10,000-rank window's 680,000 collective rows: one int64 sort instead of a float argsort,
+    the keys' radix sort and the gathers.
+    """
+    lo_v, hi_v = float(v.min()), float(v.max())
+    if not (lo_v >= -(2.0**62) and hi_v < 2.0**62) or not np.array_equal(v, np.trunc(v)):
+        return None
+    zero = v == 0.0
+    if np.any(np.signbit(v[zero])):
+        return None
+    iv = v.astype(np.int64)
+    base = int(iv.min())
+    bits = (int(iv.max()) - base).bit_length()
+    if bits + max(n_groups - 1, 1).bit_length() > 63:
+        return None
+    packed = np.sort((k << bits) | (iv - base))
+    values = (packed & ((1 << bits) - 1)) + base
+    return packed >> bits, values.astype(np.float64)
+
+
+def _sorted_by_key_and_value(
+    k: NDArray[np.int64], v: NDArray[np.float64], n_groups: int
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Keys and values sorted by (key, value), any values (not NaN)."""
+    # Rows sorted by value, then stably by key: only the values' order within a group matters
+    # (equal values may swap), so the value sort need not be stable; the key sort is a radix sort on
+    # 16-bit digits (numpy's stable sort of uint16), low digit first. On a 10,000-rank window's
+    # 720,000 collective rows: 0.11 s of CPU (two stable sorts) -> 0.02 s; the order np.lexsort((v, k)) gives.
+    order = np.argsort(v)
+    order = order[_key_order(k[order], n_groups)]
+    return k[order], v[order]
 
 
 def _key_order(k: NDArray[np.int64], n_groups: int) -> NDArray[np.intp]:

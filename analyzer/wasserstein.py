@@ -119,18 +119,24 @@ def mixture_quantiles(
         m_it, m_lo = it[m_idx], lo[m_idx]
         descends = (m_it[1:] == m_it[:-1]) & (m_lo[1:] < m_lo[:-1])
         order = m_idx[np.lexsort((m_lo, m_it))] if bool(np.any(descends)) else m_idx
-        same = it[order][1:] == it[order][:-1]
+        it_o = it[order]  # non-decreasing: the distinct items of a slice of it are its changes
+        same = it_o[1:] == it_o[:-1]
         overlap_pair = same & (hi[order][:-1] > lo[order][1:])
-        bad_items = np.unique(it[order][:-1][overlap_pair])
-        disjoint = ~np.isin(it[order], bad_items)
+        bad_items = np.unique(it_o[:-1][overlap_pair])
+        disjoint = ~np.isin(it_o, bad_items) if bad_items.size else np.ones(it_o.size, bool)
         if np.any(disjoint):
             rows = order[disjoint]
-            items = np.unique(it[rows])
+            items = _distinct_sorted(it[rows])
             out[items] = _disjoint_quantiles(it[rows], cnt[rows], p50[rows], p99[rows], lo[rows], hi[rows])
         if bad_items.size:
             rows = np.sort(order[~disjoint])
             out[bad_items] = _invert_mixtures(it[rows], cnt[rows], p50[rows], p99[rows], lo[rows], hi[rows])
     return out
+
+
+def _distinct_sorted(a: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``np.unique(a)`` of a non-decreasing ``a``, without its sort."""
+    return a[np.r_[True, a[1:] != a[:-1]]] if a.size else a
 
 
 def _single_quantiles(

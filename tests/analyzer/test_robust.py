@@ -161,3 +161,42 @@ def test_grouped_median_past_one_16_bit_digit_of_keys() -> None:
     has = counts > 0
     want[has] = 0.5 * (v[starts[has] + (counts[has] - 1) // 2] + v[starts[has] + counts[has] // 2])
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("scale", "offset"),
+    [
+        (1e6, 0.0),
+        (1e6, 1.797e18),
+        (1.0, -5.0),
+        (0.0, 7.0),
+        (1e6, 5.0e18),
+    ],  # the last: past 2**62, sorted as floats
+)
+def test_grouped_median_of_whole_numbers_is_each_groups_median_bit_for_bit(
+    scale: float, offset: float
+) -> None:
+    """Whole numbers (ns: timestamps, durations and their signed differences, sorted as packed int64
+    where they fit): per key, ``np.median`` of its values, the very floats; NaN ignored."""
+    rng = np.random.default_rng(42)
+    keys = rng.integers(0, 70_000, 50_000)
+    values = np.round(rng.normal(0.0, 1.0, keys.size) * scale) + offset  # ties, both signs
+    values[rng.random(keys.size) < 0.05] = np.nan
+    got = grouped_median(keys, values, 70_001)
+    keep = ~np.isnan(values)
+    k, v = keys[keep], values[keep]
+    order = np.lexsort((v, k))
+    k, v = k[order], v[order]
+    counts = np.bincount(k, minlength=70_001)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    want = np.full(70_001, np.nan)
+    has = counts > 0
+    want[has] = 0.5 * (v[starts[has] + (counts[has] - 1) // 2] + v[starts[has] + counts[has] // 2])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_grouped_median_of_negative_zeros_is_negative_zero() -> None:
+    """Whole numbers but a -0.0 (not sorted as packed int64, which would give 0.0): kept."""
+    got = grouped_median([0, 0, 1, 1], [-0.0, -0.0, 0.0, 2.0], 2)
+    assert np.signbit(got[0]) and got[0] == 0.0
+    assert got[1] == 1.0
