@@ -326,6 +326,6 @@ def _dur(t0: int, start: NDArray[np.float64], end: NDArray[np.float64]) -> NDArr
     nanosecond the next event of the rank is stamped at when it follows at once (a phase's end
     and the collective it issues, a collective's end and the next one's issue). Rounding the
     duration on its own puts the end a nanosecond after that event as often as not, and a rank
-    with an event inside its collective call was busy through it: on 10,000 ranks every
-    instance of the job-wide all-reduce would have such a rank, and count as asynchronous."""
+    with an event inside its collective call was busy through it, and made the whole instance
+    asynchronous: on 10,000 ranks, 8 of a window's 19 job-wide all-reduces."""
     return _ns(t0, end) - _ns(t0, start)

@@ -15,9 +15,9 @@ from tests.analyzer.test_store_layout import JOB, WINDOW_NS, _fill
 def test_every_all_reduce_of_the_fleet_blocks_its_rank(tmp_path):
     """Each all-reduce of the fleet is synchronous (the rank does nothing until it ends), so every
     row blocks. Rounding a duration apart from its start put a row's end a nanosecond past the
-    rank's next event on about half the rows; one such rank made a whole instance asynchronous,
-    and on 10,000 ranks every job-wide all-reduce: the waits for a straggler became every rank's
-    own time, and the straggler was charged a fraction of them."""
+    rank's next event on about half the rows; one such rank made a whole instance asynchronous
+    (on 10,000 ranks, 8 of a window's 19 job-wide all-reduces): the waits for a straggler became
+    every rank's own time, and the straggler was charged a fraction of them."""
     store = open_store(f"chdb://{tmp_path / 'store'}")
     try:
         t0, _ = _fill(store, agents=16, windows=2)
