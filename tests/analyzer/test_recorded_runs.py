@@ -69,7 +69,7 @@ def test_every_recording_holds_every_job() -> None:
         assert recording_jobs(RECORDINGS / recording) == sorted(f"real-{name}" for name in JOBS)
         assert (RECORDINGS / recording / "README").is_file()
     assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted(
-        [*_WRONG, "dup", "onset", "recall", "wrong_two", "many", "stage", "pace"]
+        [*_WRONG, "dup", "onset", "recall", "wrong_two", "many", "stage", "pace", "knock"]
     )
     assert recording_jobs(RECORDINGS / "onset") == sorted(ONSET)
     assert recording_jobs(RECORDINGS / "recall") == sorted(RECALL)
@@ -78,6 +78,7 @@ def test_every_recording_holds_every_job() -> None:
     assert recording_jobs(RECORDINGS / "many") == sorted(MANY)
     assert recording_jobs(RECORDINGS / "stage") == sorted(STAGE)
     assert recording_jobs(RECORDINGS / "pace") == sorted(PACE)
+    assert recording_jobs(RECORDINGS / "knock") == ["real-tp_compute"]
 
 
 @pytest.mark.parametrize(
@@ -358,3 +359,22 @@ def test_a_slowdown_as_the_host_gets_quieter_opens_from_its_first_window(
     assert [(d.rank, d.cause) for d in found] == [expected], found
     window_ns = int(_RECALL_WINDOW_S * 1e9)
     assert found[0].first_window_ns == _PACE_FAULT_NS // window_ns * window_ns, found
+
+
+@pytest.fixture(scope="module")
+def knock_verdict(tmp_path_factory: pytest.TempPathFactory) -> list[Diagnosis]:
+    """The ``knock`` recording analysed: the diagnoses of its one job."""
+    return _analysed(tmp_path_factory, "knock", ["real-tp_compute"], ANALYSIS_WINDOW_S)["real-tp_compute"]
+
+
+@_KNOWN_WRONG
+def test_a_stragglers_knock_on_on_a_shared_host_is_no_second_diagnosis(
+    knock_verdict: list[Diagnosis],
+) -> None:
+    """The tensor-parallel job of ``test_real_runs`` as a fresh-clone CI recorded it (2026-12-07): rank 3
+    is named ``compute`` from the fault's second window, and in the job's last two windows a job-level
+    ``compute`` naming no rank opens beside it. Its loss is the others' compute grown while rank 3's
+    extra work held the shared cores (the job's common change: no rank behind it), a knock-on the
+    straggler's diagnosis does not take in, since the job-level finding names none of its ranks
+    (``Tracker._fold_job_loss``). One fault, one diagnosis: ``check_verdict`` wants rank 3 alone."""
+    check_verdict("tp_compute", knock_verdict)
