@@ -154,8 +154,9 @@ def test_every_rank_is_recorded_and_analysed_from_start_to_stop(
 #: and then stayed inside its own past's noise: right in 6 of 8 runs). The tensor-parallel job's was
 #: right in every run from 82d531a to 2026-12-07, when on a slower machine it got, beside rank 3's
 #: diagnosis, a job-level one naming no rank in 2 of 3 runs (a fresh-clone CI's, and one under load
-#: 7-10), the analyzer of before that day's changes alike: load-dependent since, its CI recording a
-#: strict known failure (``test_recorded_runs``, ``knock``). The jobs run only with
+#: 7-10), the analyzer of before that day's changes alike: the host slowed the whole job, rank 3
+#: included, late in the run (``test_recorded_runs``, ``knock``, from the CI's recording). A second,
+#: true diagnosis beside the fault's is what ``check_verdict`` refuses, so load-dependent since. The jobs run only with
 #: ``ARGUS_TEST_REAL_RUNS=all`` stay load-dependent (not asserted) until they have a record (all 11
 #: right in one run, 2026-12-06 11:32).
 ASSERTED = {"none", "pp_compute"}
