@@ -157,8 +157,8 @@ def test_every_rank_is_recorded_and_analysed_from_start_to_stop(
 #: 7-10), the analyzer of before that day's changes alike: the host slowed the whole job, rank 3
 #: included, late in the run (``test_recorded_runs``, ``knock``, from the CI's recording). A second,
 #: true diagnosis beside the fault's is what ``check_verdict`` refuses, so load-dependent since.
-#: The jobs run only with ``ARGUS_TEST_REAL_RUNS=all`` stay load-dependent (not asserted) until they have a record (all 11
-#: right in one run, 2026-12-06 11:32).
+#: The jobs run only with ``ARGUS_TEST_REAL_RUNS=all`` stay load-dependent (not asserted) until they
+#: have a record (all 11 right in one run, 2026-12-06 11:32).
 ASSERTED = {"none", "pp_compute"}
 
 
