@@ -201,7 +201,7 @@ class _Context:
         same = self.role == self.role[i]
         scored = same & np.isfinite(l2.score)
         slow = scored & (l2.score >= KEEP_SCORE)
-        x = np.nan_to_num(l2.excess_matrix, nan=0.0)
+        x = l2.excess_filled
         hidden = [j for j in np.flatnonzero(slow).tolist() if j != i and _hidden_behind(x, j, [i]) == i]
         return int(np.sum(scored)), int(np.sum(slow)) - len(hidden), int(np.sum(l2.healthy & same))
 
@@ -565,7 +565,7 @@ def _drop_hidden(found: list[Finding], l2: PhaseResult) -> list[Finding]:
     strong = sorted((g for g in found if id(g) in row and g.score >= 1.0), key=lambda g: -g.score)
     if not strong:
         return found
-    x = np.nan_to_num(l2.excess_matrix, nan=0.0)
+    x = l2.excess_filled
     fell = fell_behind(l2)
     # The strongest straggler, and every strong one that fell behind the others.
     refs = [row[id(g)] for k, g in enumerate(strong) if k == 0 or fell[row[id(g)]]]

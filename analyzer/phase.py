@@ -247,9 +247,15 @@ class PhaseResult:
         return float(np.sum(np.maximum(top - second, 0.0)))
 
     @cached_property
+    def excess_filled(self) -> F64:
+        """:attr:`excess_matrix` with NaN (a step a rank did not report) as 0 ns, shape ``(n_ranks,
+        n_steps)``: what the job waited for each rank at each step."""
+        return np.nan_to_num(self.excess_matrix, nan=0.0)
+
+    @cached_property
     def _top2(self) -> tuple[F64, F64, F64, NDArray[np.int64]]:
-        """Excess with NaN as 0, and per step column the largest, the second largest, and whose."""
-        x = np.nan_to_num(self.excess_matrix, nan=0.0)
+        """:attr:`excess_filled`, and per step column the largest, the second largest, and whose."""
+        x = self.excess_filled
         if x.shape[0] == 0:
             z = np.zeros(x.shape[1])
             return x, z, z, np.zeros(x.shape[1], np.int64)

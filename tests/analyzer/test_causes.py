@@ -56,7 +56,7 @@ def _kept(
     ranks = sorted(excess)
     l2: Any = SimpleNamespace(
         rank=np.array(ranks),
-        excess_matrix=np.array([excess[r] for r in ranks]),
+        excess_filled=np.array([excess[r] for r in ranks]),
         behind_ns=np.array([(behind or {}).get(r, np.nan) for r in ranks]),
         past_step_ns=np.full(len(ranks), 100.0),
         behind_noise_ns=np.zeros(len(ranks)),
@@ -127,7 +127,7 @@ def _role_counts(excess: dict[int, list[float]], scores: dict[int, float], i: in
     score = np.array([scores[r] for r in ranks])
     l2: Any = SimpleNamespace(
         rank=np.array(ranks),
-        excess_matrix=np.array([excess[r] for r in ranks]),
+        excess_filled=np.array([excess[r] for r in ranks]),
         score=score,
         healthy=score < 0.5,
     )
