@@ -26,6 +26,7 @@ from argus.config import ServerConfig
 from argus.metrics import Metrics
 from argus.store import Store, open_store
 from argus.store_pool import StorePool
+from argus.threads import start_daemon
 
 __all__ = ["GRACE_S", "main", "serve"]
 
@@ -93,8 +94,7 @@ def serve(config: ServerConfig, stop: threading.Event | None = None) -> int:
                 min_loss_pct=config.min_loss_pct,
                 stack_interval_s=config.stack_interval_s,
             )
-            thread = threading.Thread(target=service.run_forever, name="argus-analyzer", daemon=True)
-            thread.start()
+            thread = start_daemon(service.run_forever, "argus-analyzer")
             analyzer = service, thread
         # A pool: one slow read (a trace export) holds back no other request, /metrics included.
         besides.append(StorePool.opened_beside(store))

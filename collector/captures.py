@@ -22,6 +22,7 @@ from collections import defaultdict
 from argus.errors import StoreError
 from argus.proto import collector_pb2 as pb
 from argus.store import Store
+from argus.threads import start_daemon
 
 __all__ = ["HORIZON_S", "REFRESH_S", "PendingCaptures"]
 
@@ -60,7 +61,7 @@ class PendingCaptures:
         """The pending captures of ``job_id`` as last read, never waiting: when that read is
         stale, a new one starts in a thread of its own (for callers on an event loop)."""
         if self._claim():
-            threading.Thread(target=self._refresh, name="argus-captures", daemon=True).start()
+            start_daemon(self._refresh, "argus-captures")
         return self._by_job.get(job_id, [])
 
     def _claim(self) -> bool:

@@ -79,6 +79,7 @@ from argus.proto import collector_pb2 as pb
 from argus.proto import collector_pb2_grpc as pb_grpc
 from argus.rowrules import check_values
 from argus.store import Store
+from argus.threads import start_daemon
 
 __all__ = [
     "GRPC_CODES",
@@ -536,8 +537,7 @@ def start_collector(store: Store, metrics: Metrics, config: ServerConfig) -> Col
         credentials = grpc.ssl_server_credentials([(_read(tls.key, "key"), _read(tls.cert, "certificate"))])
     servicer = CollectorServicer(store, metrics, config.max_streams, config.max_decoded_bytes)
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="argus-grpc", daemon=True)
-    thread.start()
+    thread = start_daemon(loop.run_forever, "argus-grpc")
     try:
         server, port = asyncio.run_coroutine_threadsafe(
             _serve(servicer, listen, config.token, credentials), loop

@@ -37,6 +37,7 @@ from argus.errors import StoreError
 from argus.metrics import Metrics
 from argus.proto import collector_pb2 as pb
 from argus.store import Store
+from argus.threads import start_daemon
 
 __all__ = ["BatchWriter"]
 
@@ -82,8 +83,7 @@ class BatchWriter:
         self.groups = ingest_record.Groups()
         self._queue: queue.SimpleQueue[tuple[ingest.Decoded, _Waiter] | None] = queue.SimpleQueue()
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="argus-writer", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._run, "argus-writer")
 
     def submit(self, decoded: ingest.Decoded) -> Future[pb.Ack]:
         """Queue ``decoded``; the future resolves to its Ack or fails with ``StoreError``.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from argus.config import ServerConfig, parse_listen
 from argus.errors import ConfigError
 from argus.metrics import Metrics
 from argus.store import Store
+from argus.threads import start_daemon
 
 __all__ = ["GRACE_S", "HttpServer", "start_http"]
 
@@ -70,8 +72,7 @@ def start_http(store: Store, metrics: Metrics, config: ServerConfig) -> HttpServ
         timeout_graceful_shutdown=int(GRACE_S),
     )
     server = uvicorn.Server(served)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="argus-http", daemon=True)
-    thread.start()
+    thread = start_daemon(functools.partial(server.run, sockets=[sock]), "argus-http")
     while not server.started:
         if not thread.is_alive():
             raise ConfigError(f"the HTTP server on {listen} failed to start (see the log above)")
