@@ -540,6 +540,35 @@ def tree_cpu_s(proc: psutil.Process) -> float:
     return float(total)
 
 
+def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU time (user + system, s) of each thread of process ``pid`` so far: tid -> (its name, s).
+
+    The name is the kernel's (``/proc/PID/task/TID/comm``): the embedded engine names its threads
+    (merges, query pipelines), Python 3.11's threads all read ``python``. A thread that ended is
+    missing; one that cannot be read is left out.
+    """
+    out = {}
+    with contextlib.suppress(psutil.Error):
+        for t in psutil.Process(pid).threads():
+            with contextlib.suppress(OSError):
+                name = Path(f"/proc/{pid}/task/{t.id}/comm").read_text().strip()
+                out[t.id] = (name, t.user_time + t.system_time)
+    return out
+
+
+def by_thread_name(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds spent between two :func:`thread_cpu_s` samples, summed by thread name (digits
+    dropped: a pool's threads are one name), largest first. Threads that ended between them are
+    not counted."""
+    spent: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        key = name.rstrip("0123456789").rstrip("-_ ") or name
+        spent[key] = spent.get(key, 0.0) + cpu - before.get(tid, (name, 0.0))[1]
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
+
+
 def analysis_seconds(http: str) -> dict[str, float]:
     """Mean wall time of a window's analysis stages so far, s (``argus_analysis_window_seconds``)."""
     try:
@@ -697,14 +726,18 @@ def run(
                 q.put(t0)
             # The server's cost is counted from the ranks' attach (the first batch) to the last ack.
             time.sleep(max(0.0, (t0 - NS // 2 - time.time_ns()) / NS))
-            cpu0, wall0 = tree_cpu_s(server_ps), time.monotonic()
+            cpu0, wall0, threads0 = tree_cpu_s(server_ps), time.monotonic(), thread_cpu_s(server.pid)
             print(
                 f"{world} ranks on {agents} agents in {procs} processes -> argus server pid {server.pid}; "
                 f"{windows} windows of {window_s:g} s, rank {slow} 20 % slower from window {ONSET_WINDOW}",
                 flush=True,
             )
             results: list[SimResult] = [out.get(timeout=windows * window_s + 900) for _ in sims]
-            cost = ServerCost(tree_cpu_s(server_ps) - cpu0, time.monotonic() - wall0)
+            cost = ServerCost(
+                tree_cpu_s(server_ps) - cpu0,
+                time.monotonic() - wall0,
+                by_thread_name(threads0, thread_cpu_s(server.pid)),
+            )
             for p in sims:
                 p.join(30)
             # Wait for the analysis of the last window: the lag gauge is 0 once nothing due waits.
@@ -735,6 +768,13 @@ class ServerCost:
 
     cpu_s: float
     wall_s: float
+    #: Of ``cpu_s``, the server process's by thread name (:func:`by_thread_name`), s.
+    threads: dict[str, float] = field(default_factory=dict)
+
+    def thread_pct(self) -> dict[str, int]:
+        """``threads`` in percent of one core over ``wall_s``, those at 0.5 % or more."""
+        wall = max(self.wall_s, 1e-9)
+        return {k: round(100 * v / wall) for k, v in self.threads.items() if v >= 0.005 * wall}
 
     def ms_per_rank_s(self, ranks: int) -> float:
         """Server CPU milliseconds per rank per second of streaming."""
@@ -805,6 +845,7 @@ def report(
         + f"{(last_ack - job.stop_ns) / NS:+.1f} s after the job's stop"
         + f"; lags per window {[round(x, 2) for x in lags]}"
         + f"; server CPU {cost.cpu_s / max(cost.wall_s, 1e-9) * 100:.0f} % over {cost.wall_s:.1f} s"
+        + f" (% of a core by thread: {cost.thread_pct()})"
         + f"; a window's analysis, mean s by stage: { {k: round(v, 2) for k, v in stages.items()} }"
         + f"; first naming the slowed rank: {watch.first_named or '-'}"
         + f"; diagnoses seen {sorted(watch.seen.values())}",
