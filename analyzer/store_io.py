@@ -503,21 +503,27 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         p,
     )
     p["from"], p["reach"] = _reach(st, w0 - STEP_LOOKBACK_NS)
+    # Every (rank, step) of the window's rows, those past the limits too: a phase or collective of
+    # one of those is skipped and counted as such below, as the store's own (rank, step) IN did.
+    pairs = (_col(st, "rank"), _col(st, "step"))
     skipped: dict[str, int] = {}
     st = _within_limits(st, ("step",), skipped, "steps")
     steps = Steps(_col(st, "rank"), _col(st, "step"), _col(st, "start_ns"), _col(st, "dur_ns"))
-    in_steps = f"(rank, step) IN (SELECT rank, step FROM steps WHERE {f})"
-    # The time bounds (_reach) let the sort keys (argus.schema.by_second) skip all but the window's
-    # granules, which the step pairs and instances alone cannot; they leave out no row of the window.
+    # The phases and collectives of the window's steps: read by time alone and matched to the steps
+    # here. The time bounds (_reach) let the sort keys (argus.schema.by_second) skip all but the
+    # window's granules and leave out no row of the window; matching (rank, step) in the query
+    # (an IN subquery over steps, once per table) took more CPU than reading the rows past them.
     ph = store.query(
-        f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, phase, start_ns, dur_ns FROM phases
+        f"""SELECT rank, step, phase, start_ns, dur_ns FROM phases
             WHERE job_id = {{job:String}} AND start_ns >= {{lo:Int64}} - {STEP_LOOKBACK_NS}
-                AND start_ns + dur_ns >= {{from:Int64}} AND start_ns + dur_ns < {{w1:Int64}} + {{reach:Int64}}
-                AND {in_steps}"""
+                AND start_ns + dur_ns >= {{from:Int64}}
+                AND start_ns + dur_ns < {{w1:Int64}} + {{reach:Int64}}"""
         + _AS_DICTIONARY,
         p,
     )
-    ph = _within_limits(ph, ("step",), skipped, "phases")
+    ph = _within_limits(
+        ph, ("step",), skipped, "phases", _pairs_in(_col(ph, "rank"), _col(ph, "step"), *pairs)
+    )
     phase_code = {name: i for i, name in enumerate(PHASES)}
     indices, names = _encoded(ph, "phase")
     pc = np.array([phase_code.get(n, -1) for n in names], np.int64)[indices]
@@ -526,25 +532,20 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         _col(ph, "rank")[ok], _col(ph, "step")[ok], pc[ok], _col(ph, "start_ns")[ok], _col(ph, "dur_ns")[ok]
     )
     co = store.query(
-        f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
-                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer,
-                   overlapped, wait_ns
-            FROM collectives
-            WHERE job_id = {{job:String}}
-                AND issue_ns >= {{from:Int64}} - {{reach:Int64}} AND issue_ns < {{w1:Int64}} + {{reach:Int64}}
-                AND (process_group, seq) IN (
-                    SELECT process_group, seq FROM collectives
-                    WHERE job_id = {{job:String}} AND issue_ns >= {{from:Int64}} AND issue_ns < {{w1:Int64}}
-                        AND {in_steps})"""
+        """SELECT rank, step, process_group, seq, op, bytes, issue_ns, start_ns, dur_ns, peer, overlapped,
+                  wait_ns
+           FROM collectives
+           WHERE job_id = {job:String}
+               AND issue_ns >= {from:Int64} - greatest({reach:Int64}, 0)
+               AND issue_ns < {w1:Int64} + greatest({reach:Int64}, 0)"""
         + _AS_DICTIONARY,
         p,
     )
-    co = _within_limits(co, ("step", "seq"), skipped, "collectives")
+    co = _within_limits(co, ("step", "seq"), skipped, "collectives", _instances(co, p, pairs))
     group, group_names = _codes(co, "process_group")
     op, op_names = _codes(co, "op")
     c_rank, c_step = _col(co, "rank"), _col(co, "step")
-    # Ranks < 2**20 and steps < 2**40 (argus.limits): a (rank, step) key fits an int64.
-    in_window = _step_rows(c_rank, c_step, steps.rank, steps.step)
+    in_window = _pairs_in(c_rank, c_step, steps.rank, steps.step)
     coll = Collectives(
         c_rank,
         c_step,
@@ -616,30 +617,53 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, links, mismatched, skipped)
 
 
-def _step_rows(
-    rank: NDArray[np.int64],
-    step: NDArray[np.int64],
-    steps_rank: NDArray[np.int64],
-    steps_step: NDArray[np.int64],
+def _pairs_in(
+    a: NDArray[np.int64], b: NDArray[np.int64], set_a: NDArray[np.int64], set_b: NDArray[np.int64]
 ) -> NDArray[np.bool_]:
-    """Per row ``(rank, step)``: True when it is one of the steps ``(steps_rank, steps_step)``.
+    """Per row ``(a, b)``: True when it is one of the pairs ``(set_a, set_b)`` (SQL's ``(a, b) IN``).
 
-    ``np.isin`` of packed keys, by a table over the steps' rank and step ranges where it is small
-    (a window's steps span a few step numbers of each rank): numpy's sort of both sides took a
-    quarter of a 10,000-rank window's read (680,000 collective rows, 170,000 steps).
+    By a table over the set's ranges where it is small (a window's steps span a few step numbers
+    of each rank, its collective instances a few seqs of each group), else ``np.isin`` of keys:
+    ``a << 40 | b`` where the values allow (ranks < 2**20 and steps < 2**40, :mod:`argus.limits`),
+    the 16 bytes of the pair otherwise (an older store's rows past the limits). numpy's sort of
+    both sides took a quarter of a 10,000-rank window's read (680,000 collective rows, 170,000 steps).
     """
-    if steps_rank.size == 0:
-        return np.zeros(rank.size, bool)
-    r0, s0 = int(steps_rank.min()), int(steps_step.min())
-    n_r, n_s = int(steps_rank.max()) - r0 + 1, int(steps_step.max()) - s0 + 1
-    if n_r * n_s > 4 * (rank.size + steps_rank.size):  # sparse (a restarted rank): sort them
-        return np.isin((rank << 40) + step, (steps_rank << 40) + steps_step)
-    table = np.zeros(n_r * n_s, bool)
-    table[(steps_rank - r0) * n_s + (steps_step - s0)] = True
-    inside = (rank >= r0) & (rank < r0 + n_r) & (step >= s0) & (step < s0 + n_s)
-    out = np.zeros(rank.size, bool)
-    out[inside] = table[(rank[inside] - r0) * n_s + (step[inside] - s0)]
-    return out
+    if set_a.size == 0 or a.size == 0:
+        return np.zeros(a.size, bool)
+    a0, a1, b0, b1 = int(set_a.min()), int(set_a.max()), int(set_b.min()), int(set_b.max())
+    n_b = b1 - b0 + 1
+    if (a1 - a0 + 1) * n_b <= 4 * (a.size + set_a.size):
+        table = np.zeros((a1 - a0 + 1) * n_b, bool)
+        table[(set_a - a0) * n_b + (set_b - b0)] = True
+        inside = (a >= a0) & (a <= a1) & (b >= b0) & (b <= b1)
+        out = np.zeros(a.size, bool)
+        out[inside] = table[(a[inside] - a0) * n_b + (b[inside] - b0)]
+        return out
+    low = min(a0, b0, int(a.min()), int(b.min()))
+    if low >= 0 and max(a1, int(a.max())) < 1 << 23 and max(b1, int(b.max())) < 1 << 40:
+        return np.isin((a << 40) + b, (set_a << 40) + set_b)
+
+    def pair(x: NDArray[np.int64], y: NDArray[np.int64]) -> NDArray[np.void]:
+        return np.ascontiguousarray(np.stack([x, y], axis=1)).view(np.dtype((np.void, 16))).ravel()
+
+    return np.isin(pair(a, b), pair(set_a, set_b))
+
+
+def _instances(
+    co: pa.Table, p: dict[str, Any], pairs: tuple[NDArray[np.int64], NDArray[np.int64]]
+) -> NDArray[np.bool_]:
+    """Per row of ``co`` (the collectives read around a window, ``p``: the window's bounds): True when
+    it was issued within ``p["reach"]`` of ``[p["from"], p["w1"])`` and its instance (process group,
+    seq) has a row issued in that span by one of the window's steps ``pairs`` (rank, step): every
+    rank's row of the window's collective instances."""
+    if co.num_rows == 0:
+        return np.zeros(0, bool)
+    issue = _col(co, "issue_ns")
+    own = (issue >= p["from"]) & (issue < p["w1"]) & _pairs_in(_col(co, "rank"), _col(co, "step"), *pairs)
+    group, _ = _encoded(co, "process_group")
+    seq = _col(co, "seq")
+    near: NDArray[np.bool_] = (issue >= p["from"] - p["reach"]) & (issue < p["w1"] + p["reach"])
+    return near & _pairs_in(group, seq, group[own], seq[own])
 
 
 def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
@@ -668,21 +692,30 @@ def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
     return max(lo_ns, int(start.min()) - reach), reach
 
 
-def _within_limits(t: pa.Table, columns: tuple[str, ...], skipped: dict[str, int], table: str) -> pa.Table:
-    """``t`` without its rows whose ``columns`` (read ``toInt64``: past 2**63 they are negative) lie
-    outside ``[0, LIMITS[max_<column>]]``; the rows dropped are added to ``skipped[table]``. Ingest
-    refuses such rows (:mod:`argus.limits`); a store written before it did may hold some, and one
-    of them would fail every window of its job (a step of 2**64-1 reads -1)."""
+def _within_limits(
+    t: pa.Table,
+    columns: tuple[str, ...],
+    skipped: dict[str, int],
+    table: str,
+    keep: NDArray[np.bool_] | None = None,
+) -> pa.Table:
+    """``t``'s rows of ``keep`` (all by default) without those whose ``columns`` (read as int64: past
+    2**63 they are negative) lie outside ``[0, LIMITS[max_<column>]]``; the rows of ``keep`` dropped
+    are added to ``skipped[table]``. Ingest refuses such rows (:mod:`argus.limits`); a store written
+    before it did may hold some, and one of them would fail every window of its job (a step of
+    2**64-1 reads -1)."""
     if t.num_rows == 0:
         return t
-    ok = np.ones(t.num_rows, bool)
+    ok = np.ones(t.num_rows, bool) if keep is None else keep.copy()
     for name in columns:
         values = _col(t, name)
         ok &= (values >= 0) & (values <= LIMITS[f"max_{name}"])
-    bad = int(ok.size - np.count_nonzero(ok))
-    if not bad:
+    wanted = t.num_rows if keep is None else int(np.count_nonzero(keep))
+    bad = wanted - int(np.count_nonzero(ok))
+    if bad:
+        skipped[table] = skipped.get(table, 0) + bad
+    if ok.all():
         return t
-    skipped[table] = skipped.get(table, 0) + bad
     return t.filter(pa.array(ok))
 
 
