@@ -22,7 +22,7 @@ Which rows belong to a window ``[w0, w1)``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,11 +97,23 @@ def _encoded(t: pa.Table, name: str) -> tuple[NDArray[np.int64], list[str]]:
     return code[indices], names
 
 
-def _codes(t: pa.Table, name: str) -> tuple[NDArray[np.int64], tuple[str, ...]]:
-    """The string column ``name`` as codes into its distinct values, sorted (``np.unique``'s order)."""
+def _codes(
+    t: pa.Table, name: str, keep: NDArray[np.bool_] | None = None
+) -> tuple[NDArray[np.int64], tuple[str, ...]]:
+    """The string column ``name`` (of the rows ``keep``, all by default) as codes into its distinct
+    values among those rows, sorted (``np.unique``'s order)."""
     if t.num_rows == 0:
         return np.zeros(0, np.int64), ()
     indices, values = _encoded(t, name)
+    if keep is not None:
+        indices = indices[keep]
+        used = np.flatnonzero(np.bincount(indices, minlength=len(values)))
+        if used.size < len(values):
+            code = np.zeros(len(values), np.int64)
+            code[used] = np.arange(used.size)
+            indices, values = code[indices], [values[i] for i in used.tolist()]
+    if indices.size == 0:
+        return indices, ()
     order = sorted(range(len(values)), key=values.__getitem__)
     code = np.empty(len(values), np.int64)
     code[order] = np.arange(len(values))
@@ -294,15 +306,12 @@ class Liveness:
         """This liveness updated by ``newer`` (a later read): the newest of each value, per key."""
 
         def newest(old: dict[Any, int], new: dict[Any, int]) -> dict[Any, int]:
-            out = dict(old)
-            for k, v in new.items():
-                out[k] = max(out.get(k, -1), v)
+            out, get = dict(old), old.get
+            out.update({k: v if v > (o := get(k, -1)) else o for k, v in new.items()})
             return out
 
-        beats = dict(self.heartbeat)
-        for r, beat in newer.heartbeat.items():
-            if beat[0] >= beats.get(r, (-1, -1))[0]:
-                beats[r] = beat
+        beats, beat_of = dict(self.heartbeat), self.heartbeat.get
+        beats.update({r: b for r, b in newer.heartbeat.items() if b[0] >= beat_of(r, (-1, -1))[0]})
         return Liveness(
             newest(self.last_seen, newer.last_seen),
             newest(self.last_progress, newer.last_progress),
@@ -357,7 +366,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     ranks = _col(t, "rank")
     seen = _col(t, "seen_ns")
     prog = _col(t, "progress_ns")
-    anyp = _col(t, "has_progress")
+    anyp = _col(t, "has_progress", bool)
     pos = _col(t, "position")
     # A collective's row is written once it completes; the one a rank waits in shows in its
     # heartbeats (pending_seq), so a rank's newest seq counts what it issued and still waits in.
@@ -377,18 +386,21 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
         p,
     )
     # The newest heartbeat (host sample) of each rank, and the collective it shows the rank waiting in.
-    beats = zip(ranks, _col(t, "has_beat"), _col(t, "beat_ns"), _col(t, "waiting"), strict=True)
+    has_beat = _col(t, "has_beat", bool)
+    beats = zip(_col(t, "beat_ns")[has_beat].tolist(), _col(t, "waiting")[has_beat].tolist(), strict=True)
+    group, group_names = _encoded(s, "process_group")
     return Liveness(
-        heartbeat={int(r): (int(b), int(w)) for r, has, b, w in beats if has},
-        last_seen={int(r): int(v) for r, v in zip(ranks, seen, strict=True)},
-        last_progress={int(r): int(v) for r, v, a in zip(ranks, prog, anyp, strict=True) if a},
-        position={int(r): int(v) for r, v in zip(ranks, pos, strict=True) if v >= 0},
-        max_seq={
-            (str(g), int(r)): int(q)
-            for g, r, q in zip(
-                s.column("process_group").to_pylist(), _col(s, "rank"), _col(s, "seq"), strict=True
+        heartbeat=dict(zip(ranks[has_beat].tolist(), beats, strict=True)),
+        last_seen=dict(zip(ranks.tolist(), seen.tolist(), strict=True)),
+        last_progress=dict(zip(ranks[anyp].tolist(), prog[anyp].tolist(), strict=True)),
+        position=dict(zip(ranks[pos >= 0].tolist(), pos[pos >= 0].tolist(), strict=True)),
+        max_seq=dict(
+            zip(
+                zip(map(group_names.__getitem__, group.tolist()), _col(s, "rank").tolist(), strict=True),
+                _col(s, "seq").tolist(),
+                strict=True,
             )
-        },
+        ),
     )
 
 
@@ -478,23 +490,41 @@ def _status(
     has_gpu = np.isin(ranks, host_gpu) | np.isin(ranks, rank[gpu_row])
     seq_groups = tuple(sorted({g for (g, _) in seq_keys}))
     gidx = {g: i for i, g in enumerate(seq_groups)}
-    seq_items = sorted(live.max_seq.items())
-    rank_list = ranks.tolist()
+    seq_group = np.fromiter((gidx[g] for (g, _) in seq_keys), np.int64, len(seq_keys))
+    seq_rank = known[2]
+    by_key = np.lexsort((seq_rank, seq_group))  # the keys' order, (group name, rank), unique
+    seen, progress, position, beats = live.last_seen, live.last_progress, live.position, live.heartbeat
     return RankStatus(
         rank=ranks,
         exited=exited,
         exit_code=exit_code,
-        last_seen_ns=np.array([live.last_seen.get(r, -1) for r in rank_list], np.int64),
-        last_progress_ns=np.array([live.last_progress.get(r, -1) for r in rank_list], np.int64),
-        position=np.array([live.position.get(r, -1) for r in rank_list], np.int64),
-        waiting_since_ns=np.array([live.heartbeat.get(r, (-1, -1))[1] for r in rank_list], np.int64),
+        last_seen_ns=_per_rank(ranks, seen.keys(), seen.values(), len(seen)),
+        last_progress_ns=_per_rank(ranks, progress.keys(), progress.values(), len(progress)),
+        position=_per_rank(ranks, position.keys(), position.values(), len(position)),
+        waiting_since_ns=_per_rank(ranks, beats.keys(), (w for (_, w) in beats.values()), len(beats)),
         has_gpu=has_gpu,
         groups=groups,
         seq_groups=seq_groups,
-        seq_group=np.array([gidx[g] for (g, _), _ in seq_items], np.int64),
-        seq_rank=np.array([r for (_, r), _ in seq_items], np.int64),
-        seq_max=np.array([q for _, q in seq_items], np.int64),
+        seq_group=seq_group[by_key],
+        seq_rank=seq_rank[by_key],
+        seq_max=np.fromiter(live.max_seq.values(), np.int64, len(seq_keys))[by_key],
     )
+
+
+def _per_rank(
+    ranks: NDArray[np.int64], keys: Iterable[int], values: Iterable[int], n: int
+) -> NDArray[np.int64]:
+    """Per rank of ``ranks`` (sorted, unique): its value among the ``n`` ``keys`` → ``values`` (a dict's
+    keys and values, in their order), -1 where it has none."""
+    key = np.fromiter(keys, np.int64, n)
+    value = np.fromiter(values, np.int64, n)
+    out = np.full(ranks.size, -1, np.int64)
+    if ranks.size == 0:
+        return out
+    at = np.minimum(np.searchsorted(ranks, key), ranks.size - 1)
+    found = ranks[at] == key
+    out[at[found]] = value[found]
+    return out
 
 
 def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> Window:
@@ -515,12 +545,13 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     # one of those is skipped and counted as such below, as the store's own (rank, step) IN did.
     pairs = (_col(st, "rank"), _col(st, "step"))
     skipped: dict[str, int] = {}
-    st = _within_limits(st, ("step",), skipped, "steps")
-    steps = Steps(_col(st, "rank"), _col(st, "step"), _col(st, "start_ns"), _col(st, "dur_ns"))
+    keep = _within_limits({"step": pairs[1]}, skipped, "steps")
+    steps = Steps(pairs[0][keep], pairs[1][keep], _col(st, "start_ns")[keep], _col(st, "dur_ns")[keep])
     # The phases and collectives of the window's steps: read by time alone and matched to the steps
     # here. The time bounds (_reach) let the sort keys (argus.schema.by_second) skip all but the
     # window's granules and leave out no row of the window; matching (rank, step) in the query
     # (an IN subquery over steps, once per table) took more CPU than reading the rows past them.
+    # Each column becomes NumPy once and rows are dropped from the arrays.
     ph = store.query(
         f"""SELECT rank, step, phase, start_ns, dur_ns FROM phases
             WHERE job_id = {{job:String}} AND start_ns >= {{lo:Int64}} - {STEP_LOOKBACK_NS}
@@ -529,15 +560,14 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         + _AS_DICTIONARY,
         p,
     )
-    ph = _within_limits(
-        ph, ("step",), skipped, "phases", _pairs_in(_col(ph, "rank"), _col(ph, "step"), *pairs)
-    )
+    ph_rank, ph_step = _col(ph, "rank"), _col(ph, "step")
+    keep = _within_limits({"step": ph_step}, skipped, "phases", _pairs_in(ph_rank, ph_step, *pairs))
     phase_code = {name: i for i, name in enumerate(PHASES)}
     indices, names = _encoded(ph, "phase")
     pc = np.array([phase_code.get(n, -1) for n in names], np.int64)[indices]
-    ok = pc >= 0  # an unknown phase name is ignored, not fatal
+    keep &= pc >= 0  # an unknown phase name is ignored, not fatal
     phases = Phases(
-        _col(ph, "rank")[ok], _col(ph, "step")[ok], pc[ok], _col(ph, "start_ns")[ok], _col(ph, "dur_ns")[ok]
+        ph_rank[keep], ph_step[keep], pc[keep], _col(ph, "start_ns")[keep], _col(ph, "dur_ns")[keep]
     )
     co = store.query(
         """SELECT rank, step, process_group, seq, op, bytes, issue_ns, start_ns, dur_ns, peer, overlapped,
@@ -549,27 +579,29 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         + _AS_DICTIONARY,
         p,
     )
-    co = _within_limits(co, ("step", "seq"), skipped, "collectives", _instances(co, p, pairs))
-    group, group_names = _codes(co, "process_group")
-    op, op_names = _codes(co, "op")
-    c_rank, c_step = _col(co, "rank"), _col(co, "step")
-    in_window = _pairs_in(c_rank, c_step, steps.rank, steps.step)
+    c = {name: _col(co, name) for name in ("rank", "step", "seq", "issue_ns")}
+    keep = _within_limits(
+        {"step": c["step"], "seq": c["seq"]}, skipped, "collectives", _instances(co, c, p, pairs)
+    )
+    c = {name: values[keep] for name, values in c.items()}
+    group, group_names = _codes(co, "process_group", keep)
+    op, op_names = _codes(co, "op", keep)
     coll = Collectives(
-        c_rank,
-        c_step,
+        c["rank"],
+        c["step"],
         group,
-        _col(co, "seq"),
+        c["seq"],
         op,
-        _col(co, "bytes"),
-        _col(co, "issue_ns"),
-        _col(co, "start_ns"),
-        _col(co, "dur_ns"),
-        in_window,
+        _col(co, "bytes")[keep],
+        c["issue_ns"],
+        _col(co, "start_ns")[keep],
+        _col(co, "dur_ns")[keep],
+        _pairs_in(c["rank"], c["step"], steps.rank, steps.step),
         group_names,
         op_names,
-        _col(co, "peer"),
-        _col(co, "overlapped", bool),
-        _col(co, "wait_ns"),
+        _col(co, "peer")[keep],
+        _col(co, "overlapped", bool)[keep],
+        _col(co, "wait_ns")[keep],
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,
@@ -661,20 +693,23 @@ def _pairs_in(
 
 
 def _instances(
-    co: pa.Table, p: dict[str, Any], pairs: tuple[NDArray[np.int64], NDArray[np.int64]]
+    co: pa.Table,
+    c: dict[str, NDArray[np.int64]],
+    p: dict[str, Any],
+    pairs: tuple[NDArray[np.int64], NDArray[np.int64]],
 ) -> NDArray[np.bool_]:
-    """Per row of ``co`` (the collectives read around a window, ``p``: the window's bounds): True when
-    it was issued within ``p["reach"]`` of ``[p["from"], p["w1"])`` and its instance (process group,
-    seq) has a row issued in that span by one of the window's steps ``pairs`` (rank, step): every
-    rank's row of the window's collective instances."""
+    """Per row of ``co`` (the collectives read around a window; ``c``: its rank, step, seq and
+    issue_ns columns; ``p``: the window's bounds): True when it was issued within ``p["reach"]`` of
+    ``[p["from"], p["w1"])`` and its instance (process group, seq) has a row issued in that span by
+    one of the window's steps ``pairs`` (rank, step): every rank's row of the window's collective
+    instances."""
     if co.num_rows == 0:
         return np.zeros(0, bool)
-    issue = _col(co, "issue_ns")
-    own = (issue >= p["from"]) & (issue < p["w1"]) & _pairs_in(_col(co, "rank"), _col(co, "step"), *pairs)
+    issue = c["issue_ns"]
+    own = (issue >= p["from"]) & (issue < p["w1"]) & _pairs_in(c["rank"], c["step"], *pairs)
     group, _ = _encoded(co, "process_group")
-    seq = _col(co, "seq")
     near: NDArray[np.bool_] = (issue >= p["from"] - p["reach"]) & (issue < p["w1"] + p["reach"])
-    return near & _pairs_in(group, seq, group[own], seq[own])
+    return near & _pairs_in(group, c["seq"], group[own], c["seq"][own])
 
 
 def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
@@ -704,30 +739,25 @@ def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
 
 
 def _within_limits(
-    t: pa.Table,
-    columns: tuple[str, ...],
+    columns: dict[str, NDArray[np.int64]],
     skipped: dict[str, int],
     table: str,
     keep: NDArray[np.bool_] | None = None,
-) -> pa.Table:
-    """``t``'s rows of ``keep`` (all by default) without those whose ``columns`` (read as int64: past
-    2**63 they are negative) lie outside ``[0, LIMITS[max_<column>]]``; the rows of ``keep`` dropped
-    are added to ``skipped[table]``. Ingest refuses such rows (:mod:`argus.limits`); a store written
-    before it did may hold some, and one of them would fail every window of its job (a step of
-    2**64-1 reads -1)."""
-    if t.num_rows == 0:
-        return t
-    ok = np.ones(t.num_rows, bool) if keep is None else keep.copy()
-    for name in columns:
-        values = _col(t, name)
+) -> NDArray[np.bool_]:
+    """Which rows of ``keep`` (all by default) to keep: those whose ``columns`` (name → values, read
+    as int64: past 2**63 they are negative) lie within ``[0, LIMITS[max_<name>]]``; the rows of
+    ``keep`` dropped are added to ``skipped[table]``. Ingest refuses such rows (:mod:`argus.limits`);
+    a store written before it did may hold some, and one of them would fail every window of its
+    job (a step of 2**64-1 reads -1)."""
+    rows = next(iter(columns.values())).size
+    ok = np.ones(rows, bool) if keep is None else keep.copy()
+    for name, values in columns.items():
         ok &= (values >= 0) & (values <= LIMITS[f"max_{name}"])
-    wanted = t.num_rows if keep is None else int(np.count_nonzero(keep))
+    wanted = rows if keep is None else int(np.count_nonzero(keep))
     bad = wanted - int(np.count_nonzero(ok))
     if bad:
         skipped[table] = skipped.get(table, 0) + bad
-    if ok.all():
-        return t
-    return t.filter(pa.array(ok))
+    return ok
 
 
 def _links(store: Store, p: dict[str, Any], rt: pa.Table) -> LinkSamples:
