@@ -580,9 +580,11 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         p,
     )
     c = {name: _col(co, name) for name in ("rank", "step", "seq", "issue_ns")}
+    c["group"] = _encoded(co, "process_group")[0]
     keep = _within_limits(
-        {"step": c["step"], "seq": c["seq"]}, skipped, "collectives", _instances(co, c, p, pairs)
+        {"step": c["step"], "seq": c["seq"]}, skipped, "collectives", _instances(c, p, pairs)
     )
+    del c["group"]
     c = {name: values[keep] for name, values in c.items()}
     group, group_names = _codes(co, "process_group", keep)
     op, op_names = _codes(co, "op", keep)
@@ -675,13 +677,15 @@ def _pairs_in(
         return np.zeros(a.size, bool)
     a0, a1, b0, b1 = int(set_a.min()), int(set_a.max()), int(set_b.min()), int(set_b.max())
     n_b = b1 - b0 + 1
-    if (a1 - a0 + 1) * n_b <= 4 * (a.size + set_a.size):
-        table = np.zeros((a1 - a0 + 1) * n_b, bool)
+    cells = (a1 - a0 + 1) * n_b
+    if cells <= 4 * (a.size + set_a.size):
+        table = np.zeros(cells + 1, bool)  # the last cell: every pair outside the ranges
         table[(set_a - a0) * n_b + (set_b - b0)] = True
-        inside = (a >= a0) & (a <= a1) & (b >= b0) & (b <= b1)
-        out = np.zeros(a.size, bool)
-        out[inside] = table[(a[inside] - a0) * n_b + (b[inside] - b0)]
-        return out
+        # Differences wrap where they overflow; read unsigned, a wrapped one is past the range.
+        da, db = a - a0, b - b0
+        inside = (da.view(np.uint64) <= a1 - a0) & (db.view(np.uint64) <= b1 - b0)
+        found: NDArray[np.bool_] = table[np.where(inside, da * n_b + db, cells)]
+        return found
     low = min(a0, b0, int(a.min()), int(b.min()))
     if low >= 0 and max(a1, int(a.max())) < 1 << 23 and max(b1, int(b.max())) < 1 << 40:
         return np.isin((a << 40) + b, (set_a << 40) + set_b)
@@ -693,23 +697,17 @@ def _pairs_in(
 
 
 def _instances(
-    co: pa.Table,
-    c: dict[str, NDArray[np.int64]],
-    p: dict[str, Any],
-    pairs: tuple[NDArray[np.int64], NDArray[np.int64]],
+    c: dict[str, NDArray[np.int64]], p: dict[str, Any], pairs: tuple[NDArray[np.int64], NDArray[np.int64]]
 ) -> NDArray[np.bool_]:
-    """Per row of ``co`` (the collectives read around a window; ``c``: its rank, step, seq and
-    issue_ns columns; ``p``: the window's bounds): True when it was issued within ``p["reach"]`` of
-    ``[p["from"], p["w1"])`` and its instance (process group, seq) has a row issued in that span by
-    one of the window's steps ``pairs`` (rank, step): every rank's row of the window's collective
+    """Per row of the collectives read around a window (``c``: their rank, step, seq, issue_ns and
+    process group's code; ``p``: the window's bounds): True when it was issued within ``p["reach"]``
+    of ``[p["from"], p["w1"])`` and its instance (process group, seq) has a row issued in that span
+    by one of the window's steps ``pairs`` (rank, step): every rank's row of the window's collective
     instances."""
-    if co.num_rows == 0:
-        return np.zeros(0, bool)
-    issue = c["issue_ns"]
+    issue, group, seq = c["issue_ns"], c["group"], c["seq"]
     own = (issue >= p["from"]) & (issue < p["w1"]) & _pairs_in(c["rank"], c["step"], *pairs)
-    group, _ = _encoded(co, "process_group")
     near: NDArray[np.bool_] = (issue >= p["from"] - p["reach"]) & (issue < p["w1"] + p["reach"])
-    return near & _pairs_in(group, c["seq"], group[own], c["seq"][own])
+    return near & _pairs_in(group, seq, group[own], seq[own])
 
 
 def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:

@@ -110,6 +110,31 @@ def test_pairs_are_matched_as_sqls_tuple_in_whatever_their_values() -> None:
         )
         if n and trial % 5 == 4:
             rank = np.where(rng.random(m) < 0.5, s_rank[rng.integers(0, n, m)], rank)
+            extreme = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max], np.int64)
+            step = np.where(rng.random(m) < 0.1, extreme[rng.integers(0, 2, m)], step)
+            rank = np.where(rng.random(m) < 0.1, extreme[rng.integers(0, 2, m)], rank)
         pairs = set(zip(s_rank.tolist(), s_step.tolist(), strict=True))
         expected = [(r, s) in pairs for r, s in zip(rank.tolist(), step.tolist(), strict=True)]
         assert _pairs_in(rank, step, s_rank, s_step).tolist() == expected
+    # A dense set (a table) and rows whose difference from its ranges overflows int64.
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    rank = np.array([small, big, 0, 1, small + 1, 2, 1], np.int64)
+    step = np.array([0, 1, big, small, 1, 3, -1], np.int64)
+    assert _pairs_in(rank, step, np.array([0, 1, 2]), np.array([-1, 1, 3])).tolist() == [
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
+    assert _pairs_in(rank, step, np.array([big, 2]), np.array([1, 3])).tolist() == [
+        False,
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
