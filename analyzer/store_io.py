@@ -22,7 +22,7 @@ Which rows belong to a window ``[w0, w1)``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,11 +97,23 @@ def _encoded(t: pa.Table, name: str) -> tuple[NDArray[np.int64], list[str]]:
     return code[indices], names
 
 
-def _codes(t: pa.Table, name: str) -> tuple[NDArray[np.int64], tuple[str, ...]]:
-    """The string column ``name`` as codes into its distinct values, sorted (``np.unique``'s order)."""
+def _codes(
+    t: pa.Table, name: str, keep: NDArray[np.bool_] | None = None
+) -> tuple[NDArray[np.int64], tuple[str, ...]]:
+    """The string column ``name`` (of the rows ``keep``, all by default) as codes into its distinct
+    values among those rows, sorted (``np.unique``'s order)."""
     if t.num_rows == 0:
         return np.zeros(0, np.int64), ()
     indices, values = _encoded(t, name)
+    if keep is not None:
+        indices = indices[keep]
+        used = np.flatnonzero(np.bincount(indices, minlength=len(values)))
+        if used.size < len(values):
+            code = np.zeros(len(values), np.int64)
+            code[used] = np.arange(used.size)
+            indices, values = code[indices], [values[i] for i in used.tolist()]
+    if indices.size == 0:
+        return indices, ()
     order = sorted(range(len(values)), key=values.__getitem__)
     code = np.empty(len(values), np.int64)
     code[order] = np.arange(len(values))
@@ -294,15 +306,12 @@ class Liveness:
         """This liveness updated by ``newer`` (a later read): the newest of each value, per key."""
 
         def newest(old: dict[Any, int], new: dict[Any, int]) -> dict[Any, int]:
-            out = dict(old)
-            for k, v in new.items():
-                out[k] = max(out.get(k, -1), v)
+            out, get = dict(old), old.get
+            out.update({k: v if v > (o := get(k, -1)) else o for k, v in new.items()})
             return out
 
-        beats = dict(self.heartbeat)
-        for r, beat in newer.heartbeat.items():
-            if beat[0] >= beats.get(r, (-1, -1))[0]:
-                beats[r] = beat
+        beats, beat_of = dict(self.heartbeat), self.heartbeat.get
+        beats.update({r: b for r, b in newer.heartbeat.items() if b[0] >= beat_of(r, (-1, -1))[0]})
         return Liveness(
             newest(self.last_seen, newer.last_seen),
             newest(self.last_progress, newer.last_progress),
@@ -318,7 +327,15 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     A rank's newest seq in a group is the newest it recorded or was waiting in (its heartbeats'
     ``pending_seq``; point-to-point ops left out, their seqs are not shared by the group).
     """
-    p = {"job": job_id, "lo": lo_ns, "w1": w1_ns}
+    # A phase's number (1 for the first of PHASES) by transform(): indexOf() over the phase names
+    # took a third of the query's CPU (a 10,000-rank job: 1.4 million phases in the two windows read).
+    p = {
+        "job": job_id,
+        "lo": lo_ns,
+        "w1": w1_ns,
+        "phases": list(PHASES),
+        "phase_no": list(range(1, len(PHASES) + 1)),
+    }
     t = store.query(
         """
         SELECT rank, max(t) AS seen_ns, maxIf(t, prog = 1) AS progress_ns, max(prog) AS has_progress,
@@ -334,7 +351,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
                     AND start_ns + dur_ns >= {lo:Int64} AND start_ns + dur_ns < {w1:Int64}
             UNION ALL
             SELECT toInt64(rank), start_ns + dur_ns, 1,
-                   toInt64(step) * 8 + indexOf(['data', 'forward', 'backward', 'optimizer'], phase),
+                   toInt64(step) * 8 + transform(phase, {phases:Array(String)}, {phase_no:Array(UInt8)}, 0),
                    toInt64(-1)
                 FROM phases
                 WHERE job_id = {job:String}
@@ -349,7 +366,7 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
     ranks = _col(t, "rank")
     seen = _col(t, "seen_ns")
     prog = _col(t, "progress_ns")
-    anyp = _col(t, "has_progress")
+    anyp = _col(t, "has_progress", bool)
     pos = _col(t, "position")
     # A collective's row is written once it completes; the one a rank waits in shows in its
     # heartbeats (pending_seq), so a rank's newest seq counts what it issued and still waits in.
@@ -369,18 +386,21 @@ def read_liveness(store: Store, job_id: str, lo_ns: int, w1_ns: int) -> Liveness
         p,
     )
     # The newest heartbeat (host sample) of each rank, and the collective it shows the rank waiting in.
-    beats = zip(ranks, _col(t, "has_beat"), _col(t, "beat_ns"), _col(t, "waiting"), strict=True)
+    has_beat = _col(t, "has_beat", bool)
+    beats = zip(_col(t, "beat_ns")[has_beat].tolist(), _col(t, "waiting")[has_beat].tolist(), strict=True)
+    group, group_names = _encoded(s, "process_group")
     return Liveness(
-        heartbeat={int(r): (int(b), int(w)) for r, has, b, w in beats if has},
-        last_seen={int(r): int(v) for r, v in zip(ranks, seen, strict=True)},
-        last_progress={int(r): int(v) for r, v, a in zip(ranks, prog, anyp, strict=True) if a},
-        position={int(r): int(v) for r, v in zip(ranks, pos, strict=True) if v >= 0},
-        max_seq={
-            (str(g), int(r)): int(q)
-            for g, r, q in zip(
-                s.column("process_group").to_pylist(), _col(s, "rank"), _col(s, "seq"), strict=True
+        heartbeat=dict(zip(ranks[has_beat].tolist(), beats, strict=True)),
+        last_seen=dict(zip(ranks.tolist(), seen.tolist(), strict=True)),
+        last_progress=dict(zip(ranks[anyp].tolist(), prog[anyp].tolist(), strict=True)),
+        position=dict(zip(ranks[pos >= 0].tolist(), pos[pos >= 0].tolist(), strict=True)),
+        max_seq=dict(
+            zip(
+                zip(map(group_names.__getitem__, group.tolist()), _col(s, "rank").tolist(), strict=True),
+                _col(s, "seq").tolist(),
+                strict=True,
             )
-        },
+        ),
     )
 
 
@@ -470,23 +490,41 @@ def _status(
     has_gpu = np.isin(ranks, host_gpu) | np.isin(ranks, rank[gpu_row])
     seq_groups = tuple(sorted({g for (g, _) in seq_keys}))
     gidx = {g: i for i, g in enumerate(seq_groups)}
-    seq_items = sorted(live.max_seq.items())
-    rank_list = ranks.tolist()
+    seq_group = np.fromiter((gidx[g] for (g, _) in seq_keys), np.int64, len(seq_keys))
+    seq_rank = known[2]
+    by_key = np.lexsort((seq_rank, seq_group))  # the keys' order, (group name, rank), unique
+    seen, progress, position, beats = live.last_seen, live.last_progress, live.position, live.heartbeat
     return RankStatus(
         rank=ranks,
         exited=exited,
         exit_code=exit_code,
-        last_seen_ns=np.array([live.last_seen.get(r, -1) for r in rank_list], np.int64),
-        last_progress_ns=np.array([live.last_progress.get(r, -1) for r in rank_list], np.int64),
-        position=np.array([live.position.get(r, -1) for r in rank_list], np.int64),
-        waiting_since_ns=np.array([live.heartbeat.get(r, (-1, -1))[1] for r in rank_list], np.int64),
+        last_seen_ns=_per_rank(ranks, seen.keys(), seen.values(), len(seen)),
+        last_progress_ns=_per_rank(ranks, progress.keys(), progress.values(), len(progress)),
+        position=_per_rank(ranks, position.keys(), position.values(), len(position)),
+        waiting_since_ns=_per_rank(ranks, beats.keys(), (w for (_, w) in beats.values()), len(beats)),
         has_gpu=has_gpu,
         groups=groups,
         seq_groups=seq_groups,
-        seq_group=np.array([gidx[g] for (g, _), _ in seq_items], np.int64),
-        seq_rank=np.array([r for (_, r), _ in seq_items], np.int64),
-        seq_max=np.array([q for _, q in seq_items], np.int64),
+        seq_group=seq_group[by_key],
+        seq_rank=seq_rank[by_key],
+        seq_max=np.fromiter(live.max_seq.values(), np.int64, len(seq_keys))[by_key],
     )
+
+
+def _per_rank(
+    ranks: NDArray[np.int64], keys: Iterable[int], values: Iterable[int], n: int
+) -> NDArray[np.int64]:
+    """Per rank of ``ranks`` (sorted, unique): its value among the ``n`` ``keys`` → ``values`` (a dict's
+    keys and values, in their order), -1 where it has none."""
+    key = np.fromiter(keys, np.int64, n)
+    value = np.fromiter(values, np.int64, n)
+    out = np.full(ranks.size, -1, np.int64)
+    if ranks.size == 0:
+        return out
+    at = np.minimum(np.searchsorted(ranks, key), ranks.size - 1)
+    found = ranks[at] == key
+    out[at[found]] = value[found]
+    return out
 
 
 def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> Window:
@@ -503,64 +541,69 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         p,
     )
     p["from"], p["reach"] = _reach(st, w0 - STEP_LOOKBACK_NS)
+    # Every (rank, step) of the window's rows, those past the limits too: a phase or collective of
+    # one of those is skipped and counted as such below, as the store's own (rank, step) IN did.
+    pairs = (_col(st, "rank"), _col(st, "step"))
     skipped: dict[str, int] = {}
-    st = _within_limits(st, ("step",), skipped, "steps")
-    steps = Steps(_col(st, "rank"), _col(st, "step"), _col(st, "start_ns"), _col(st, "dur_ns"))
-    in_steps = f"(rank, step) IN (SELECT rank, step FROM steps WHERE {f})"
-    # The time bounds (_reach) let the sort keys (argus.schema.by_second) skip all but the window's
-    # granules, which the step pairs and instances alone cannot; they leave out no row of the window.
+    keep = _within_limits({"step": pairs[1]}, skipped, "steps")
+    steps = Steps(pairs[0][keep], pairs[1][keep], _col(st, "start_ns")[keep], _col(st, "dur_ns")[keep])
+    # The phases and collectives of the window's steps: read by time alone and matched to the steps
+    # here. The time bounds (_reach) let the sort keys (argus.schema.by_second) skip all but the
+    # window's granules and leave out no row of the window; matching (rank, step) in the query
+    # (an IN subquery over steps, once per table) took more CPU than reading the rows past them.
+    # Each column becomes NumPy once and rows are dropped from the arrays.
     ph = store.query(
-        f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, phase, start_ns, dur_ns FROM phases
+        f"""SELECT rank, step, phase, start_ns, dur_ns FROM phases
             WHERE job_id = {{job:String}} AND start_ns >= {{lo:Int64}} - {STEP_LOOKBACK_NS}
-                AND start_ns + dur_ns >= {{from:Int64}} AND start_ns + dur_ns < {{w1:Int64}} + {{reach:Int64}}
-                AND {in_steps}"""
+                AND start_ns + dur_ns >= {{from:Int64}}
+                AND start_ns + dur_ns < {{w1:Int64}} + {{reach:Int64}}"""
         + _AS_DICTIONARY,
         p,
     )
-    ph = _within_limits(ph, ("step",), skipped, "phases")
+    ph_rank, ph_step = _col(ph, "rank"), _col(ph, "step")
+    keep = _within_limits({"step": ph_step}, skipped, "phases", _pairs_in(ph_rank, ph_step, *pairs))
     phase_code = {name: i for i, name in enumerate(PHASES)}
     indices, names = _encoded(ph, "phase")
     pc = np.array([phase_code.get(n, -1) for n in names], np.int64)[indices]
-    ok = pc >= 0  # an unknown phase name is ignored, not fatal
+    keep &= pc >= 0  # an unknown phase name is ignored, not fatal
     phases = Phases(
-        _col(ph, "rank")[ok], _col(ph, "step")[ok], pc[ok], _col(ph, "start_ns")[ok], _col(ph, "dur_ns")[ok]
+        ph_rank[keep], ph_step[keep], pc[keep], _col(ph, "start_ns")[keep], _col(ph, "dur_ns")[keep]
     )
     co = store.query(
-        f"""SELECT toInt64(rank) AS rank, toInt64(step) AS step, process_group, toInt64(seq) AS seq, op,
-                   toInt64(bytes) AS bytes, issue_ns, start_ns, dur_ns, toInt64(peer) AS peer,
-                   overlapped, wait_ns
-            FROM collectives
-            WHERE job_id = {{job:String}}
-                AND issue_ns >= {{from:Int64}} - {{reach:Int64}} AND issue_ns < {{w1:Int64}} + {{reach:Int64}}
-                AND (process_group, seq) IN (
-                    SELECT process_group, seq FROM collectives
-                    WHERE job_id = {{job:String}} AND issue_ns >= {{from:Int64}} AND issue_ns < {{w1:Int64}}
-                        AND {in_steps})"""
+        """SELECT rank, step, process_group, seq, op, bytes, issue_ns, start_ns, dur_ns, peer, overlapped,
+                  wait_ns
+           FROM collectives
+           WHERE job_id = {job:String}
+               AND issue_ns >= {from:Int64} - greatest({reach:Int64}, 0)
+               AND issue_ns < {w1:Int64} + greatest({reach:Int64}, 0)"""
         + _AS_DICTIONARY,
         p,
     )
-    co = _within_limits(co, ("step", "seq"), skipped, "collectives")
-    group, group_names = _codes(co, "process_group")
-    op, op_names = _codes(co, "op")
-    c_rank, c_step = _col(co, "rank"), _col(co, "step")
-    # Ranks < 2**20 and steps < 2**40 (argus.limits): a (rank, step) key fits an int64.
-    in_window = _step_rows(c_rank, c_step, steps.rank, steps.step)
+    c = {name: _col(co, name) for name in ("rank", "step", "seq", "issue_ns")}
+    c["group"] = _encoded(co, "process_group")[0]
+    keep = _within_limits(
+        {"step": c["step"], "seq": c["seq"]}, skipped, "collectives", _instances(c, p, pairs)
+    )
+    del c["group"]
+    c = {name: values[keep] for name, values in c.items()}
+    group, group_names = _codes(co, "process_group", keep)
+    op, op_names = _codes(co, "op", keep)
     coll = Collectives(
-        c_rank,
-        c_step,
+        c["rank"],
+        c["step"],
         group,
-        _col(co, "seq"),
+        c["seq"],
         op,
-        _col(co, "bytes"),
-        _col(co, "issue_ns"),
-        _col(co, "start_ns"),
-        _col(co, "dur_ns"),
-        in_window,
+        _col(co, "bytes")[keep],
+        c["issue_ns"],
+        _col(co, "start_ns")[keep],
+        _col(co, "dur_ns")[keep],
+        _pairs_in(c["rank"], c["step"], steps.rank, steps.step),
         group_names,
         op_names,
-        _col(co, "peer"),
-        _col(co, "overlapped", bool),
-        _col(co, "wait_ns"),
+        _col(co, "peer")[keep],
+        _col(co, "overlapped", bool)[keep],
+        _col(co, "wait_ns")[keep],
     )
     hs = store.query(
         """SELECT toInt64(rank) AS rank, time_ns, interval_ns, proc_cpu_ns, gc_pause_ns,
@@ -581,20 +624,23 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
         _col(hs, "reasons"),
         _col(hs, "run_delay_ns"),
     )
+    # A row summarises [window_start_ns, + its window_ns): one of another length (an agent or an
+    # import with another --window-s) is not this window's; it is left out and counted, never misread.
+    # Left out by the query: reading window_ns beside the rows took a fifth of its CPU.
+    ks_where = (
+        "WHERE job_id = {job:String} AND window_start_ns >= {w0:Int64} AND window_start_ns < {w1:Int64}"
+    )
     ks = store.query(
-        """SELECT toInt64(rank) AS rank, kernel, toInt64(stream) AS stream, collective,
-                  toInt64(count) AS count,
-                  p50_ns, p99_ns, log_lo, log_hi, sum_ns, window_ns FROM kernel_summaries
-           WHERE job_id = {job:String} AND window_start_ns >= {w0:Int64} AND window_start_ns < {w1:Int64}"""
+        f"""SELECT rank, kernel, stream, collective, count, p50_ns, p99_ns, log_lo, log_hi, sum_ns
+            FROM kernel_summaries {ks_where} AND window_ns = {{w1:Int64}} - {{w0:Int64}}"""
         + _AS_DICTIONARY,
         p,
     )
-    # A row summarises [window_start_ns, + its window_ns): one of another length (an agent or an
-    # import with another --window-s) is not this window's; it is left out and counted, never misread.
-    own = _col(ks, "window_ns") == w1 - w0
-    mismatched = int(own.size - np.count_nonzero(own))
-    if mismatched:
-        ks = ks.filter(pa.array(own))
+    other = store.query(
+        f"SELECT count() AS n FROM kernel_summaries {ks_where} AND window_ns != {{w1:Int64}} - {{w0:Int64}}",
+        p,
+    )
+    mismatched = int(other.column("n")[0].as_py())
     kernel, kernel_names = _codes(ks, "kernel")
     kernels = KernelClusters(
         _col(ks, "rank"),
@@ -616,30 +662,52 @@ def read_window(store: Store, job_id: str, w0: int, w1: int, live: Liveness) -> 
     return Window(job_id, w0, w1, steps, phases, coll, host, kernels, status, links, mismatched, skipped)
 
 
-def _step_rows(
-    rank: NDArray[np.int64],
-    step: NDArray[np.int64],
-    steps_rank: NDArray[np.int64],
-    steps_step: NDArray[np.int64],
+def _pairs_in(
+    a: NDArray[np.int64], b: NDArray[np.int64], set_a: NDArray[np.int64], set_b: NDArray[np.int64]
 ) -> NDArray[np.bool_]:
-    """Per row ``(rank, step)``: True when it is one of the steps ``(steps_rank, steps_step)``.
+    """Per row ``(a, b)``: True when it is one of the pairs ``(set_a, set_b)`` (SQL's ``(a, b) IN``).
 
-    ``np.isin`` of packed keys, by a table over the steps' rank and step ranges where it is small
-    (a window's steps span a few step numbers of each rank): numpy's sort of both sides took a
-    quarter of a 10,000-rank window's read (680,000 collective rows, 170,000 steps).
+    By a table over the set's ranges where it is small (a window's steps span a few step numbers
+    of each rank, its collective instances a few seqs of each group), else ``np.isin`` of keys:
+    ``a << 40 | b`` where the values allow (ranks < 2**20 and steps < 2**40, :mod:`argus.limits`),
+    the 16 bytes of the pair otherwise (an older store's rows past the limits). numpy's sort of
+    both sides took a quarter of a 10,000-rank window's read (680,000 collective rows, 170,000 steps).
     """
-    if steps_rank.size == 0:
-        return np.zeros(rank.size, bool)
-    r0, s0 = int(steps_rank.min()), int(steps_step.min())
-    n_r, n_s = int(steps_rank.max()) - r0 + 1, int(steps_step.max()) - s0 + 1
-    if n_r * n_s > 4 * (rank.size + steps_rank.size):  # sparse (a restarted rank): sort them
-        return np.isin((rank << 40) + step, (steps_rank << 40) + steps_step)
-    table = np.zeros(n_r * n_s, bool)
-    table[(steps_rank - r0) * n_s + (steps_step - s0)] = True
-    inside = (rank >= r0) & (rank < r0 + n_r) & (step >= s0) & (step < s0 + n_s)
-    out = np.zeros(rank.size, bool)
-    out[inside] = table[(rank[inside] - r0) * n_s + (step[inside] - s0)]
-    return out
+    if set_a.size == 0 or a.size == 0:
+        return np.zeros(a.size, bool)
+    a0, a1, b0, b1 = int(set_a.min()), int(set_a.max()), int(set_b.min()), int(set_b.max())
+    n_b = b1 - b0 + 1
+    cells = (a1 - a0 + 1) * n_b
+    if cells <= 4 * (a.size + set_a.size):
+        table = np.zeros(cells + 1, bool)  # the last cell: every pair outside the ranges
+        table[(set_a - a0) * n_b + (set_b - b0)] = True
+        # Differences wrap where they overflow; read unsigned, a wrapped one is past the range.
+        da, db = a - a0, b - b0
+        inside = (da.view(np.uint64) <= a1 - a0) & (db.view(np.uint64) <= b1 - b0)
+        found: NDArray[np.bool_] = table[np.where(inside, da * n_b + db, cells)]
+        return found
+    low = min(a0, b0, int(a.min()), int(b.min()))
+    if low >= 0 and max(a1, int(a.max())) < 1 << 23 and max(b1, int(b.max())) < 1 << 40:
+        return np.isin((a << 40) + b, (set_a << 40) + set_b)
+
+    def pair(x: NDArray[np.int64], y: NDArray[np.int64]) -> NDArray[np.void]:
+        return np.ascontiguousarray(np.stack([x, y], axis=1)).view(np.dtype((np.void, 16))).ravel()
+
+    return np.isin(pair(a, b), pair(set_a, set_b))
+
+
+def _instances(
+    c: dict[str, NDArray[np.int64]], p: dict[str, Any], pairs: tuple[NDArray[np.int64], NDArray[np.int64]]
+) -> NDArray[np.bool_]:
+    """Per row of the collectives read around a window (``c``: their rank, step, seq, issue_ns and
+    process group's code; ``p``: the window's bounds): True when it was issued within ``p["reach"]``
+    of ``[p["from"], p["w1"])`` and its instance (process group, seq) has a row issued in that span
+    by one of the window's steps ``pairs`` (rank, step): every rank's row of the window's collective
+    instances."""
+    issue, group, seq = c["issue_ns"], c["group"], c["seq"]
+    own = (issue >= p["from"]) & (issue < p["w1"]) & _pairs_in(c["rank"], c["step"], *pairs)
+    near: NDArray[np.bool_] = (issue >= p["from"] - p["reach"]) & (issue < p["w1"] + p["reach"])
+    return near & _pairs_in(group, seq, group[own], seq[own])
 
 
 def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
@@ -668,22 +736,26 @@ def _reach(st: pa.Table, lo_ns: int) -> tuple[int, int]:
     return max(lo_ns, int(start.min()) - reach), reach
 
 
-def _within_limits(t: pa.Table, columns: tuple[str, ...], skipped: dict[str, int], table: str) -> pa.Table:
-    """``t`` without its rows whose ``columns`` (read ``toInt64``: past 2**63 they are negative) lie
-    outside ``[0, LIMITS[max_<column>]]``; the rows dropped are added to ``skipped[table]``. Ingest
-    refuses such rows (:mod:`argus.limits`); a store written before it did may hold some, and one
-    of them would fail every window of its job (a step of 2**64-1 reads -1)."""
-    if t.num_rows == 0:
-        return t
-    ok = np.ones(t.num_rows, bool)
-    for name in columns:
-        values = _col(t, name)
+def _within_limits(
+    columns: dict[str, NDArray[np.int64]],
+    skipped: dict[str, int],
+    table: str,
+    keep: NDArray[np.bool_] | None = None,
+) -> NDArray[np.bool_]:
+    """Which rows of ``keep`` (all by default) to keep: those whose ``columns`` (name → values, read
+    as int64: past 2**63 they are negative) lie within ``[0, LIMITS[max_<name>]]``; the rows of
+    ``keep`` dropped are added to ``skipped[table]``. Ingest refuses such rows (:mod:`argus.limits`);
+    a store written before it did may hold some, and one of them would fail every window of its
+    job (a step of 2**64-1 reads -1)."""
+    rows = next(iter(columns.values())).size
+    ok = np.ones(rows, bool) if keep is None else keep.copy()
+    for name, values in columns.items():
         ok &= (values >= 0) & (values <= LIMITS[f"max_{name}"])
-    bad = int(ok.size - np.count_nonzero(ok))
-    if not bad:
-        return t
-    skipped[table] = skipped.get(table, 0) + bad
-    return t.filter(pa.array(ok))
+    wanted = rows if keep is None else int(np.count_nonzero(keep))
+    bad = wanted - int(np.count_nonzero(ok))
+    if bad:
+        skipped[table] = skipped.get(table, 0) + bad
+    return ok
 
 
 def _links(store: Store, p: dict[str, Any], rt: pa.Table) -> LinkSamples:

@@ -90,19 +90,51 @@ def test_the_newest_heartbeat_says_which_collective_a_rank_waits_in_across_reads
     assert later.merge(first).heartbeat == later.heartbeat
 
 
-def test_a_windows_collective_rows_are_marked_in_window_as_by_isin() -> None:
-    """``_step_rows`` (a table over the steps' ranges, sorting only when sparse) marks the same rows
-    as ``np.isin`` of the packed (rank, step) keys: dense, sparse (a restarted rank) and empty."""
-    from argus.analyzer.store_io import _step_rows
+def test_pairs_are_matched_as_sqls_tuple_in_whatever_their_values() -> None:
+    """``_pairs_in`` (a table over the set's ranges, sorting only when sparse) marks the rows whose
+    pair is in the set, as SQL's ``(a, b) IN``: dense, sparse (a restarted rank), empty, and values
+    no key packs (an older store's steps and seqs past the limits, read as int64: negative)."""
+    from argus.analyzer.store_io import _pairs_in
 
     rng = np.random.default_rng(5)
-    for trial in range(300):
+    for trial in range(400):
         n, m = int(rng.integers(0, 200)), int(rng.integers(0, 300))
         s_rank = rng.integers(0, 30, n)
         s_step = rng.integers(0, 12 if trial % 4 else 10**9, n)
+        if trial % 5 == 4:  # past the limits: the largest uint64 steps, ranks past 2**23
+            s_step[rng.random(n) < 0.3] = -1
+            s_rank[rng.random(n) < 0.3] += 1 << 30
         rank = rng.integers(-1, 33, m)
         step = np.where(
             rng.random(m) < 0.5, s_step[rng.integers(0, n, m)] if n else 0, rng.integers(0, 14, m)
         )
-        expected = np.isin((rank << 40) + step, (s_rank << 40) + s_step)
-        assert _step_rows(rank, step, s_rank, s_step).tolist() == expected.tolist()
+        if n and trial % 5 == 4:
+            rank = np.where(rng.random(m) < 0.5, s_rank[rng.integers(0, n, m)], rank)
+            extreme = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max], np.int64)
+            step = np.where(rng.random(m) < 0.1, extreme[rng.integers(0, 2, m)], step)
+            rank = np.where(rng.random(m) < 0.1, extreme[rng.integers(0, 2, m)], rank)
+        pairs = set(zip(s_rank.tolist(), s_step.tolist(), strict=True))
+        expected = [(r, s) in pairs for r, s in zip(rank.tolist(), step.tolist(), strict=True)]
+        assert _pairs_in(rank, step, s_rank, s_step).tolist() == expected
+    # A dense set (a table) and rows whose difference from its ranges overflows int64.
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    rank = np.array([small, big, 0, 1, small + 1, 2, 1], np.int64)
+    step = np.array([0, 1, big, small, 1, 3, -1], np.int64)
+    assert _pairs_in(rank, step, np.array([0, 1, 2]), np.array([-1, 1, 3])).tolist() == [
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
+    assert _pairs_in(rank, step, np.array([big, 2]), np.array([1, 3])).tolist() == [
+        False,
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
