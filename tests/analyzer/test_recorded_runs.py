@@ -70,7 +70,7 @@ def test_every_recording_holds_every_job() -> None:
         assert recording_jobs(RECORDINGS / recording) == sorted(f"real-{name}" for name in JOBS)
         assert (RECORDINGS / recording / "README").is_file()
     assert sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir()) == sorted(
-        [*_WRONG, "dup", "onset", "recall", "wrong_two", "many", "stage", "pace", "knock"]
+        [*_WRONG, "dup", "onset", "recall", "wrong_two", "many", "stage", "pace", "knock", "starved"]
     )
     assert recording_jobs(RECORDINGS / "onset") == sorted(ONSET)
     assert recording_jobs(RECORDINGS / "recall") == sorted(RECALL)
@@ -80,6 +80,7 @@ def test_every_recording_holds_every_job() -> None:
     assert recording_jobs(RECORDINGS / "stage") == sorted(STAGE)
     assert recording_jobs(RECORDINGS / "pace") == sorted(PACE)
     assert recording_jobs(RECORDINGS / "knock") == ["real-tp_compute"]
+    assert recording_jobs(RECORDINGS / "starved") == ["starved-fsdp-twin"]
 
 
 @pytest.mark.parametrize(
@@ -394,3 +395,18 @@ def test_a_whole_job_slowdown_beside_a_straggler_is_not_the_stragglers(
             knock_verdict
         )
         assert d.first_window_ns > named[0].first_window_ns, knock_verdict
+
+
+@_KNOWN_WRONG
+def test_a_ring_slowed_by_a_starved_host_is_no_slow_link(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The ``starved`` recording (its README): a clean 4-rank FSDP job whose host got busier after one
+    healthy window (steps 127 -> 160-200 ms). Its one process group's transfers grew 44-54 ms a
+    step against their own past while each rank waited 25-36 ms a step longer for a CPU than its
+    work explains; ``causes._links`` leaves a link judged against its own past to the host only
+    when one rank's mean delay covers the link's extra transfer, and opens a ``communication``
+    diagnosis naming the group's four ranks. A ring's transfer needs each of its ranks on a CPU
+    in turn, so it can wait for more than one rank's delay; the bound that says how much (the
+    delays summed over the group's ranks on one host) needs each rank's host, which the window
+    holds only for nodes that send link samples. Only a job-level loss naming no rank may open."""
+    (found,) = _analysed(tmp_path_factory, "starved", ["starved-fsdp-twin"], _RECALL_WINDOW_S).values()
+    assert_blames_no_one([d.to_dict() for d in found])
