@@ -544,8 +544,10 @@ def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
     """CPU time (user + system, s) of each thread of process ``pid`` so far: tid -> (its name, s).
 
     The name is the kernel's (``/proc/PID/task/TID/comm``): the embedded engine names its threads
-    (merges, query pipelines), Python 3.11's threads all read ``python``. A thread that ended is
-    missing; one that cannot be read is left out.
+    (merges, query pipelines), the server its own (:mod:`argus.threads`); a thread started without
+    a name of its own carries its starter's (the event loop's decode pool counts as ``argus-grpc``),
+    and Python 3.11's other threads read ``python``. A thread that ended is missing; one that
+    cannot be read is left out.
     """
     out = {}
     with contextlib.suppress(psutil.Error):
