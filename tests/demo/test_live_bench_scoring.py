@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "detection_live.py"
@@ -260,5 +261,10 @@ def test_a_cpu_quota_injector_counts_the_wall_time_its_main_thread_was_held(tmp_
     assert injector.held, injector.notes
     wall_ns = injector.held[-1][1] - injector.held[0][0]
     held_ns = sum(h for *_, h in injector.held)
-    assert all(h <= end - start + 20_000_000 for start, end, h in injector.held), injector.held
+    # The kernel credits a run-queue wait to schedstat when the wait ends, so a wait across a sample
+    # lands in the next span (seen: 75 then 224 ms in two 203 ms spans): held never outgrows the
+    # wall time so far, though one span's may outgrow that span.
+    held_so_far = np.cumsum([h for *_, h in injector.held])
+    wall_so_far = np.array([end for _, end, _ in injector.held]) - injector.held[0][0]
+    assert np.all(held_so_far <= wall_so_far + 20_000_000), injector.held
     assert 0.55 * wall_ns < held_ns <= wall_ns + 20_000_000, (held_ns, wall_ns, injector.notes)
