@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -22,13 +23,24 @@ _PR_SET_NAME = 15
 _NAME_BYTES = 15
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The process's C library, loaded once (None off Linux or when it cannot be loaded)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
 def _name_this_thread(name: str) -> None:
     """Give the calling thread ``name`` (cut to 15 bytes) in the kernel; nothing off Linux or
     when libc refuses."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:_NAME_BYTES], 0, 0, 0)
+    libc = _libc()
+    if libc is not None:
+        with contextlib.suppress(AttributeError):
+            libc.prctl(_PR_SET_NAME, name.encode()[:_NAME_BYTES], 0, 0, 0)
 
 
 def start_daemon(target: Callable[[], object], name: str) -> threading.Thread:
