@@ -35,9 +35,9 @@ Order of the rules, each applied to what the earlier ones left:
 3. ``communication`` — a process group with long transfers and no late
    arrival (:func:`argus.analyzer.collectives.slow_links`); L3 adds the
    communication kernel of its ranks that is slowest against its peers. A group
-   judged against its own past only is not a slow link when the job's ranks waited
-   for a CPU, beyond their own work's wait, at least as long per step as its extra
-   transfers cost (a busier host: :func:`_links`). Only
+   judged against its own past only is not a slow link when its ranks on one host
+   waited for a CPU, beyond their own work's wait, summed, at least as long per step
+   as its extra transfers cost (a busier host: :func:`_links`). Only
    when a window has no collective records at all (an imported kernel trace)
    do slower communication kernels alone make the finding, and then only
    while no rank is a compute straggler: a straggler makes its peers'
@@ -697,29 +697,33 @@ def _links(
     links: list[LinkFinding],
     l1: IterationResult,
     stragglers: dict[int, float],
-    host_delay_ns: float,
+    host_delay_ns: NDArray[np.float64] | None,
 ) -> list[Finding]:
     """Slow links as findings (module doc, rule 3).
 
     A link judged against its own past only (``basis`` ``history``: no group of its kind stands
-    beside it now to share what the host does to all) is the host's, not the link's, when the
-    job's ranks waited longer for a CPU than their own work explains (``host_delay_ns``, per step,
-    against the job's healthy windows) by at least what the link's extra transfers cost each
-    step: every transfer needs its ranks on a CPU, so a busier host lengthens them all; that
-    lost time is the job-level finding's, whose cause then names the run queue.
+    beside it now to share what the host does to all) is the host's, not the link's, when its
+    ranks waited longer for a CPU than their own work explains (``host_delay_ns``, per rank of
+    ``l2`` and step, against the job's healthy windows) by at least what the link's extra
+    transfers cost each step: every transfer needs its ranks on a CPU, so a busier host
+    lengthens them all; that lost time is the job-level finding's, whose cause then names the
+    run queue. A ring's transfer passes through each of its ranks in turn, so it can wait for
+    each one's delay: the bound is the delays summed over the group's ranks on one host, the
+    most of any host (:func:`_host_delay_bound`).
     """
     out = []
     for link in links:
         if link.score < KEEP_SCORE:
             continue
         waited = _link_waited(w, l2, link.group, link)
-        if link.basis == "history" and waited and host_delay_ns >= float(np.mean(waited)):
-            continue
         members = w.status.groups.get(link.group)
         if members is None or members.size == 0:
             c = w.collectives
             g = c.group_names.index(link.group)
             members = np.unique(c.rank[c.group == g])
+        host_bound = _host_delay_bound(w, l2, members, host_delay_ns)
+        if link.basis == "history" and waited and host_bound >= float(np.mean(waited)):
+            continue
         ranks = tuple(int(r) for r in np.sort(members))
         if any(stragglers.get(r, 0.0) >= link.score for r in ranks):
             continue  # a late rank that stands out more than the link: the rank, not the link
@@ -746,6 +750,32 @@ def _links(
             )
         )
     return out
+
+
+def _host_delay_bound(
+    w: Window, l2: PhaseResult, members: NDArray[np.int64], host_delay_ns: NDArray[np.float64] | None
+) -> float:
+    """The most run-queue delay a transfer among ``members`` can owe its ranks' host, ns per step:
+    per host (``w.status.host``), the positive delays of the members on it summed; the largest.
+    A member of unknown host counts alone. Summed per host, never over the job: a ring waits for
+    each of its ranks in turn, but noise summed over thousands of ranks would excuse any link.
+    NaN without delays."""
+    if host_delay_ns is None or host_delay_ns.size != l2.rank.size:
+        return math.nan
+    on = np.isin(l2.rank, members) & np.isfinite(host_delay_ns)
+    if not np.any(on):
+        return math.nan
+    delay = np.maximum(host_delay_ns[on], 0.0)
+    ranks = l2.rank[on]
+    st = w.status
+    host = np.full(ranks.size, -1, np.int64)
+    if st.host.size:
+        at = np.minimum(np.searchsorted(st.rank, ranks), st.rank.size - 1)
+        host = np.where(st.rank[at] == ranks, st.host[at], -1)
+    # A rank of unknown host is a host of its own.
+    host = np.where(host >= 0, host, -1 - np.arange(ranks.size))
+    _, idx = np.unique(host, return_inverse=True)
+    return float(np.max(np.bincount(idx, weights=delay)))
 
 
 def _kernel_links(ctx: _Context, l1: IterationResult, taken: set[str]) -> list[Finding]:
@@ -795,13 +825,14 @@ def attribute(
     links: list[LinkFinding],
     unresponsive: list[Unresponsive],
     watched: Collection[int] = (),
-    host_delay_ns: float = math.nan,
+    host_delay_ns: NDArray[np.float64] | None = None,
 ) -> list[Finding]:
     """Turn one window's level results into findings, one cause each (rules in the module doc).
 
     ``watched``: ranks of the job's open diagnoses; their top kernel counts at face value.
-    ``host_delay_ns``: the ranks' run-queue delay per step beyond their own work's against the
-    job's healthy windows (:meth:`~argus.analyzer.loss.JobProfile.host_delay_ns`; NaN unknown).
+    ``host_delay_ns``: per rank of ``l2``, its run-queue delay per step beyond its own work's
+    against the job's healthy windows (:meth:`~argus.analyzer.loss.JobProfile.rank_host_delay_ns`;
+    NaN unknown; None: none known).
 
     Returns:
         Findings with ``score >= KEEP_SCORE``; the lifecycle decides which open or update diagnoses.

@@ -48,7 +48,7 @@ Definitions (one of each, used everywhere):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,10 @@ class JobProfile:
             (runnable, waiting for a CPU; :func:`~argus.analyzer.host.delay_per_step`), NaN
             without any.
         cpu_ns: The same ranks' mean CPU time per step, NaN without any.
+        rank: The window's ranks (sorted) that ``rank_run_queue_ns`` and ``rank_cpu_ns`` align
+            with; empty in a profile of the healthy windows.
+        rank_run_queue_ns, rank_cpu_ns: Per rank, its run-queue delay and CPU time per step,
+            NaN where it has no host samples.
     """
 
     comp_ns: NDArray[np.float64]
@@ -99,6 +103,9 @@ class JobProfile:
     attributable_ns: float = 0.0
     run_queue_ns: float = math.nan
     cpu_ns: float = math.nan
+    rank: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    rank_run_queue_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    rank_cpu_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def host_delay_ns(self, healthy: JobProfile | None) -> float:
         """The run-queue delay per step its ranks' own work does not explain against the job's
@@ -111,6 +118,15 @@ class JobProfile:
         rate = healthy.run_queue_ns / healthy.cpu_ns
         return float(starved_wait(self.run_queue_ns, self.cpu_ns, healthy.cpu_ns, rate))
 
+    def rank_host_delay_ns(self, healthy: JobProfile | None) -> NDArray[np.float64]:
+        """Per rank of :attr:`rank`, :meth:`host_delay_ns` of that rank alone (the same rule and
+        reference: the healthy windows' CPU time per step and delay per CPU second), ns per step;
+        NaN where the rank has no host samples or the healthy windows had none."""
+        if healthy is None or not healthy.cpu_ns > 0 or not np.isfinite(healthy.run_queue_ns):
+            return np.full(self.rank.size, np.nan)
+        rate = healthy.run_queue_ns / healthy.cpu_ns
+        return starved_wait(self.rank_run_queue_ns, self.rank_cpu_ns, healthy.cpu_ns, rate)
+
 
 def job_profile(l2: PhaseResult, host: HostResult | None = None) -> JobProfile | None:
     """The :class:`JobProfile` of one window's L2 result and host signals (None without steps)."""
@@ -120,17 +136,22 @@ def job_profile(l2: PhaseResult, host: HostResult | None = None) -> JobProfile |
     comp = np.nanmean(np.nanmean(t.comp_self_ns, axis=1), axis=1)
     least_blocked = np.nanmin(t.blocked_ns, axis=0)
     run_queue = cpu = math.nan
+    rank_rq = rank_cpu = np.full(t.rank.size, np.nan)
     if host is not None:
         sampled = np.isin(t.rank, host.rank[np.isfinite(host.wait_frac)])
         if np.any(sampled):
             rq_ns, cpu_ns = delay_per_step(host, t.rank, t.step_ns)
             run_queue, cpu = float(np.mean(rq_ns[sampled])), float(np.mean(cpu_ns[sampled]))
+            rank_rq, rank_cpu = np.where(sampled, rq_ns, np.nan), np.where(sampled, cpu_ns, np.nan)
     return JobProfile(
         np.nan_to_num(comp, nan=0.0),
         float(np.nan_to_num(np.nanmean(least_blocked), nan=0.0)),
         l2.attributable_ns / max(l2.step_cols.size, 1),
         run_queue,
         cpu,
+        np.asarray(t.rank, np.int64),
+        rank_rq,
+        rank_cpu,
     )
 
 

@@ -297,7 +297,7 @@ class JobAnalysis:
             links=links,
             unresponsive=unresponsive,
             watched=watched,
-            host_delay_ns=profile.host_delay_ns(healthy_profile) if profile is not None else float("nan"),
+            host_delay_ns=profile.rank_host_delay_ns(healthy_profile) if profile is not None else None,
         )
         findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
         findings, acc = account(

@@ -488,6 +488,14 @@ def _status(
     exited[at] = True
     exit_code[at] = _col(rt, "exit_code")[exits[newest]]
     has_gpu = np.isin(ranks, host_gpu) | np.isin(ranks, rank[gpu_row])
+    host_code, host_names = _encoded(rt, "host")
+    # A rank's newest attach row names its host (the rows are in time order).
+    attaches = np.flatnonzero(attach_row)[::-1]
+    attach_rank, newest_attach = np.unique(rank[attaches], return_index=True)
+    host = np.full(ranks.size, -1, np.int64)
+    host[np.searchsorted(ranks, attach_rank)] = host_code[attaches[newest_attach]]
+    if "" in host_names:  # an attach row without a host names none
+        host[host == host_names.index("")] = -1
     seq_groups = tuple(sorted({g for (g, _) in seq_keys}))
     gidx = {g: i for i, g in enumerate(seq_groups)}
     seq_group = np.fromiter((gidx[g] for (g, _) in seq_keys), np.int64, len(seq_keys))
@@ -503,6 +511,8 @@ def _status(
         position=_per_rank(ranks, position.keys(), position.values(), len(position)),
         waiting_since_ns=_per_rank(ranks, beats.keys(), (w for (_, w) in beats.values()), len(beats)),
         has_gpu=has_gpu,
+        host=host,
+        hosts=tuple(host_names),
         groups=groups,
         seq_groups=seq_groups,
         seq_group=seq_group[by_key],

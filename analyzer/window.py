@@ -192,6 +192,9 @@ class RankStatus:
         waiting_since_ns: Issue time of the collective the rank's newest heartbeat shows it
             waiting in, ns; -1 when it waits in none (or sent no heartbeat).
         has_gpu: True when the rank's host samples report a GPU clock.
+        host: The rank's host (node) as an index into ``hosts``, from its newest ``attach``
+            row; -1 where none is known.
+        hosts: Host names indexed by ``host``.
         groups: Process group name → its global ranks (from ``group`` rows; may be empty).
         seq_groups: Process group names indexed by ``seq_group``.
         seq_group, seq_rank, seq_max: One row per (process group, rank) that recorded
@@ -206,6 +209,8 @@ class RankStatus:
     position: I64 = field(default_factory=_i64)
     waiting_since_ns: I64 = field(default_factory=_i64)
     has_gpu: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    host: I64 = field(default_factory=_i64)
+    hosts: tuple[str, ...] = ()
     groups: dict[str, I64] = field(default_factory=dict)
     seq_groups: tuple[str, ...] = ()
     seq_group: I64 = field(default_factory=_i64)

@@ -397,16 +397,14 @@ def test_a_whole_job_slowdown_beside_a_straggler_is_not_the_stragglers(
         assert d.first_window_ns > named[0].first_window_ns, knock_verdict
 
 
-@_KNOWN_WRONG
 def test_a_ring_slowed_by_a_starved_host_is_no_slow_link(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The ``starved`` recording (its README): a clean 4-rank FSDP job whose host got busier after one
     healthy window (steps 127 -> 160-200 ms). Its one process group's transfers grew 44-54 ms a
     step against their own past while each rank waited 25-36 ms a step longer for a CPU than its
-    work explains; ``causes._links`` leaves a link judged against its own past to the host only
-    when one rank's mean delay covers the link's extra transfer, and opens a ``communication``
-    diagnosis naming the group's four ranks. A ring's transfer needs each of its ranks on a CPU
-    in turn, so it can wait for more than one rank's delay; the bound that says how much (the
-    delays summed over the group's ranks on one host) needs each rank's host, which the window
-    holds only for nodes that send link samples. Only a job-level loss naming no rank may open."""
+    work explains. A ring's transfer needs each of its ranks on a CPU in turn, so it can wait for
+    each one's delay: ``causes._links`` leaves a link judged against its own past to the host when
+    the delays of the group's ranks on one host, summed, cover the link's extra transfer (one
+    rank's mean delay did not, and a ``communication`` diagnosis naming the four ranks opened).
+    Only a job-level loss naming no rank may open."""
     (found,) = _analysed(tmp_path_factory, "starved", ["starved-fsdp-twin"], _RECALL_WINDOW_S).values()
     assert_blames_no_one([d.to_dict() for d in found])
