@@ -709,7 +709,7 @@ def _links(
     lengthens them all; that lost time is the job-level finding's, whose cause then names the
     run queue. A ring's transfer passes through each of its ranks in turn, so it can wait for
     each one's delay: the bound is the delays summed over the group's ranks on one host, the
-    most of any host (:func:`_host_delay_bound`).
+    most of any host (:func:`host_delay_bound`).
     """
     out = []
     for link in links:
@@ -721,8 +721,8 @@ def _links(
             c = w.collectives
             g = c.group_names.index(link.group)
             members = np.unique(c.rank[c.group == g])
-        host_bound = _host_delay_bound(w, l2, members, host_delay_ns)
-        if link.basis == "history" and waited and host_bound >= float(np.mean(waited)):
+        history = link.basis == "history" and bool(waited)
+        if history and host_delay_bound(w, l2, members, host_delay_ns) >= float(np.mean(waited)):
             continue
         ranks = tuple(int(r) for r in np.sort(members))
         if any(stragglers.get(r, 0.0) >= link.score for r in ranks):
@@ -752,30 +752,34 @@ def _links(
     return out
 
 
-def _host_delay_bound(
+def host_delay_bound(
     w: Window, l2: PhaseResult, members: NDArray[np.int64], host_delay_ns: NDArray[np.float64] | None
 ) -> float:
     """The most run-queue delay a transfer among ``members`` can owe its ranks' host, ns per step:
-    per host (``w.status.host``), the positive delays of the members on it summed; the largest.
-    A member of unknown host counts alone. Summed per host, never over the job: a ring waits for
-    each of its ranks in turn, but noise summed over thousands of ranks would excuse any link.
-    NaN without delays."""
-    if host_delay_ns is None or host_delay_ns.size != l2.rank.size:
+    per host (``w.status.host``), the delays of the members on it summed (signed, so that ranks'
+    noise about their healthy delay cancels as it adds up); the largest, at least 0. A member
+    of unknown host counts alone. Summed per host, never over the job: a ring waits for each of
+    its ranks in turn, but noise summed over thousands of ranks would excuse any link. CPU
+    ranks only: a GPU rank's transfers run on its device, not waiting for a CPU (as
+    :func:`_starved`). NaN without delays.
+    """
+    st = w.status
+    if host_delay_ns is None or host_delay_ns.size != l2.rank.size or st.host.size != st.rank.size:
         return math.nan
     on = np.isin(l2.rank, members) & np.isfinite(host_delay_ns)
+    host = np.full(l2.rank.size, -1, np.int64)
+    if st.rank.size:
+        at = np.minimum(np.searchsorted(st.rank, l2.rank), st.rank.size - 1)
+        same = st.rank[at] == l2.rank
+        host = np.where(same, st.host[at], -1)
+        if st.has_gpu.size == st.rank.size:
+            on &= ~(same & st.has_gpu[at])
     if not np.any(on):
         return math.nan
-    delay = np.maximum(host_delay_ns[on], 0.0)
-    ranks = l2.rank[on]
-    st = w.status
-    host = np.full(ranks.size, -1, np.int64)
-    if st.host.size:
-        at = np.minimum(np.searchsorted(st.rank, ranks), st.rank.size - 1)
-        host = np.where(st.rank[at] == ranks, st.host[at], -1)
     # A rank of unknown host is a host of its own.
-    host = np.where(host >= 0, host, -1 - np.arange(ranks.size))
+    host = np.where(host >= 0, host, -1 - np.arange(l2.rank.size))[on]
     _, idx = np.unique(host, return_inverse=True)
-    return float(np.max(np.bincount(idx, weights=delay)))
+    return max(float(np.max(np.bincount(idx, weights=host_delay_ns[on]))), 0.0)
 
 
 def _kernel_links(ctx: _Context, l1: IterationResult, taken: set[str]) -> list[Finding]:

@@ -35,7 +35,9 @@ Definitions (one of each, used everywhere):
   ``host_stall``, transfers (the least-blocked rank's blocked time: what nobody
   waits for but the link) → ``communication``, and, when no rank behind explains
   it, the ranks' wait for a CPU beyond what their own work explains
-  (:meth:`JobProfile.host_delay_ns`: a busier host) → ``host_stall``; ``unknown``
+  (:meth:`JobProfile.host_delay_ns`: a busier host), with the transfer time
+  that wait explains (the bound of :func:`argus.analyzer.causes.host_delay_bound`:
+  a transfer waits for its ranks on one host in turn) → ``host_stall``; ``unknown``
   when nothing identifiable grew. Its loss must also stand out from the noise of a window's
   mean step time (:data:`JOB_K_SIGMA` standard errors of the healthy steps):
   a job whose pace includes periodic pauses (checkpoints, evaluation) has
@@ -92,10 +94,10 @@ class JobProfile:
             (runnable, waiting for a CPU; :func:`~argus.analyzer.host.delay_per_step`), NaN
             without any.
         cpu_ns: The same ranks' mean CPU time per step, NaN without any.
-        rank: The window's ranks (sorted) that ``rank_run_queue_ns`` and ``rank_cpu_ns`` align
-            with; empty in a profile of the healthy windows.
-        rank_run_queue_ns, rank_cpu_ns: Per rank, its run-queue delay and CPU time per step,
-            NaN where it has no host samples.
+        rank: The ranks (sorted) that ``rank_run_queue_ns`` and ``rank_cpu_ns`` align with.
+        rank_run_queue_ns, rank_cpu_ns: Per rank, its run-queue delay and CPU time per step
+            (in a profile of healthy windows, each rank's median over them), NaN where it has
+            no host samples.
     """
 
     comp_ns: NDArray[np.float64]
@@ -119,13 +121,25 @@ class JobProfile:
         return float(starved_wait(self.run_queue_ns, self.cpu_ns, healthy.cpu_ns, rate))
 
     def rank_host_delay_ns(self, healthy: JobProfile | None) -> NDArray[np.float64]:
-        """Per rank of :attr:`rank`, :meth:`host_delay_ns` of that rank alone (the same rule and
-        reference: the healthy windows' CPU time per step and delay per CPU second), ns per step;
-        NaN where the rank has no host samples or the healthy windows had none."""
-        if healthy is None or not healthy.cpu_ns > 0 or not np.isfinite(healthy.run_queue_ns):
-            return np.full(self.rank.size, np.nan)
-        rate = healthy.run_queue_ns / healthy.cpu_ns
-        return starved_wait(self.rank_run_queue_ns, self.rank_cpu_ns, healthy.cpu_ns, rate)
+        """Per rank of :attr:`rank`, its run-queue delay per step its own work does not explain
+        against its own healthy windows (``healthy``'s per-rank figures: its CPU time per step
+        then, its delay per CPU second then; :func:`~argus.analyzer.host.starved_wait`), ns. Each
+        rank against itself, not the job's mean: ranks that differ by their work (a pipeline's
+        stages, a rank 0 that logs) wait at different rates on a healthy host, and those
+        differences must not read as delay. NaN where the rank has no host samples now or then.
+        """
+        out = np.full(self.rank.size, np.nan)
+        if healthy is None or healthy.rank.size == 0 or self.rank.size == 0:
+            return out
+        at = np.minimum(np.searchsorted(healthy.rank, self.rank), healthy.rank.size - 1)
+        known = healthy.rank[at] == self.rank
+        h_rq = np.where(known, healthy.rank_run_queue_ns[at], np.nan)
+        h_cpu = np.where(known, healthy.rank_cpu_ns[at], np.nan)
+        ok = (h_cpu > 0) & np.isfinite(h_rq) & np.isfinite(self.rank_run_queue_ns + self.rank_cpu_ns)
+        out[ok] = starved_wait(
+            self.rank_run_queue_ns[ok], self.rank_cpu_ns[ok], h_cpu[ok], h_rq[ok] / h_cpu[ok]
+        )
+        return out
 
 
 def job_profile(l2: PhaseResult, host: HostResult | None = None) -> JobProfile | None:
@@ -212,6 +226,7 @@ def account(
     min_loss_pct: float = DEFAULT_MIN_LOSS_PCT,
     repeated: frozenset[str] = frozenset(),
     held: frozenset[int] = frozenset(),
+    transfer_host_ns: float = math.nan,
 ) -> tuple[list[Finding], Accounting]:
     """Share the window's lost time among ``findings`` and add the job-level finding (module doc).
 
@@ -227,6 +242,8 @@ def account(
         repeated: Subjects of the previous window's findings at the opening score.
         held: Ranks held after the previous window (:func:`continues`): a finding at the keep
             score on one of them makes the loss.
+        transfer_host_ns: The transfer time per step the ranks' run-queue delays can explain, ns
+            (:func:`~argus.analyzer.causes.host_delay_bound` over the job's ranks; NaN unknown).
 
     Returns:
         ``(findings with lost_ns and wall_ns set, plus the job-level finding if any; accounting)``.
@@ -262,11 +279,55 @@ def account(
     explained = sum(shares)
     acc = Accounting(wall, n, lost, explained, float(pace_ns) if pace_ns is not None else float("nan"))
     named = {f.rank for f in findings if f.rank is not None}
-    job = _job_finding(acc, l1, l2, profile, healthy_profile, min_loss_pct, pace_sigma_ns, named)
+    job = _job_finding(
+        acc, l1, l2, profile, healthy_profile, min_loss_pct, pace_sigma_ns, named, transfer_host_ns
+    )
     if job is not None:
         shared.append(job)
         acc = replace(acc, explained_ns=acc.explained_ns + job.lost_ns)
     return shared, acc
+
+
+def _growth(
+    l2: PhaseResult,
+    profile: JobProfile | None,
+    healthy: JobProfile | None,
+    behind: tuple[int, ...],
+    per_step: float,
+    transfer_host_ns: float,
+) -> tuple[dict[str, float], NDArray[np.float64]]:
+    """What grew, ns per step, by name (``data``, ``compute``, ``untracked``, ``transfer``,
+    ``run_queue``), and the components' growth (:data:`COMPONENTS`); empty without a profile.
+
+    In the ranks ``behind``, against their own past beyond what the ranks not behind share (a
+    checkpoint every rank takes is no rank's cause), when their change explains the loss
+    (``per_step``); else (no rank behind, or a few behind by little while every rank slowed) in the
+    job as a whole against its healthy windows, with its ranks' wait for a CPU beyond their work's
+    (a busier host slows every phase and transfer of every rank; the ranks behind are judged
+    against the ranks not behind, who share the host) and the transfer time that wait explains
+    (``transfer_host_ns``: a transfer waits for its ranks on a CPU in turn,
+    :func:`~argus.analyzer.causes.host_delay_bound`, as the slow-link rule reads it).
+    """
+    if profile is None or healthy is None:
+        return {}, np.zeros(len(COMPONENTS))
+    d = profile.comp_ns - healthy.comp_ns
+    mine = np.isin(l2.rank, behind)
+    host_delay = profile.host_delay_ns(healthy)
+    transfer = profile.transfer_ns - healthy.transfer_ns
+    if behind and float(np.mean(l2.behind_ns[mine])) >= GROWTH_SHARE * per_step:
+        d = np.nanmean(l2.behind_comp_ns[mine], axis=0)
+        host_delay = math.nan
+    elif np.isfinite(host_delay) and np.isfinite(transfer_host_ns):
+        covered = min(max(transfer, 0.0), transfer_host_ns)
+        transfer, host_delay = transfer - covered, host_delay + covered
+    growth = {
+        "data": float(d[0]),
+        "compute": float(d[1] + d[2] + d[3]),
+        "untracked": float(d[4]),
+        "transfer": transfer,
+        **({"run_queue": host_delay} if np.isfinite(host_delay) else {}),
+    }
+    return growth, d
 
 
 def _job_finding(
@@ -278,6 +339,7 @@ def _job_finding(
     min_loss_pct: float,
     pace_sigma_ns: float,
     named: set[int],
+    transfer_host_ns: float,
 ) -> Finding | None:
     # The job-level finding claims only what no single rank explains: a step that waited for one
     # rank beyond all the others (a first, not yet repeated stall that no finding took) is that
@@ -295,28 +357,7 @@ def _job_finding(
         return None
     per_step = unexplained / max(acc.steps, 1)
     behind, knock_on = _ranks_behind(l2)
-    growth: dict[str, float] = {}
-    if profile is not None and healthy is not None:
-        # What grew: in the ranks behind, against their own past beyond what the ranks not behind
-        # share (a checkpoint every rank takes is no rank's cause), when their change explains the
-        # loss; else (no rank behind, or a few behind by little while every rank slowed) in the
-        # job as a whole against its healthy windows.
-        d = profile.comp_ns - healthy.comp_ns
-        mine = np.isin(l2.rank, behind)
-        # The job as a whole: also its ranks' wait for a CPU beyond their work's (a busier host
-        # slows every phase and transfer of every rank; the ranks behind are judged against the
-        # ranks not behind, who share the host).
-        host_delay = profile.host_delay_ns(healthy)
-        if behind and float(np.mean(l2.behind_ns[mine])) >= GROWTH_SHARE * per_step:
-            d = np.nanmean(l2.behind_comp_ns[mine], axis=0)
-            host_delay = math.nan
-        growth = {
-            "data": float(d[0]),
-            "compute": float(d[1] + d[2] + d[3]),
-            "untracked": float(d[4]),
-            "transfer": profile.transfer_ns - healthy.transfer_ns,
-            **({"run_queue": host_delay} if np.isfinite(host_delay) else {}),
-        }
+    growth, d = _growth(l2, profile, healthy, behind, per_step, transfer_host_ns)
     cause = Cause.UNKNOWN
     phase = None
     if growth:

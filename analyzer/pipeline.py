@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from argus.analyzer.causes import attribute
+from argus.analyzer.causes import attribute, host_delay_bound
 from argus.analyzer.collectives import Decomposition, decompose, slow_links, transfer_medians
 from argus.analyzer.findings import KEEP_SCORE, Finding
 from argus.analyzer.host import host_signals
@@ -231,12 +231,23 @@ class JobAnalysis:
             warnings.simplefilter("ignore", RuntimeWarning)  # no host samples in any healthy window
             run_queue = float(np.nanmedian([p.run_queue_ns for p in self._profiles]))
             cpu = float(np.nanmedian([p.cpu_ns for p in self._profiles]))
+            # Each rank's own figures: its median over the healthy windows that hold it.
+            ranks = np.unique(np.concatenate([p.rank for p in self._profiles]))
+            rank_rq = np.full((ranks.size, len(self._profiles)), np.nan)
+            rank_cpu = np.full((ranks.size, len(self._profiles)), np.nan)
+            for j, p in enumerate(self._profiles):
+                at = np.searchsorted(ranks, p.rank)
+                rank_rq[at, j], rank_cpu[at, j] = p.rank_run_queue_ns, p.rank_cpu_ns
+            rank_rq_med, rank_cpu_med = np.nanmedian(rank_rq, axis=1), np.nanmedian(rank_cpu, axis=1)
         return JobProfile(
             np.median(np.stack([p.comp_ns for p in self._profiles]), axis=0),
             float(np.median([p.transfer_ns for p in self._profiles])),
             float(np.median([p.attributable_ns for p in self._profiles])),
             run_queue,
             cpu,
+            ranks,
+            rank_rq_med,
+            rank_cpu_med,
         )
 
     def _roles(self, w: Window, d: Decomposition | None, group_sizes: dict[str, int]) -> Roles | None:
@@ -288,6 +299,7 @@ class JobAnalysis:
         watched = {r for d in self.tracker.open for r in d.ranks}
         profile = job_profile(l2, host)
         healthy_profile = self._healthy_profile()
+        host_delay = profile.rank_host_delay_ns(healthy_profile) if profile is not None else None
         findings = attribute(
             w,
             l1=l1,
@@ -297,7 +309,7 @@ class JobAnalysis:
             links=links,
             unresponsive=unresponsive,
             watched=watched,
-            host_delay_ns=profile.rank_host_delay_ns(healthy_profile) if profile is not None else None,
+            host_delay_ns=host_delay,
         )
         findings = locate_slow_links(findings, w, d)  # a slow group's ranks → the nodes whose link is slow
         findings, acc = account(
@@ -311,6 +323,7 @@ class JobAnalysis:
             min_loss_pct=self.min_loss_pct,
             repeated=self._strong,
             held=self._held,
+            transfer_host_ns=host_delay_bound(w, l2, l2.rank, host_delay),
         )
         strong = frozenset(f.subject for f in findings if f.score >= OPEN_SCORE)
         repeated = bool(self._strong & strong)

@@ -8,8 +8,8 @@ from argus.analyzer.causes import (
     SPIKY_TYPICAL,
     _Context,
     _drop_hidden,
-    _host_delay_bound,
     _starved,
+    host_delay_bound,
     step_shares,
 )
 from argus.analyzer.findings import Finding
@@ -243,21 +243,27 @@ def test_without_run_queue_delays_nothing_is_starved_and_nothing_is_claimed() ->
     assert ev == {}
 
 
-def _bound(delay_ms: list[float], host: list[int], members: list[int]) -> float:
-    """``_host_delay_bound`` of per-rank delays (ms per step) of ranks 0..n-1 on ``host`` (-1: unknown)."""
+def _bound(delay_ms: list[float], host: list[int], members: list[int], gpu: tuple[int, ...] = ()) -> float:
+    """``host_delay_bound`` of per-rank delays (ms per step) of ranks 0..n-1 on ``host`` (-1: unknown);
+    ``gpu``: the GPU ranks."""
     ranks = np.arange(len(delay_ms))
-    w: Any = SimpleNamespace(status=SimpleNamespace(rank=ranks, host=np.array(host, np.int64)))
+    status = SimpleNamespace(rank=ranks, host=np.array(host, np.int64), has_gpu=np.isin(ranks, gpu))
+    w: Any = SimpleNamespace(status=status)
     l2: Any = SimpleNamespace(rank=ranks)
-    return _host_delay_bound(w, l2, np.array(members), np.array(delay_ms) * 1e6) / 1e6
+    return host_delay_bound(w, l2, np.array(members), np.array(delay_ms) * 1e6) / 1e6
 
 
-def test_a_rings_host_delay_bound_sums_its_ranks_on_one_host_never_across_hosts() -> None:
+def test_a_ringshost_delay_bound_sums_its_ranks_on_one_host_never_across_hosts() -> None:
     """A ring's transfer waits for each of its ranks on a CPU in turn: the delays of a host's ranks
     add up; two hosts' do not (summed over a job, every rank's noise would excuse any link)."""
     # Four ranks on one host, 30 ms each beyond their work: the ring can owe the host 120 ms.
     assert _bound([30, 30, 30, 30], [0, 0, 0, 0], [0, 1, 2, 3]) == pytest.approx(120)
-    # Two hosts of two: the larger host's sum; a rank ahead of its work (negative) adds nothing.
+    # Two hosts of two: the larger host's sum, signed (a rank ahead of its healthy delay offsets
+    # its host's others, as noise about it does); never below 0.
     assert _bound([30, 10, 25, -40], [0, 0, 1, 1], [0, 1, 2, 3]) == pytest.approx(40)
+    assert _bound([3, -5, 2, -4], [0, 0, 1, 1], [0, 1, 2, 3]) == 0
     # Ranks of unknown host count alone; ranks outside the group not at all.
     assert _bound([30, 20, 50, 5], [-1, -1, 0, 0], [0, 1, 3]) == pytest.approx(30)
     assert np.isnan(_bound([np.nan, np.nan], [0, 0], [0, 1]))
+    # GPU ranks' transfers run on their devices: their hosts' run queues bound nothing.
+    assert _bound([30, 30, 30, 30], [0, 0, 0, 0], [0, 1, 2, 3], gpu=(0, 1)) == pytest.approx(60)

@@ -1,5 +1,6 @@
 """The run-queue delay a rank's own work explains (host.starved_wait), and the best-ranks reference
-that discounts the rest (phase._starved_per_step)."""
+that discounts the rest (phase._starved_per_step), and each rank's delay against its own healthy windows
+(loss.JobProfile.rank_host_delay_ns)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from argus.analyzer.host import starved_wait
+from argus.analyzer.loss import JobProfile
 from argus.analyzer.phase import _starved_per_step
 
 MS = 1e6
@@ -48,3 +50,24 @@ def test_the_best_ranks_reference_keeps_a_slow_ranks_own_extra_work_waiting_at_i
     np.testing.assert_allclose(got[:3], [40 - 17 * rate, 0.0, 0.0])
     offset = _starved_per_step(rq, cpu, np.array([True, True, True, False, True])) / MS
     assert offset[4] == pytest.approx(100 - 31 * float(np.median([40 / 17, 2.0, 2.0, 100 / 31])))
+
+
+def _profile(rank: list[int], rq_ms: list[float], cpu_ms: list[float]) -> JobProfile:
+    """A profile of per-rank run-queue delay and CPU time per step (ms); the job's means beside."""
+    rq, cpu = np.array(rq_ms) * 1e6, np.array(cpu_ms) * 1e6
+    return JobProfile(np.zeros(5), 0.0, 0.0, float(rq.mean()), float(cpu.mean()), np.array(rank), rq, cpu)
+
+
+def test_each_ranks_host_delay_is_judged_against_its_own_healthy_windows() -> None:
+    """Ranks that differ by their work wait at different rates on a healthy host (a rank doing
+    twice the work, runnable for long stretches, waits more per CPU second): unchanged, neither is
+    delayed. Against the job's mean one would read +7.5 ms and the other -10 ms, and a sum of the
+    positive parts would invent delay."""
+    healthy = _profile([0, 1], [80, 25], [100, 50])
+    assert _profile([0, 1], [80, 25], [100, 50]).rank_host_delay_ns(healthy) == pytest.approx([0, 0])
+    # Rank 1 now waits 20 ms more for the same work: that is its host's doing; a rank the healthy
+    # windows never saw has no reference.
+    now = _profile([0, 1, 2], [80, 45, 30], [100, 50, 50])
+    delay = now.rank_host_delay_ns(healthy) / 1e6
+    assert delay[:2] == pytest.approx([0, 20]) and np.isnan(delay[2])
+    assert np.isnan(now.rank_host_delay_ns(None)).all()

@@ -405,6 +405,8 @@ def test_a_ring_slowed_by_a_starved_host_is_no_slow_link(tmp_path_factory: pytes
     each one's delay: ``causes._links`` leaves a link judged against its own past to the host when
     the delays of the group's ranks on one host, summed, cover the link's extra transfer (one
     rank's mean delay did not, and a ``communication`` diagnosis naming the four ranks opened).
-    Only a job-level loss naming no rank may open."""
+    Only a job-level loss naming no rank may open, and its cause is the host (``host_stall``: the
+    ranks' delay and the transfer time it explains grew most), not ``communication``."""
     (found,) = _analysed(tmp_path_factory, "starved", ["starved-fsdp-twin"], _RECALL_WINDOW_S).values()
     assert_blames_no_one([d.to_dict() for d in found])
+    assert {d.cause for d in found} <= {"host_stall"}, found
