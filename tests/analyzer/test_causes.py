@@ -253,7 +253,7 @@ def _bound(delay_ms: list[float], host: list[int], members: list[int], gpu: tupl
     return host_delay_bound(w, l2, np.array(members), np.array(delay_ms) * 1e6) / 1e6
 
 
-def test_a_ringshost_delay_bound_sums_its_ranks_on_one_host_never_across_hosts() -> None:
+def test_a_rings_host_delay_bound_sums_its_ranks_on_one_host_never_across_hosts() -> None:
     """A ring's transfer waits for each of its ranks on a CPU in turn: the delays of a host's ranks
     add up; two hosts' do not (summed over a job, every rank's noise would excuse any link)."""
     # Four ranks on one host, 30 ms each beyond their work: the ring can owe the host 120 ms.
