@@ -463,6 +463,16 @@ def _group_members(store: Store, job_id: str, w1: int) -> dict[str, NDArray[np.i
     }
 
 
+def _newest(
+    rank: NDArray[np.int64], selected: NDArray[np.bool_]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Of rows in time order (``rank`` per row), each rank's newest ``selected`` row: the ranks
+    that have one (sorted) and those rows' indices."""
+    rows = np.flatnonzero(selected)[::-1]
+    ranks, first = np.unique(rank[rows], return_index=True)
+    return ranks, rows[first]
+
+
 def _status(
     rt: pa.Table, live: Liveness, host_gpu: NDArray[np.int64], groups: dict[str, NDArray[np.int64]]
 ) -> RankStatus:
@@ -481,19 +491,17 @@ def _status(
     gpu_row = attach_row & cuda[device] if cuda.size else np.zeros(rank.size, bool)
     exited = np.zeros(ranks.size, bool)
     exit_code = np.zeros(ranks.size, np.int64)
-    # A rank's newest exit row counts (the rows are in time order): the last of each rank's.
-    exits = np.flatnonzero(exit_row)[::-1]
-    exit_rank, newest = np.unique(rank[exits], return_index=True)
+    # A rank's newest exit row counts.
+    exit_rank, exit_rows = _newest(rank, exit_row)
     at = np.searchsorted(ranks, exit_rank)
     exited[at] = True
-    exit_code[at] = _col(rt, "exit_code")[exits[newest]]
+    exit_code[at] = _col(rt, "exit_code")[exit_rows]
     has_gpu = np.isin(ranks, host_gpu) | np.isin(ranks, rank[gpu_row])
     host_code, host_names = _encoded(rt, "host")
-    # A rank's newest attach row names its host (the rows are in time order).
-    attaches = np.flatnonzero(attach_row)[::-1]
-    attach_rank, newest_attach = np.unique(rank[attaches], return_index=True)
+    # A rank's newest attach row names its host.
+    attach_rank, attach_rows = _newest(rank, attach_row)
     host = np.full(ranks.size, -1, np.int64)
-    host[np.searchsorted(ranks, attach_rank)] = host_code[attaches[newest_attach]]
+    host[np.searchsorted(ranks, attach_rank)] = host_code[attach_rows]
     if "" in host_names:  # an attach row without a host names none
         host[host == host_names.index("")] = -1
     seq_groups = tuple(sorted({g for (g, _) in seq_keys}))
