@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from argus.analyzer import dense
 from argus.analyzer.collectives import LinkFinding
 from argus.analyzer.findings import KEEP_SCORE, Finding
 from argus.analyzer.host import HostResult, starved_wait
@@ -165,10 +166,14 @@ class _Context:
         self.top_kernel_alone: dict[int, float] = {}
         rows = np.flatnonzero(~l3.collective & np.isfinite(l3.score))
         if rows.size:
-            rows = rows[np.lexsort((-l3.score[rows], l3.rank[rows]))]
-            starts = np.flatnonzero(np.r_[True, np.diff(l3.rank[rows]) != 0])
-            best = rows[starts]
-            alone = highest_of(l3.score[best], np.diff(np.r_[starts, rows.size]))
+            # Per rank (ascending), its highest-scoring row, the first of ties; and its rows scored.
+            ranks, of_rank, scored = dense.unique_all(l3.rank[rows])
+            top = np.full(ranks.size, -np.inf)
+            np.maximum.at(top, of_rank, l3.score[rows])
+            at_top = l3.score[rows] == top[of_rank]
+            best = np.full(ranks.size, l3.rank.size, np.intp)
+            np.minimum.at(best, of_rank[at_top], rows[at_top])
+            alone = highest_of(l3.score[best], scored)
             self.top_kernel_alone = dict(zip(l3.rank[best].tolist(), alone.tolist(), strict=True))
             for j in best.tolist():
                 self.top_kernel[int(l3.rank[j])] = (
@@ -531,7 +536,7 @@ def _groups_of(w: Window) -> dict[int, str]:
     if not np.any(rows):
         return {}
     n_groups = max(len(c.group_names), 1)
-    keys, counts = np.unique(c.rank[rows].astype(np.int64) * n_groups + c.group[rows], return_counts=True)
+    keys, counts = dense.unique_counts(c.rank[rows].astype(np.int64) * n_groups + c.group[rows])
     rank, group = keys // n_groups, keys % n_groups
     order = np.lexsort((-counts, rank))
     first = order[np.r_[True, np.diff(rank[order]) != 0]]
@@ -685,7 +690,7 @@ def _link_waited(w: Window, l2: PhaseResult, group: str, link: LinkFinding) -> t
     )
     per = np.zeros((t.rank.size, n_s))
     np.add.at(per, (ri[ok], si[ok]), t.row_blocked_ns[rows][ok])
-    members = np.isin(t.rank, np.unique(c.rank[c.group == g]))
+    members = np.isin(t.rank, dense.unique(c.rank[c.group == g]))
     least = np.min(per[members], axis=0) if np.any(members) else np.zeros(n_s)
     excess = max(0.0, 1.0 - link.reference_ns / link.transfer_ns)
     return tuple((least * excess).tolist())
@@ -720,7 +725,7 @@ def _links(
         if members is None or members.size == 0:
             c = w.collectives
             g = c.group_names.index(link.group)
-            members = np.unique(c.rank[c.group == g])
+            members = dense.unique(c.rank[c.group == g])
         history = link.basis == "history" and bool(waited)
         if history and host_delay_bound(w, l2, members, host_delay_ns) >= float(np.mean(waited)):
             continue

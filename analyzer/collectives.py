@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from argus.analyzer import dense
 from argus.analyzer.robust import grouped_median, one_sided_scores
 from argus.analyzer.window import Collectives
 
@@ -144,8 +145,12 @@ def decompose(  # noqa: PLR0915  (one pass of array steps; its pieces share the 
         mask = (1 << 21) - 1
         triples = np.stack([uniq >> 42, (uniq >> 21) & mask, uniq & mask], axis=1)
         channel[p2p] = len(coll.group_names) + pair.ravel()
-    key = (channel << 40) | (coll.seq & ((np.int64(1) << 40) - 1))
-    inst_keys, instance = np.unique(key, return_inverse=True)
+    # Unique (channel, seq) pairs, counted over the seqs' span where it is small (one sort else).
+    seq = coll.seq & ((np.int64(1) << 40) - 1)
+    seq_lo = int(seq.min()) if n else 0
+    seq_span = int(seq.max()) - seq_lo + 1 if n else 1
+    pairs, instance = dense.unique_inverse(channel * seq_span + (seq - seq_lo))
+    inst_keys = ((pairs // seq_span) << 40) | (pairs % seq_span + seq_lo)
     instance = instance.reshape(-1).astype(np.int64)
     n_inst = inst_keys.size
     inst_channel = inst_keys >> 40
@@ -157,7 +162,7 @@ def decompose(  # noqa: PLR0915  (one pass of array steps; its pieces share the 
     inst_receiver = np.where(inst_is_p2p, triples[t_idx, 2] if triples.size else -1, -1)
     end = (coll.start_ns + coll.dur_ns).astype(np.float64)
     issue = coll.issue_ns.astype(np.float64)
-    ranks, rank_idx = np.unique(coll.rank, return_inverse=True)
+    ranks, rank_idx = dense.unique_inverse(coll.rank)
 
     # Clock offsets from the common end of synchronising collectives.
     sync_op = np.array([is_synchronising(o) for o in coll.op_names], dtype=bool)
@@ -302,8 +307,7 @@ def slow_links(
     keys = _instance_keys(d)[ok]
     group = d.inst_group[ok]
     log_t = np.log(np.maximum(d.inst_transfer_ns[ok], 1.0))
-    pairs, pair_idx = np.unique(np.stack([keys, group], axis=1), axis=0, return_inverse=True)
-    pair_idx = pair_idx.ravel()
+    pairs, pair_idx = dense.unique_pairs(keys, group, len(group_names))
     pair_median = grouped_median(pair_idx, log_t, len(pairs))
     pair_count = np.bincount(pair_idx, minlength=len(pairs))
     late_median = grouped_median(group, d.inst_late_ns[ok], len(group_names))
@@ -359,8 +363,8 @@ def transfer_medians(d: Decomposition, group_names: tuple[str, ...]) -> dict[tup
     ok = d.inst_complete & (d.inst_ranks >= 2)
     if not np.any(ok):
         return {}
-    pairs, pair_idx = np.unique(
-        np.stack([_history_key(_instance_keys(d)[ok]), d.inst_group[ok]], axis=1), axis=0, return_inverse=True
+    pairs, pair_idx = dense.unique_pairs(
+        np.asarray(_history_key(_instance_keys(d)[ok]), np.int64), d.inst_group[ok], len(group_names)
     )
-    med = grouped_median(pair_idx.ravel(), d.inst_transfer_ns[ok], len(pairs))
+    med = grouped_median(pair_idx, d.inst_transfer_ns[ok], len(pairs))
     return {(group_names[g], int(k)): float(m) for (k, g), m in zip(pairs, med, strict=True)}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from argus.analyzer import dense
 from argus.analyzer.window import HostSamples
 
 F64 = NDArray[np.float64]
@@ -58,7 +59,7 @@ class HostResult:
 
 def host_signals(h: HostSamples) -> HostResult:
     """Reduce a window's host samples to per-rank signals."""
-    ranks, idx = np.unique(h.rank, return_inverse=True)
+    ranks, idx = dense.unique_inverse(h.rank)
     n = ranks.size
     wall = np.bincount(idx, h.interval_ns.astype(np.float64), n)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import mannwhitneyu
 
+from argus.analyzer import dense
 from argus.analyzer.robust import MAD_TO_SIGMA
 from argus.analyzer.window import Steps
 
@@ -122,7 +123,7 @@ def job_step_times(
     end = (steps.start_ns[keep] + steps.dur_ns[keep]).astype(np.float64)
     if s.size == 0:
         return np.zeros(0, np.int64), np.zeros(0)
-    uniq, inv = np.unique(s, return_inverse=True)
+    uniq, inv = dense.unique_inverse(s)
     job_end = np.full(uniq.size, -np.inf)
     np.maximum.at(job_end, inv, end)
     if before is not None and before[0] < uniq[0]:

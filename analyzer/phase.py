@@ -54,6 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import norm
 
+from argus.analyzer import dense
 from argus.analyzer.collectives import Decomposition
 from argus.analyzer.host import HostResult, delay_per_step, host_signals, starved_wait
 from argus.analyzer.robust import K_SIGMA, MAD_TO_SIGMA, one_sided_scores, row_nanmedian
@@ -316,7 +317,7 @@ def _empty(roles: Roles) -> PhaseResult:
 
 def _step_columns(w: Window) -> NDArray[np.int64]:
     s = w.steps.step
-    return np.unique(s[s >= WARMUP_STEPS])
+    return dense.unique(s[s >= WARMUP_STEPS])
 
 
 def compare_phases(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from argus.analyzer import dense
 from argus.analyzer.causes import attribute, host_delay_bound
 from argus.analyzer.collectives import Decomposition, decompose, slow_links, transfer_medians
 from argus.analyzer.findings import KEEP_SCORE, Finding
@@ -252,7 +253,7 @@ class JobAnalysis:
 
     def _roles(self, w: Window, d: Decomposition | None, group_sizes: dict[str, int]) -> Roles | None:
         """The roles when they changed (a pipeline keeps its stages through a window without p2p)."""
-        ranks = np.unique(np.concatenate([w.steps.rank, w.status.rank]))
+        ranks = dense.unique(np.concatenate([w.steps.rank, w.status.rank]))
         found = infer_roles(ranks, w.collectives, d, group_sizes)
         has_p2p = d is not None and bool(np.any(d.inst_p2p))
         old = self.roles
@@ -336,8 +337,8 @@ class JobAnalysis:
             kept |= frozenset(l2.rank[l2.role_behind].tolist())
         self._strong = strong
         self._held = held_ranks(findings, self._held)
-        observed = set(np.unique(w.steps.rank).tolist()) | set(np.unique(w.host.rank).tolist())
-        observed |= set(np.unique(w.kernels.rank).tolist())
+        observed = set(dense.unique(w.steps.rank).tolist()) | set(dense.unique(w.host.rank).tolist())
+        observed |= set(dense.unique(w.kernels.rank).tolist())
         changed = self.tracker.update(w.start_ns, findings, observed)
         if w.status.rank.size and bool(np.all(w.status.exited)):
             changed += self.tracker.finish()

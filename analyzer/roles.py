@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from argus.analyzer import dense
 from argus.analyzer.collectives import Decomposition
 from argus.analyzer.window import Collectives
 
@@ -150,13 +151,18 @@ def _signatures(ranks: NDArray[np.int64], c: Collectives, group_sizes: dict[str,
     ri = np.searchsorted(ranks, c.rank[rows])
     ri = np.minimum(ri, ranks.size - 1)
     ok = ranks[ri] == c.rank[rows]
-    size = np.array([group_sizes.get(g, 0) for g in c.group_names], np.int64)[c.group[rows]]
-    kind = c.op[rows] * 1_000_003 + size
-    kinds, k_idx = np.unique(kind[ok], return_inverse=True)
+    size = np.array([group_sizes.get(g, 0) for g in c.group_names], np.int64)[c.group[rows]][ok]
+    # A kind is an (op, group size) pair; its columns in (op, size) order.
+    kind = c.op[rows][ok].astype(np.int64) * (int(size.max(initial=0)) + 1) + size
+    kinds, k_idx = dense.unique_inverse(kind)
     counts = np.zeros((ranks.size, kinds.size))
-    np.add.at(counts, (ri[ok], k_idx.ravel()), 1.0)
-    rank_steps = np.unique(ri[ok].astype(np.int64) << 40 | c.step[rows][ok])
-    steps = np.bincount(rank_steps >> 40, minlength=ranks.size).astype(np.float64)
+    np.add.at(counts, (ri[ok], k_idx), 1.0)
+    step = c.step[rows][ok].astype(np.int64)
+    if step.size:
+        step -= step.min()
+    span = int(step.max(initial=0)) + 1
+    rank_steps = dense.unique(ri[ok].astype(np.int64) * span + step)
+    steps = np.bincount(rank_steps // span, minlength=ranks.size).astype(np.float64)
     per_step = np.round(counts / np.maximum(steps, 1.0)[:, None], 1)
     # One id per distinct row: hash the rows, then confirm equal hashes are equal rows.
     weights = np.random.default_rng(0).random(per_step.shape[1])

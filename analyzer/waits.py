@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from argus.analyzer import dense
 from argus.analyzer.window import Collectives, Window
 from argus.schema import PHASES
 
@@ -185,12 +186,15 @@ def blocking_rows(  # noqa: PLR0915  (one pass of array steps; its pieces share 
         # backward (which waits for every bucket: on a busy host the woken rank may wait tens of ms
         # for a core); one that ends while the rank works on blocked nobody.
         idx = np.flatnonzero(overlapped)
-        key = (c_ri[idx].astype(np.int64) << 40) | ((c.step[idx].astype(np.int64) & 0xFFFFFF) << 16)
-        key |= c.group[idx].astype(np.int64) & 0xFFFF
-        uniq, inv = np.unique(key, return_inverse=True)
+        # One key per (rank, step, group), dense: the steps' span times the groups, per rank.
+        step = c.step[idx].astype(np.int64) & 0xFFFFFF
+        step -= step.min()
+        group = c.group[idx].astype(np.int64) & 0xFFFF
+        key = (c_ri[idx].astype(np.int64) * (int(step.max()) + 1) + step) * (int(group.max()) + 1) + group
+        uniq, inv = dense.unique_inverse(key)
         last_issue = np.full(uniq.size, np.iinfo(np.int64).min)
-        np.maximum.at(last_issue, inv.ravel(), c.issue_ns[idx])
-        cand = idx[c.issue_ns[idx] == last_issue[inv.ravel()]]
+        np.maximum.at(last_issue, inv, c.issue_ns[idx])
+        cand = idx[c.issue_ns[idx] == last_issue[inv]]
         after = np.searchsorted(events, hi[cand], side="left")
         has_next = after < events.size
         nxt_key = events[np.minimum(after, events.size - 1)]
@@ -225,7 +229,7 @@ def step_times(
         :class:`StepTimes` over the ranks that recorded steps.
     """
     st = w.steps
-    ranks = np.unique(st.rank)
+    ranks = dense.unique(st.rank)
     n_r, n_s = ranks.size, step_cols.size
     shape = (n_r, n_s)
     step_ns = np.full(shape, np.nan)
