@@ -6,9 +6,10 @@ codes, step numbers, a rank × group product. ``np.unique`` sorts them, O(n log 
 analysis made a dozen. When the keys' span (``max - min + 1``) is at most a few times their
 number, a ``bincount`` over the span gives the same sorted values, inverse and counts in
 O(n + span). Keys that span widely (ns timestamps, keys packed by bit shifts) and keys that
-are no integers go to ``np.unique``. The four functions are ``np.unique`` with its flags (named as
-numpy's ``unique_inverse``/``unique_counts``/``unique_all``); their results are exactly its:
-the same values, ascending, in the keys' dtype.
+are no integers go to ``np.unique``. :func:`unique` and :func:`unique_all` (with numpy's names for
+its parts, ``unique_inverse`` and ``unique_counts``) are ``np.unique`` with its flags, and
+:func:`unique_pairs` is its ``axis=0`` form for two integer columns; their results are exactly
+numpy's: the same values, ascending, in the keys' dtype.
 """
 
 from __future__ import annotations
@@ -37,31 +38,24 @@ def unique(x: NDArray[_K]) -> NDArray[_K]:
 
 def unique_inverse(x: NDArray[_K]) -> tuple[NDArray[_K], Index]:
     """``np.unique(x, return_inverse=True)``: the values and, per key, its value's index ``(n,)``."""
-    counted = _count(x)
-    if counted is None:
-        values, inverse = np.unique(x, return_inverse=True)
-        return values, inverse.reshape(-1)
-    values, offset, present, _ = counted
-    return values, _positions(present)[offset]
+    values, inverse, _ = unique_all(x)
+    return values, inverse
 
 
 def unique_counts(x: NDArray[_K]) -> tuple[NDArray[_K], Index]:
     """``np.unique(x, return_counts=True)``: the values and how many keys hold each."""
-    counted = _count(x)
-    if counted is None:
-        return np.unique(x, return_counts=True)
-    values, _, present, counts = counted
-    return values, counts[present]
+    values, _, counts = unique_all(x)
+    return values, counts
 
 
 def unique_all(x: NDArray[_K]) -> tuple[NDArray[_K], Index, Index]:
-    """``np.unique(x, return_inverse=True, return_counts=True)``: values, inverse, counts."""
+    """``np.unique(x, return_inverse=True, return_counts=True)``: values, inverse ``(n,)``, counts."""
     counted = _count(x)
     if counted is None:
         values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
         return values, inverse.reshape(-1), counts
     values, offset, present, all_counts = counted
-    return values, _positions(present)[offset], all_counts[present]
+    return values, (np.cumsum(present, dtype=np.intp) - 1)[offset], all_counts[present]
 
 
 def unique_pairs(
@@ -102,8 +96,3 @@ def _count(a: NDArray[_K]) -> tuple[NDArray[_K], Index, NDArray[np.bool_], Index
     counts = np.bincount(offset, minlength=span)
     present = counts > 0
     return (np.flatnonzero(present) + lo).astype(a.dtype, copy=False), offset, present, counts
-
-
-def _positions(present: NDArray[np.bool_]) -> Index:
-    """Per offset of the span, the index of its value among the present ones."""
-    return np.cumsum(present, dtype=np.intp) - 1
